@@ -1,0 +1,155 @@
+// swift-tools-version:6.0
+import PackageDescription
+
+// Shared settings for every target, in the spirit of Hummingbird's Package.swift.
+let swiftSettings: [SwiftSetting] = [
+    .enableUpcomingFeature("ExistentialAny"),
+    .enableUpcomingFeature("MemberImportVisibility"),
+]
+
+let package = Package(
+    name: "siwa-events",
+    platforms: [.macOS(.v15)],
+    products: [
+        .executable(name: "siwa-events", targets: ["SiwaCLI"]),
+        .executable(name: "siwa-bench", targets: ["SiwaBench"]),
+    ],
+    dependencies: [
+        .package(url: "https://github.com/hummingbird-project/hummingbird.git", from: "2.28.1"),
+        .package(url: "https://github.com/vapor/postgres-nio.git", from: "1.33.2"),
+        .package(url: "https://github.com/apple/swift-nio.git", from: "2.101.2"),
+        .package(url: "https://github.com/vapor/jwt-kit.git", from: "5.7.1"),
+        .package(url: "https://github.com/swift-server/async-http-client.git", from: "1.37.0"),
+        // Already in the graph through jwt-kit; named because the verifier calls RSA directly.
+        .package(url: "https://github.com/apple/swift-crypto.git", "4.1.0"..<"5.0.0"),
+        .package(url: "https://github.com/apple/swift-argument-parser.git", from: "1.8.2"),
+        .package(url: "https://github.com/swift-server/swift-service-lifecycle.git", from: "2.13.0"),
+        .package(url: "https://github.com/apple/swift-log.git", from: "1.16.2"),
+        .package(url: "https://github.com/swift-server/swift-prometheus.git", from: "2.4.1"),
+    ],
+    targets: [
+        // Rules only: notification model and decoding, verification, durations. No I/O.
+        .target(
+            name: "SiwaDomain",
+            dependencies: [
+                .product(name: "JWTKit", package: "jwt-kit"),
+                .product(name: "Crypto", package: "swift-crypto"),
+                .product(name: "CryptoExtras", package: "swift-crypto"),
+            ],
+            swiftSettings: swiftSettings
+        ),
+        // Every SQL statement, the migrator, record + enqueue, rejections, key-set persistence.
+        .target(
+            name: "SiwaStore",
+            dependencies: [
+                "SiwaDomain",
+                .product(name: "PostgresNIO", package: "postgres-nio"),
+                .product(name: "Crypto", package: "swift-crypto"),
+                .product(name: "NIOCore", package: "swift-nio"),
+                .product(name: "Logging", package: "swift-log"),
+            ],
+            resources: [.embedInCode("Migrations")],
+            swiftSettings: swiftSettings
+        ),
+        // Apple's JWKS: fetch, cache, persist, refresh (a Service).
+        .target(
+            name: "SiwaKeys",
+            dependencies: [
+                "SiwaDomain",
+                .product(name: "AsyncHTTPClient", package: "async-http-client"),
+                .product(name: "NIOCore", package: "swift-nio"),
+                .product(name: "NIOHTTP1", package: "swift-nio"),
+                .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
+                .product(name: "Logging", package: "swift-log"),
+            ],
+            swiftSettings: swiftSettings
+        ),
+        // The private PostgreSQL cluster used when no DATABASE_URL is given (a Service).
+        .target(
+            name: "SiwaEmbeddedPostgres",
+            dependencies: [
+                .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
+                .product(name: "Logging", package: "swift-log"),
+            ],
+            swiftSettings: swiftSettings
+        ),
+        // Hummingbird routes, error -> JSON mapping, the receiver.
+        .target(
+            name: "SiwaHTTP",
+            dependencies: [
+                "SiwaDomain", "SiwaStore", "SiwaKeys",
+                .product(name: "Hummingbird", package: "hummingbird"),
+                .product(name: "Prometheus", package: "swift-prometheus"),
+            ],
+            swiftSettings: swiftSettings
+        ),
+        // Composition root: validated Configuration + the service group (tests build it too).
+        .target(
+            name: "SiwaApp",
+            dependencies: [
+                "SiwaDomain", "SiwaStore", "SiwaKeys", "SiwaHTTP", "SiwaEmbeddedPostgres",
+                .product(name: "Hummingbird", package: "hummingbird"),
+                .product(name: "PostgresNIO", package: "postgres-nio"),
+                .product(name: "Prometheus", package: "swift-prometheus"),
+                .product(name: "NIOCore", package: "swift-nio"),
+                .product(name: "Logging", package: "swift-log"),
+                .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
+            ],
+            swiftSettings: swiftSettings
+        ),
+        .executableTarget(
+            name: "SiwaCLI",
+            dependencies: [
+                "SiwaApp", "SiwaDomain", "SiwaKeys", "SiwaStore",
+                .product(name: "AsyncHTTPClient", package: "async-http-client"),
+                .product(name: "NIOCore", package: "swift-nio"),
+                .product(name: "NIOHTTP1", package: "swift-nio"),
+                .product(name: "ArgumentParser", package: "swift-argument-parser"),
+            ],
+            swiftSettings: swiftSettings
+        ),
+        // Load generator: signed notifications over real HTTP to a running server.
+        .executableTarget(
+            name: "SiwaBench",
+            dependencies: [
+                "SiwaDomain",
+                .product(name: "AsyncHTTPClient", package: "async-http-client"),
+                .product(name: "NIOCore", package: "swift-nio"),
+                .product(name: "NIOHTTP1", package: "swift-nio"),
+                .product(name: "ArgumentParser", package: "swift-argument-parser"),
+            ],
+            swiftSettings: swiftSettings
+        ),
+        // Test-only helpers: throwaway clusters, per-test databases, an Apple-style signer.
+        .target(
+            name: "SiwaTestSupport",
+            dependencies: [
+                "SiwaDomain", "SiwaStore", "SiwaKeys", "SiwaEmbeddedPostgres", "SiwaApp",
+                .product(name: "Hummingbird", package: "hummingbird"),
+                .product(name: "AsyncHTTPClient", package: "async-http-client"),
+                .product(name: "PostgresNIO", package: "postgres-nio"),
+                .product(name: "NIOCore", package: "swift-nio"),
+                .product(name: "NIOHTTP1", package: "swift-nio"),
+                .product(name: "Logging", package: "swift-log"),
+            ],
+            swiftSettings: swiftSettings
+        ),
+        .testTarget(
+            name: "SiwaDomainTests",
+            dependencies: ["SiwaDomain"],
+            swiftSettings: swiftSettings
+        ),
+        .testTarget(
+            name: "SiwaIntegrationTests",
+            dependencies: [
+                "SiwaApp", "SiwaTestSupport", "SiwaDomain", "SiwaStore", "SiwaKeys", "SiwaEmbeddedPostgres",
+                .product(name: "AsyncHTTPClient", package: "async-http-client"),
+                .product(name: "PostgresNIO", package: "postgres-nio"),
+                .product(name: "NIOCore", package: "swift-nio"),
+                .product(name: "NIOHTTP1", package: "swift-nio"),
+                .product(name: "Logging", package: "swift-log"),
+            ],
+            swiftSettings: swiftSettings
+        ),
+    ]
+)

@@ -1,0 +1,131 @@
+import Foundation
+import SiwaDomain
+
+/// A setting that could not be used: names the variable (and its flag) and what is expected.
+package struct ConfigurationError: Error, CustomStringConvertible {
+    package let variable: String
+    package let message: String
+    package var description: String { "\(variable): \(message)" }
+}
+
+/// Every setting of the service, validated once at the edge. Each comes from an environment
+/// variable, overridden by the matching flag; a bad value stops start-up with a message naming it.
+package struct Configuration: Sendable {
+    package static let appleJWKSURL = URL(string: "https://appleid.apple.com/auth/keys")!
+
+    package var databaseURL: String?
+    package var bundleIDs: [String]
+    package var jwksURL: URL = Self.appleJWKSURL
+    package var host = "127.0.0.1"
+    package var port = 8080
+    package var dataDirectory = "./.siwa"
+    package var embeddedDatabase = true
+    package var migrateOnStart = true
+    package var trustedProxies = TrustedProxies.none
+    package var jwksRefreshInterval: Duration = .seconds(3600)
+    package var unknownKidCooldown: Duration = .seconds(60)
+    package var clockSkew: Duration = .seconds(60)
+    package var rejectionsPerMinute = 60
+    package var databasePoolSize = 32
+    package var databaseTimeout: Duration = .seconds(5)
+
+    package init(bundleIDs: [String]) {
+        self.bundleIDs = bundleIDs
+    }
+
+    /// The variables, their flags and what they mean (README's configuration reference mirrors it).
+    package static let variables: [(name: String, flag: String, help: String)] = [
+        ("DATABASE_URL", "--database-url", "PostgreSQL URL; without it the embedded cluster under SIWA_DATA_DIR is used"),
+        ("SIWA_APPLE_BUNDLE_IDS", "--bundle-ids", "comma-separated bundle IDs accepted as aud (required to serve)"),
+        ("SIWA_APPLE_JWKS_URL", "--jwks-url", "Apple's key set (https:// or file://)"),
+        ("SIWA_HOST", "--host", "address to listen on"),
+        ("SIWA_PORT", "--port", "port to listen on"),
+        ("SIWA_DATA_DIR", "--data-dir", "where the embedded PostgreSQL keeps its data"),
+        ("SIWA_EMBEDDED_DATABASE", "--embedded-database", "on|off: may a missing DATABASE_URL start the embedded cluster"),
+        ("SIWA_MIGRATE_ON_START", "--migrate-on-start", "true|false: apply pending migrations when serving"),
+        ("SIWA_TRUSTED_PROXIES", "--trusted-proxies", "CIDR list whose X-Forwarded-For is believed"),
+        ("SIWA_JWKS_REFRESH_INTERVAL", "--jwks-refresh-interval", "scheduled key set refresh"),
+        ("SIWA_JWKS_UNKNOWN_KID_COOLDOWN", "--jwks-unknown-kid-cooldown", "minimum time between unknown-kid refreshes"),
+        ("SIWA_CLOCK_SKEW", "--clock-skew", "allowance on exp/iat"),
+        ("SIWA_REJECTIONS_PER_MINUTE", "--rejections-per-minute", "rejection rows kept per reason per minute"),
+        ("SIWA_DATABASE_POOL_SIZE", "--database-pool-size", "maximum PostgreSQL connections"),
+        ("SIWA_DATABASE_TIMEOUT", "--database-timeout", "longest wait for the database before answering 503"),
+    ]
+
+    /// Builds the configuration from `environment`, with `overrides` (flag values keyed by variable
+    /// name) taking precedence. `requireBundleIDs` is true for commands that receive notifications.
+    package static func load(environment: [String: String], overrides: [String: String] = [:], requireBundleIDs: Bool) throws(ConfigurationError) -> Configuration {
+        func value(_ name: String) -> String? {
+            let raw = overrides[name] ?? environment[name]
+            guard let raw, !raw.trimmingCharacters(in: .whitespaces).isEmpty else { return nil }
+            return raw.trimmingCharacters(in: .whitespaces)
+        }
+        func flag(_ name: String) -> String {
+            variables.first { $0.name == name }.map { "\(name) (\($0.flag))" } ?? name
+        }
+        func duration(_ name: String, default fallback: Duration) throws(ConfigurationError) -> Duration {
+            guard let text = value(name) else { return fallback }
+            do {
+                return try DurationSyntax.parse(text)
+            } catch {
+                throw ConfigurationError(variable: flag(name), message: error.description)
+            }
+        }
+        func integer(_ name: String, _ range: ClosedRange<Int>, default fallback: Int) throws(ConfigurationError) -> Int {
+            guard let text = value(name) else { return fallback }
+            guard let number = Int(text), range.contains(number) else {
+                throw ConfigurationError(variable: flag(name), message: "must be an integer between \(range.lowerBound) and \(range.upperBound) (got \"\(text)\")")
+            }
+            return number
+        }
+        func boolean(_ name: String, default fallback: Bool) throws(ConfigurationError) -> Bool {
+            guard let text = value(name)?.lowercased() else { return fallback }
+            switch text {
+            case "1", "true", "on", "yes": return true
+            case "0", "false", "off", "no": return false
+            default: throw ConfigurationError(variable: flag(name), message: "must be on or off (true/false) (got \"\(text)\")")
+            }
+        }
+
+        let bundleIDs = (value("SIWA_APPLE_BUNDLE_IDS") ?? "").split(separator: ",").map { $0.trimmingCharacters(in: .whitespaces) }.filter { !$0.isEmpty }
+        if requireBundleIDs && bundleIDs.isEmpty {
+            throw ConfigurationError(
+                variable: flag("SIWA_APPLE_BUNDLE_IDS"),
+                message: "is required: the comma-separated bundle IDs of your apps (Apple's aud), e.g. SIWA_APPLE_BUNDLE_IDS=com.example.app")
+        }
+        var config = Configuration(bundleIDs: bundleIDs)
+        if let url = value("DATABASE_URL") {
+            config.databaseURL = url
+        }
+        if let text = value("SIWA_APPLE_JWKS_URL") {
+            guard let url = URL(string: text), ["https", "http", "file"].contains(url.scheme ?? "") else {
+                throw ConfigurationError(variable: flag("SIWA_APPLE_JWKS_URL"), message: "must be an https://, http:// or file:// URL (got \"\(text)\")")
+            }
+            config.jwksURL = url
+        }
+        config.host = value("SIWA_HOST") ?? config.host
+        config.port = try integer("SIWA_PORT", 0...65535, default: config.port)
+        config.dataDirectory = value("SIWA_DATA_DIR") ?? config.dataDirectory
+        config.embeddedDatabase = try boolean("SIWA_EMBEDDED_DATABASE", default: true)
+        config.migrateOnStart = try boolean("SIWA_MIGRATE_ON_START", default: true)
+        if let text = value("SIWA_TRUSTED_PROXIES") {
+            do {
+                config.trustedProxies = try TrustedProxies(parsing: text)
+            } catch {
+                throw ConfigurationError(variable: flag("SIWA_TRUSTED_PROXIES"), message: error.description)
+            }
+        }
+        config.jwksRefreshInterval = try duration("SIWA_JWKS_REFRESH_INTERVAL", default: config.jwksRefreshInterval)
+        config.unknownKidCooldown = try duration("SIWA_JWKS_UNKNOWN_KID_COOLDOWN", default: config.unknownKidCooldown)
+        config.clockSkew = try duration("SIWA_CLOCK_SKEW", default: config.clockSkew)
+        config.rejectionsPerMinute = try integer("SIWA_REJECTIONS_PER_MINUTE", 0...1_000_000, default: config.rejectionsPerMinute)
+        config.databasePoolSize = try integer("SIWA_DATABASE_POOL_SIZE", 1...1000, default: config.databasePoolSize)
+        config.databaseTimeout = try duration("SIWA_DATABASE_TIMEOUT", default: config.databaseTimeout)
+        if config.databaseURL == nil && !config.embeddedDatabase {
+            throw ConfigurationError(
+                variable: "DATABASE_URL",
+                message: "is not set and SIWA_EMBEDDED_DATABASE=off: set DATABASE_URL to your PostgreSQL server, e.g. postgres://siwa:secret@db.internal:5432/siwa")
+        }
+        return config
+    }
+}

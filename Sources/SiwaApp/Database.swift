@@ -1,0 +1,72 @@
+import Foundation
+import Logging
+import PostgresNIO
+import SiwaEmbeddedPostgres
+import SiwaKeys
+import SiwaStore
+
+extension NotificationStore: KeySetPersistence {}
+
+/// The database a process uses: `DATABASE_URL`, or the embedded cluster under `SIWA_DATA_DIR`
+/// (attached to when `serve` already runs it, started for the command otherwise).
+package struct Database: Sendable {
+    package let client: PostgresClient
+    package let embedded: EmbeddedPostgres?
+    package let startedEmbedded: Bool
+    package let description: String
+
+    package static func open(_ config: Configuration, logger: Logger) async throws -> Database {
+        if let url = config.databaseURL {
+            var configuration: PostgresClient.Configuration
+            do {
+                configuration = try DatabaseURL.configuration(url)
+            } catch {
+                throw ConfigurationError(variable: "DATABASE_URL", message: error.description)
+            }
+            configuration.options.maximumConnections = config.databasePoolSize
+            return Database(
+                client: PostgresClient(configuration: configuration, backgroundLogger: logger), embedded: nil, startedEmbedded: false,
+                description: DatabaseURL.redacted(url))
+        }
+        guard config.embeddedDatabase else {
+            throw ConfigurationError(variable: "DATABASE_URL", message: "is not set and SIWA_EMBEDDED_DATABASE=off")
+        }
+        let embedded = EmbeddedPostgres(
+            options: .init(dataDirectory: config.dataDirectory, durable: true, extraSettings: ["max_connections": "\(max(100, config.databasePoolSize * 2 + 10))"]),
+            logger: logger)
+        let connection = try await embedded.start()
+        logger.notice(
+            "EMBEDDED POSTGRESQL IN USE — data in \(config.dataDirectory); set DATABASE_URL for production",
+            metadata: ["data_dir": "\(config.dataDirectory)", "socket": "\(connection.socketPath)", "started": "\(connection.startedByUs)"])
+        var configuration = PostgresClient.Configuration(
+            unixSocketPath: connection.socketPath, username: connection.username, password: nil, database: connection.database)
+        configuration.options.maximumConnections = config.databasePoolSize
+        return Database(
+            client: PostgresClient(configuration: configuration, backgroundLogger: logger), embedded: embedded,
+            startedEmbedded: connection.startedByUs, description: "embedded PostgreSQL in \(config.dataDirectory)")
+    }
+
+    /// Stops the embedded cluster if this process started it.
+    package func close() async {
+        if startedEmbedded, let embedded {
+            try? await embedded.stop()
+        }
+    }
+
+    /// Runs `body` with the client running, then closes. For CLI commands.
+    package static func with<T: Sendable>(_ config: Configuration, logger: Logger, _ body: @Sendable (Database) async throws -> T) async throws -> T {
+        let database = try await open(config, logger: logger)
+        do {
+            let result = try await withThrowingTaskGroup(of: Void.self) { group in
+                group.addTask { await database.client.run() }
+                defer { group.cancelAll() }
+                return try await body(database)
+            }
+            await database.close()
+            return result
+        } catch {
+            await database.close()
+            throw error
+        }
+    }
+}

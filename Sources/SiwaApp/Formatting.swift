@@ -1,0 +1,48 @@
+import Foundation
+import SiwaDomain
+import SiwaStore
+
+/// ISO-8601 UTC with milliseconds: the one timestamp format of every output.
+package func iso8601(_ date: Date) -> String {
+    date.formatted(Date.ISO8601FormatStyle(includingFractionalSeconds: true))
+}
+
+extension NotificationSummary {
+    /// The `--json` line of `notifications list`.
+    package var json: JSONValue {
+        var object: [String: JSONValue] = [
+            "jti": .string(jti), "aud": .string(aud), "received_at": .string(iso8601(receivedAt)),
+            "status": .string(status.rawValue), "deliveries": .number(Double(deliveries)),
+            "type": type.map(JSONValue.string) ?? .null, "raw_type": rawType.map(JSONValue.string) ?? .null,
+            "sub": sub.map(JSONValue.string) ?? .null, "event_time": eventTime.map { .string(iso8601($0)) } ?? .null,
+        ]
+        object["skip_reason"] = skipReason.map(JSONValue.string) ?? .null
+        return .object(object)
+    }
+}
+
+extension AppleEvent {
+    package var json: JSONValue {
+        var object: [String: JSONValue] = [
+            "type": type.map { .string($0.rawValue) } ?? .null, "raw_type": .string(rawType), "sub": .string(sub),
+            "event_time": .string(iso8601(eventTime)), "event_time_ms": .number(Double(eventTimeMillis)),
+        ]
+        if let email { object["email"] = .string(email) }
+        if let isPrivateEmail { object["is_private_email"] = .bool(isPrivateEmail) }
+        return .object(object)
+    }
+}
+
+/// A plain text table for terminals.
+package func table(_ header: [String], _ rows: [[String]]) -> String {
+    var widths = header.map(\.count)
+    for row in rows {
+        for (index, cell) in row.enumerated() where index < widths.count { widths[index] = max(widths[index], cell.count) }
+    }
+    func line(_ cells: [String]) -> String {
+        cells.enumerated().map { index, cell in
+            index == cells.count - 1 ? cell : cell.padding(toLength: widths[index], withPad: " ", startingAt: 0)
+        }.joined(separator: "  ")
+    }
+    return ([line(header)] + rows.map(line)).joined(separator: "\n")
+}

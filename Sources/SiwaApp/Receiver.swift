@@ -1,0 +1,101 @@
+import Foundation
+import Hummingbird
+import Logging
+import NIOCore
+import PostgresNIO
+import Prometheus
+import ServiceLifecycle
+import SiwaDomain
+import SiwaHTTP
+import SiwaKeys
+import SiwaStore
+
+/// The composition root of the receiving process: every component built once, in dependency
+/// order, and one Hummingbird application whose service group runs them. Tests build it too.
+package struct Receiver: Sendable {
+    package let store: NotificationStore
+    package let rejectionStore: RejectionStore
+    package let keys: AppleKeyCache
+    package let rejections: RejectionRecorder
+    package let registry: PrometheusCollectorRegistry
+    package let router: Router<SiwaRequestContext>
+
+    package init(config: Configuration, client: PostgresClient, logger: Logger, keyFetcher: any KeySetFetcher = DefaultKeySetFetcher()) {
+        let registry = PrometheusCollectorRegistry()
+        let metrics = ReceiverMetrics(registry: registry)
+        let store = NotificationStore(client: client, logger: logger)
+        let rejectionStore = RejectionStore(client: client, logger: logger)
+        let keys = AppleKeyCache(
+            configuration: .init(sourceURL: config.jwksURL, refreshInterval: config.jwksRefreshInterval, unknownKidCooldown: config.unknownKidCooldown),
+            fetcher: keyFetcher, persistence: store, logger: logger)
+        let rejections = RejectionRecorder(store: rejectionStore, limitPerMinute: config.rejectionsPerMinute, metrics: metrics, logger: logger)
+        let router = Router(context: SiwaRequestContext.self)
+        NotificationsController(
+            verifier: NotificationVerifier(audiences: Set(config.bundleIDs), clockSkew: config.clockSkew), keys: keys, store: store,
+            rejections: rejections, metrics: metrics, trustedProxies: config.trustedProxies, databaseTimeout: config.databaseTimeout, logger: logger
+        ).register(on: router)
+        HealthController(store: store, keys: keys, databaseTimeout: config.databaseTimeout).register(on: router)
+        router.get("/metrics") { _, _ in
+            var buffer: [UInt8] = []
+            registry.emit(into: &buffer)
+            return Response(
+                status: .ok, headers: [.contentType: "text/plain; version=0.0.4; charset=utf-8"],
+                body: .init(byteBuffer: ByteBuffer(bytes: buffer)))
+        }
+        self.store = store
+        self.rejectionStore = rejectionStore
+        self.keys = keys
+        self.rejections = rejections
+        self.registry = registry
+        self.router = router
+    }
+
+    /// The HTTP application; its service group also runs the PostgreSQL client, the key cache's
+    /// refresh loop and the rejection writer. Before the server binds: migrations (or the check that
+    /// none is pending) and the key set load.
+    package func application(
+        config: Configuration, client: PostgresClient, logger: Logger,
+        onServerRunning: @escaping @Sendable (any Channel) async -> Void = { _ in }
+    ) -> some ApplicationProtocol {
+        var app = Application(
+            router: router,
+            configuration: .init(address: .hostname(config.host, port: config.port), serverName: nil),
+            services: [client, keys, rejections],
+            onServerRunning: onServerRunning,
+            logger: logger)
+        let keys = self.keys
+        app.beforeServerStarts {
+            let migrator = Migrator(client: client, logger: logger)
+            if config.migrateOnStart {
+                try await migrator.migrate()
+            } else {
+                try await migrator.checkUpToDate()
+            }
+            await keys.load()
+        }
+        return app
+    }
+}
+
+/// `siwa-events serve`: the receiver on the configured database, until SIGTERM/SIGINT.
+package enum Server {
+    package static func serve(_ config: Configuration, logger: Logger) async throws {
+        let database = try await Database.open(config, logger: logger)
+        let receiver = Receiver(config: config, client: database.client, logger: logger)
+        let app = receiver.application(config: config, client: database.client, logger: logger) { channel in
+            logger.notice(
+                "siwa-events listening",
+                metadata: [
+                    "address": "\(channel.localAddress?.description ?? "?")", "database": "\(database.description)",
+                    "bundle_ids": "\(config.bundleIDs.joined(separator: ","))", "jwks_url": "\(config.jwksURL.absoluteString)",
+                ])
+        }
+        do {
+            try await app.runService()
+        } catch {
+            await database.close()
+            throw error
+        }
+        await database.close()
+    }
+}

@@ -1,0 +1,180 @@
+import ArgumentParser
+import AsyncHTTPClient
+import Foundation
+import NIOCore
+import NIOHTTP1
+import SiwaDomain
+
+/// Benchmarks for BENCHMARKS.md: signed notifications over real HTTP to a running server on the
+/// real store, and raw RS256 verification on one core. Not a test: it reports figures.
+@main
+struct SiwaBench: AsyncParsableCommand {
+    static let configuration = CommandConfiguration(
+        commandName: "siwa-bench", abstract: "Benchmarks for siwa-events.", subcommands: [Sign.self, Ingest.self, Verify.self])
+}
+
+/// Pre-signs notifications (signing is ~1 ms each, so it is done before the clock starts).
+struct Sign: AsyncParsableCommand {
+    static let configuration = CommandConfiguration(abstract: "Sign N distinct notifications into a file, one POST body per line.")
+    @Option(help: "Directory with private-key.pem (from `siwa-events keys generate`).") var keys: String
+    @Option(help: "Bundle ID for aud.") var aud: String
+    @Option(help: "How many.") var count: Int
+    @Option(help: "Output file.") var output: String
+
+    func run() async throws {
+        let pem = try String(contentsOfFile: keys + "/private-key.pem", encoding: .utf8)
+        let signer = try AppleStyleSigner(pem: pem)
+        let types = ["email-disabled", "email-enabled", "consent-revoked", "account-delete"]
+        let workers = max(1, ProcessInfo.processInfo.activeProcessorCount)
+        let base = Date()
+        let run = UUID().uuidString.prefix(8)
+        let lines = try await withThrowingTaskGroup(of: [String].self) { group in
+            for worker in 0..<workers {
+                group.addTask {
+                    var lines: [String] = []
+                    for index in stride(from: worker, to: count, by: workers) {
+                        let type = types[index % types.count]
+                        let jws = try signer.notification(
+                            aud: aud, type: type, sub: "000\(index % 997).bench\(run).\(index)", eventTime: base.addingTimeInterval(Double(index) / 1000),
+                            email: type.hasPrefix("email") ? "bench\(index)@privaterelay.appleid.com" : nil,
+                            isPrivateEmail: type.hasPrefix("email") ? true : nil, jti: "bench-\(run)-\(index)")
+                        lines.append(AppleStyleSigner.body(jws))
+                    }
+                    return lines
+                }
+            }
+            return try await group.reduce(into: [String]()) { $0 += $1 }
+        }
+        try (lines.joined(separator: "\n") + "\n").write(toFile: output, atomically: true, encoding: .utf8)
+        print("signed \(lines.count) notifications into \(output)")
+    }
+}
+
+struct Ingest: AsyncParsableCommand {
+    static let configuration = CommandConfiguration(abstract: "POST pre-signed notifications and report accepted/s and latency percentiles.")
+    @Option(help: "Server base URL.") var url: String
+    @Option(help: "File of POST bodies (from `siwa-bench sign`).") var bodies: String
+    @Option(help: "Concurrent connections.") var connections: Int = 16
+    @Option(help: "Use bodies starting at this line (so runs don't repeat notifications).") var offset: Int = 0
+    @Option(help: "Requests to send.") var requests: Int
+    @Option(help: "Target rate in requests/s (open loop); default: as fast as the connections go.") var rate: Double?
+    @Option(help: "Label for the output line.") var label: String = "ingest"
+
+    func run() async throws {
+        let all = try String(contentsOfFile: bodies, encoding: .utf8).split(separator: "\n").map(String.init)
+        guard offset + requests <= all.count else {
+            throw ValidationError("--offset \(offset) + --requests \(requests) exceeds the \(all.count) bodies in \(bodies)")
+        }
+        let slice = Array(all[offset..<(offset + requests)])
+        var configuration = HTTPClient.Configuration()
+        configuration.connectionPool.concurrentHTTP1ConnectionsPerHostSoftLimit = connections
+        let client = HTTPClient(eventLoopGroupProvider: .singleton, configuration: configuration)
+        let target = url + "/apple/notifications"
+        let next = Counter()
+        let results = Results(capacity: requests)
+        let started = ContinuousClock.now
+        try await withThrowingTaskGroup(of: Void.self) { group in
+            for _ in 0..<connections {
+                group.addTask {
+                    while let index = next.take(limit: slice.count) {
+                        if let rate {
+                            let due = started + .nanoseconds(Int64(Double(index) / rate * 1e9))
+                            try await Task.sleep(until: due, clock: .continuous)
+                        }
+                        var request = HTTPClientRequest(url: target)
+                        request.method = .POST
+                        request.headers.add(name: "Content-Type", value: "application/json")
+                        request.body = .bytes(ByteBuffer(string: slice[index]))
+                        let sent = ContinuousClock.now
+                        let status: UInt
+                        do {
+                            let response = try await client.execute(request, timeout: .seconds(30))
+                            _ = try await response.body.collect(upTo: 1 << 16)
+                            status = response.status.code
+                        } catch {
+                            status = 0
+                        }
+                        results.add(latency: ContinuousClock.now - sent, status: status)
+                    }
+                }
+            }
+            try await group.waitForAll()
+        }
+        let elapsed = ContinuousClock.now - started
+        try await client.shutdown()
+        let (latencies, statuses) = results.snapshot()
+        let seconds = Double(elapsed.components.seconds) + Double(elapsed.components.attoseconds) / 1e18
+        let accepted = statuses[200, default: 0]
+        func percentile(_ p: Double) -> Double {
+            guard !latencies.isEmpty else { return .nan }
+            let sorted = latencies.sorted()
+            return sorted[min(sorted.count - 1, Int((Double(sorted.count) * p).rounded(.up)) - 1)]
+        }
+        let line = String(
+            format: "%@: connections=%d requests=%d ok=%d accepted/s=%.0f p50=%.2fms p99=%.2fms max=%.2fms statuses=%@",
+            label, connections, requests, accepted, Double(accepted) / seconds, percentile(0.50), percentile(0.99), percentile(1.0),
+            statuses.sorted { $0.key < $1.key }.map { "\($0.key):\($0.value)" }.joined(separator: ","))
+        print(line)
+    }
+}
+
+/// Raw RS256 verification (parse, signature, claims, event decoding) on one core.
+struct Verify: AsyncParsableCommand {
+    static let configuration = CommandConfiguration(abstract: "Verifications per second on one core.")
+    @Option(help: "Seconds to run.") var seconds: Double = 5
+
+    func run() async throws {
+        let signer = try AppleStyleSigner.generate()
+        let keys = try AppleKeySet.parse(try signer.jwksDocument())
+        let jws = try signer.notification(aud: "com.example.bench", type: "email-disabled", sub: "001.bench.1", email: "x@privaterelay.appleid.com", isPrivateEmail: true)
+        let verifier = NotificationVerifier(audiences: ["com.example.bench"])
+        let now = Date()
+        let thread = Thread {
+            let clock = ContinuousClock()
+            let start = clock.now
+            var count = 0
+            while clock.now - start < .milliseconds(Int64(seconds * 1000)) {
+                for _ in 0..<100 {
+                    _ = try! verifier.verify(jws, keys: keys, now: now)
+                }
+                count += 100
+            }
+            let elapsed = clock.now - start
+            let total = Double(elapsed.components.seconds) + Double(elapsed.components.attoseconds) / 1e18
+            print(String(format: "verify: %.0f RS256 verifications/s on one core (%d in %.1fs, full notification checks incl. JSON and event decoding)", Double(count) / total, count, total))
+        }
+        thread.start()
+        while !thread.isFinished { try await Task.sleep(for: .milliseconds(50)) }
+    }
+}
+
+final class Counter: @unchecked Sendable {
+    private let lock = NSLock()
+    private var value = 0
+    func take(limit: Int) -> Int? {
+        lock.lock()
+        defer { lock.unlock() }
+        guard value < limit else { return nil }
+        value += 1
+        return value - 1
+    }
+}
+
+final class Results: @unchecked Sendable {
+    private let lock = NSLock()
+    private var latencies: [Double]
+    private var statuses: [UInt: Int] = [:]
+    init(capacity: Int) { latencies = []; latencies.reserveCapacity(capacity) }
+    func add(latency: Duration, status: UInt) {
+        let ms = Double(latency.components.seconds) * 1000 + Double(latency.components.attoseconds) / 1e15
+        lock.lock()
+        latencies.append(ms)
+        statuses[status, default: 0] += 1
+        lock.unlock()
+    }
+    func snapshot() -> ([Double], [UInt: Int]) {
+        lock.lock()
+        defer { lock.unlock() }
+        return (latencies, statuses)
+    }
+}

@@ -1,0 +1,105 @@
+import ArgumentParser
+import Foundation
+import Logging
+import SiwaApp
+
+@main
+struct SiwaEvents: AsyncParsableCommand {
+    static let configuration = CommandConfiguration(
+        commandName: "siwa-events",
+        abstract: "Receive, verify and record Sign in with Apple server-to-server notifications.",
+        subcommands: [
+            Serve.self, Migrate.self, NotificationsCommand.self, RejectionsCommand.self, Verify.self, KeysCommand.self, Send.self,
+        ])
+}
+
+/// Settings shared by every command that touches the database or serves: each flag overrides the
+/// environment variable of the same meaning (see `siwa-events serve --help`).
+struct ConfigOptions: ParsableArguments {
+    @Option(name: .customLong("database-url"), help: "PostgreSQL URL (DATABASE_URL). Default: the embedded cluster.")
+    var databaseURL: String?
+    @Option(name: .customLong("bundle-ids"), help: "Comma-separated bundle IDs accepted as aud (SIWA_APPLE_BUNDLE_IDS).")
+    var bundleIDs: String?
+    @Option(name: .customLong("jwks-url"), help: "Apple's key set, https:// or file:// (SIWA_APPLE_JWKS_URL).")
+    var jwksURL: String?
+    @Option(help: "Listen address (SIWA_HOST, default 127.0.0.1).")
+    var host: String?
+    @Option(help: "Listen port (SIWA_PORT, default 8080).")
+    var port: String?
+    @Option(name: .customLong("data-dir"), help: "Embedded PostgreSQL data directory (SIWA_DATA_DIR, default ./.siwa).")
+    var dataDir: String?
+    @Option(name: .customLong("embedded-database"), help: "on|off (SIWA_EMBEDDED_DATABASE, default on).")
+    var embeddedDatabase: String?
+    @Option(name: .customLong("migrate-on-start"), help: "true|false (SIWA_MIGRATE_ON_START, default true).")
+    var migrateOnStart: String?
+    @Option(name: .customLong("trusted-proxies"), help: "CIDR list whose X-Forwarded-For is believed (SIWA_TRUSTED_PROXIES).")
+    var trustedProxies: String?
+    @Option(name: .customLong("jwks-refresh-interval"), help: "Scheduled key refresh, e.g. 1h (SIWA_JWKS_REFRESH_INTERVAL).")
+    var jwksRefreshInterval: String?
+    @Option(name: .customLong("jwks-unknown-kid-cooldown"), help: "Minimum time between unknown-kid refreshes, e.g. 60s (SIWA_JWKS_UNKNOWN_KID_COOLDOWN).")
+    var unknownKidCooldown: String?
+    @Option(name: .customLong("clock-skew"), help: "Allowance on exp/iat, e.g. 60s (SIWA_CLOCK_SKEW).")
+    var clockSkew: String?
+    @Option(name: .customLong("rejections-per-minute"), help: "Rejection rows kept per reason per minute (SIWA_REJECTIONS_PER_MINUTE, default 60).")
+    var rejectionsPerMinute: String?
+    @Option(name: .customLong("database-pool-size"), help: "Maximum PostgreSQL connections (SIWA_DATABASE_POOL_SIZE, default 32).")
+    var databasePoolSize: String?
+    @Option(name: .customLong("database-timeout"), help: "Longest wait for the database before answering 503, e.g. 5s (SIWA_DATABASE_TIMEOUT).")
+    var databaseTimeout: String?
+
+    func load(requireBundleIDs: Bool) throws -> Configuration {
+        let overrides: [String: String?] = [
+            "DATABASE_URL": databaseURL, "SIWA_APPLE_BUNDLE_IDS": bundleIDs, "SIWA_APPLE_JWKS_URL": jwksURL, "SIWA_HOST": host,
+            "SIWA_PORT": port, "SIWA_DATA_DIR": dataDir, "SIWA_EMBEDDED_DATABASE": embeddedDatabase,
+            "SIWA_MIGRATE_ON_START": migrateOnStart, "SIWA_TRUSTED_PROXIES": trustedProxies,
+            "SIWA_JWKS_REFRESH_INTERVAL": jwksRefreshInterval, "SIWA_JWKS_UNKNOWN_KID_COOLDOWN": unknownKidCooldown,
+            "SIWA_CLOCK_SKEW": clockSkew, "SIWA_REJECTIONS_PER_MINUTE": rejectionsPerMinute, "SIWA_DATABASE_POOL_SIZE": databasePoolSize,
+            "SIWA_DATABASE_TIMEOUT": databaseTimeout,
+        ]
+        do {
+            return try Configuration.load(
+                environment: ProcessInfo.processInfo.environment, overrides: overrides.compactMapValues { $0 }, requireBundleIDs: requireBundleIDs)
+        } catch {
+            throw ValidationError(error.description)
+        }
+    }
+}
+
+/// One logger for the process: structured key=value lines on stderr, level from SIWA_LOG_LEVEL.
+func makeLogger(_ label: String = "siwa-events") -> Logger {
+    LoggingSystem.bootstrap { label in
+        var handler = StreamLogHandler.standardError(label: label)
+        handler.logLevel = ProcessInfo.processInfo.environment["SIWA_LOG_LEVEL"].flatMap(Logger.Level.init(rawValue:)) ?? .info
+        return handler
+    }
+    return Logger(label: label)
+}
+
+/// Prints to stderr (progress and diagnostics; stdout is for results).
+func printError(_ text: String) {
+    FileHandle.standardError.write(Data((text + "\n").utf8))
+}
+
+struct Serve: AsyncParsableCommand {
+    static let configuration = CommandConfiguration(abstract: "Run the receiver (embedded PostgreSQL unless DATABASE_URL is set).")
+    @OptionGroup var options: ConfigOptions
+
+    func run() async throws {
+        let config = try options.load(requireBundleIDs: true)
+        try await Server.serve(config, logger: makeLogger())
+    }
+}
+
+struct Migrate: AsyncParsableCommand {
+    static let configuration = CommandConfiguration(abstract: "Apply pending database migrations from sql/ (built in).")
+    @OptionGroup var options: ConfigOptions
+
+    func run() async throws {
+        let config = try options.load(requireBundleIDs: false)
+        let logger = makeLogger()
+        let applied = try await Database.with(config, logger: logger) { database in
+            try await Migrator(client: database.client, logger: logger).migrate()
+        }
+        print(applied.isEmpty ? "schema is up to date" : "applied migrations: \(applied.map(String.init).joined(separator: ", "))")
+    }
+}

@@ -1,0 +1,183 @@
+import ArgumentParser
+import AsyncHTTPClient
+import Foundation
+import NIOCore
+import NIOHTTP1
+import SiwaApp
+import SiwaDomain
+import SiwaKeys
+
+/// `verify`: offline verification with the very verifier the server uses.
+struct Verify: AsyncParsableCommand {
+    static let configuration = CommandConfiguration(
+        abstract: "Verify a notification offline with the server's verifier.",
+        discussion: """
+            Prints {"valid","reason","message","header","claims","event"}. Exit 0 when valid, 1 when not \
+            (same reason words as the endpoint), 2 when it could not check (unreadable file, JWKS unreachable).
+            """)
+
+    @Argument(help: "A compact JWS, or @file holding a JWS or a JSON object with a payload (Apple's POST body) or jws field.")
+    var token: String
+    @Option(help: "Key set: a file path or an https:// / file:// URL (e.g. https://appleid.apple.com/auth/keys).")
+    var jwks: String
+    @Option(help: "Accepted bundle ID(s), comma-separated. Default: SIWA_APPLE_BUNDLE_IDS, else the token's own aud (not checked).")
+    var aud: String?
+    @Option(help: "Verify as of this time: ISO-8601 or epoch seconds. Default: now.")
+    var at: String?
+
+    enum ExitStatus { static let invalid: Int32 = 1, couldNotCheck: Int32 = 2 }
+
+    func run() async throws {
+        let now: Date
+        if let at {
+            guard let parsed = Self.parseTime(at) else {
+                printError("--at: \"\(at)\" is neither ISO-8601 (2022-12-02T21:15:31Z) nor epoch seconds")
+                throw ExitCode(ExitStatus.couldNotCheck)
+            }
+            now = parsed
+        } else {
+            now = Date()
+        }
+        let text: String
+        do {
+            text = try Self.readToken(token)
+        } catch {
+            printError("cannot read the token: \(error)")
+            throw ExitCode(ExitStatus.couldNotCheck)
+        }
+        let keys: AppleKeySet
+        do {
+            let url = jwks.contains("://") ? URL(string: jwks) : URL(fileURLWithPath: jwks)
+            guard let url else { throw DefaultKeySetFetcher.FetchError(description: "--jwks: \"\(jwks)\" is not a path or URL") }
+            keys = try AppleKeySet.parse(try await DefaultKeySetFetcher().fetch(url))
+        } catch {
+            printError("cannot load the key set: \(error)")
+            throw ExitCode(ExitStatus.couldNotCheck)
+        }
+        let jws = try? CompactJWS(text)
+        var audiences = Set((aud ?? ProcessInfo.processInfo.environment["SIWA_APPLE_BUNDLE_IDS"] ?? "").split(separator: ",").map {
+            $0.trimmingCharacters(in: .whitespaces)
+        }.filter { !$0.isEmpty })
+        let audChecked = !audiences.isEmpty
+        if !audChecked, let claims = jws.flatMap({ JSONValue.parse($0.payload) }) {
+            switch claims["aud"] {
+            case .string(let value): audiences = [value]
+            case .array(let values): audiences = Set(values.compactMap(\.stringValue))
+            default: break
+            }
+        }
+        var result: [String: JSONValue] = [
+            "header": jws?.header ?? .null, "claims": jws.flatMap { JSONValue.parse($0.payload) } ?? .null, "event": .null,
+            "aud_checked": .bool(audChecked),
+        ]
+        do {
+            let verified = try NotificationVerifier(audiences: audiences).verify(text, keys: keys, now: now)
+            result["valid"] = .bool(true)
+            result["reason"] = .null
+            result["jti"] = .string(verified.jti)
+            switch verified.decoding {
+            case .event(let event):
+                result["event"] = event.json
+                result["status"] = .string("pending")
+            case .skipped(let reason, let detail, let event):
+                result["event"] = event?.json ?? .null
+                result["status"] = .string("skipped")
+                result["skip_reason"] = .string(reason.rawValue)
+                result["message"] = .string(detail)
+            }
+            print(JSONValue.object(result).jsonText)
+        } catch {
+            result["valid"] = .bool(false)
+            result["reason"] = .string(error.reason.rawValue)
+            result["message"] = .string(error.message)
+            print(JSONValue.object(result).jsonText)
+            throw ExitCode(ExitStatus.invalid)
+        }
+    }
+
+    static func parseTime(_ text: String) -> Date? {
+        if let seconds = Double(text) { return Date(timeIntervalSince1970: seconds) }
+        if let date = try? Date(text, strategy: Date.ISO8601FormatStyle(includingFractionalSeconds: true)) { return date }
+        return try? Date(text, strategy: Date.ISO8601FormatStyle())
+    }
+
+    /// A JWS, or `@file` with a raw JWS or a JSON object carrying `payload` or `jws`.
+    static func readToken(_ argument: String) throws -> String {
+        guard argument.hasPrefix("@") else { return argument.trimmingCharacters(in: .whitespacesAndNewlines) }
+        let content = try String(contentsOfFile: String(argument.dropFirst()), encoding: .utf8)
+        if let json = JSONValue.parse(Data(content.utf8)), json.objectValue != nil {
+            if let payload = json["payload"]?.stringValue { return payload }
+            if let jws = json["jws"]?.stringValue { return jws }
+            throw ValidationError("\(argument.dropFirst()) is a JSON object without a payload or jws field")
+        }
+        return content.trimmingCharacters(in: .whitespacesAndNewlines)
+    }
+}
+
+struct KeysCommand: AsyncParsableCommand {
+    static let configuration = CommandConfiguration(
+        commandName: "keys", abstract: "Local signing keys for trying the server without Apple.", subcommands: [Generate.self])
+
+    struct Generate: AsyncParsableCommand {
+        static let configuration = CommandConfiguration(abstract: "Write a new RSA-2048 key: DIR/private-key.pem and DIR/jwks.json.")
+        @Option(help: "Directory to write the key into (created if missing).") var dir: String
+
+        func run() async throws {
+            let directory = URL(fileURLWithPath: dir).standardizedFileURL
+            try FileManager.default.createDirectory(at: directory, withIntermediateDirectories: true)
+            let signer = try AppleStyleSigner.generate()
+            let keyFile = directory.appendingPathComponent("private-key.pem")
+            try Data(signer.privateKeyPEM.utf8).write(to: keyFile)
+            try FileManager.default.setAttributes([.posixPermissions: 0o600], ofItemAtPath: keyFile.path)
+            let jwksFile = directory.appendingPathComponent("jwks.json")
+            try signer.jwksDocument().write(to: jwksFile)
+            print("kid \(signer.kid)")
+            print("private key: \(keyFile.path)")
+            print("key set:     \(jwksFile.path)")
+            print("serve with:  SIWA_APPLE_JWKS_URL=\(jwksFile.absoluteString)")
+        }
+    }
+}
+
+/// `send`: a local stand-in for Apple that signs and POSTs a notification.
+struct Send: AsyncParsableCommand {
+    static let configuration = CommandConfiguration(
+        abstract: "Sign a notification exactly as Apple does and POST it to a running server.")
+
+    @Argument(help: "email-disabled, email-enabled, consent-revoked, account-delete (any string is sent as is).")
+    var type: String
+    @Option(help: "The user (Apple's team-scoped sub).") var sub: String
+    @Option(help: "Relay or real address, for email events.") var email: String?
+    @Flag(help: "Mark the address as a private relay address.") var `private` = false
+    @Option(help: "Directory written by `keys generate`.") var keys: String
+    @Option(help: "Bundle ID to put in aud.") var aud: String
+    @Option(help: "Server base URL, e.g. http://127.0.0.1:8080.") var url: String
+    @Option(help: "jti to use (default: a new UUID; reuse one to see a duplicate).") var jti: String?
+
+    func run() async throws {
+        let pem: String
+        do {
+            pem = try String(contentsOfFile: URL(fileURLWithPath: keys).appendingPathComponent("private-key.pem").path, encoding: .utf8)
+        } catch {
+            throw ValidationError("--keys: cannot read \(keys)/private-key.pem (run `siwa-events keys generate --dir \(keys)` first)")
+        }
+        let signer = try AppleStyleSigner(pem: pem)
+        let jws = try signer.notification(
+            aud: aud, type: type, sub: sub, email: email, isPrivateEmail: email == nil ? nil : `private`, jti: jti ?? UUID().uuidString)
+        guard let base = URL(string: url), base.scheme != nil else { throw ValidationError("--url must be a base URL like http://127.0.0.1:8080") }
+        var request = HTTPClientRequest(url: base.appendingPathComponent("apple/notifications").absoluteString)
+        request.method = .POST
+        request.headers.add(name: "Content-Type", value: "application/json")
+        request.body = .bytes(ByteBuffer(string: AppleStyleSigner.body(jws)))
+        let response: HTTPClientResponse
+        do {
+            response = try await HTTPClient.shared.execute(request, timeout: .seconds(30))
+        } catch {
+            printError("POST \(url)/apple/notifications failed: \(error)")
+            throw ExitCode(2)
+        }
+        let body = try await response.body.collect(upTo: 1 << 20)
+        print("\(response.status.code) \(String(buffer: body))")
+        if !(200..<300).contains(Int(response.status.code)) { throw ExitCode(1) }
+    }
+}

@@ -1,0 +1,42 @@
+import Foundation
+
+/// A compact JWS split into its parts, with its header read. Parsing checks only the shape
+/// (three base64url segments, a JSON object header); it decides nothing about trust.
+package struct CompactJWS: Sendable {
+    package let raw: String
+    package let header: JSONValue
+    package let headerJSON: String
+    /// The base64url payload segment as received (its SHA-256 is the id of a token without `jti`).
+    package let payloadSegment: Substring
+    package let payload: Data
+    package let signature: Data
+    /// `BASE64URL(header) "." BASE64URL(payload)`: the bytes the signature covers.
+    package var signingInput: Substring { raw[raw.startIndex..<signingInputEnd] }
+    private let signingInputEnd: String.Index
+
+    package var algorithm: String? { header["alg"]?.stringValue }
+    package var kid: String? { header["kid"]?.stringValue }
+
+    package init(_ text: String) throws(VerificationError) {
+        let raw = text.trimmingCharacters(in: .whitespacesAndNewlines)
+        let parts = raw.split(separator: ".", omittingEmptySubsequences: false)
+        guard parts.count == 3 else {
+            throw .malformed("payload is not a compact JWS: expected three base64url segments separated by dots, found \(parts.count)")
+        }
+        guard let headerData = Base64URL.decode(parts[0]), let payload = Base64URL.decode(parts[1]),
+            let signature = Base64URL.decode(parts[2])
+        else {
+            throw .malformed("payload is not a compact JWS: a segment is not valid base64url")
+        }
+        guard let header = JSONValue.parse(headerData), header.objectValue != nil else {
+            throw .malformed("the JWS header is not a JSON object")
+        }
+        self.raw = raw
+        self.header = header
+        self.headerJSON = String(decoding: headerData, as: UTF8.self)
+        self.payloadSegment = parts[1]
+        self.payload = payload
+        self.signature = signature
+        self.signingInputEnd = parts[1].endIndex
+    }
+}

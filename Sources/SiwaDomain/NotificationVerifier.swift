@@ -1,0 +1,136 @@
+import Crypto
+import CryptoExtras
+import Foundation
+
+/// A notification that passed every check: it came from Apple, for one of our apps, in its time.
+package struct VerifiedNotification: Sendable {
+    package var jti: String
+    /// True when the token had no `jti` and `jti` is the SHA-256 of its payload segment.
+    package var jtiDerived: Bool
+    package var aud: String
+    package var kid: String
+    package var issuedAt: Int64
+    package var expiresAt: Int64?
+    package var headerJSON: String
+    package var claimsJSON: String
+    package var claims: JSONValue
+    package var decoding: EventDecoding
+}
+
+/// The checks, in order, that decide whether a delivery is a genuine Sign in with Apple
+/// notification for us. Pure: keys and `now` are passed in, nothing is read from the world.
+///
+/// Order (each failing with its own answer): JWS shape → `alg` is RS256 → `kid` resolves →
+/// signature → `iss` → `aud` ∈ configured bundle IDs → `exp` (when present) and `iat`, with a
+/// clock-skew allowance → the event, decoded with every tolerance real tokens need.
+package struct NotificationVerifier: Sendable {
+    package static let appleIssuer = "https://appleid.apple.com"
+
+    /// Bundle IDs accepted as `aud`.
+    package var audiences: Set<String>
+    /// Allowance for clocks that disagree, applied to `exp`, `iat` and `nbf`.
+    package var clockSkew: Duration
+
+    package init(audiences: Set<String>, clockSkew: Duration = .seconds(60)) {
+        self.audiences = audiences
+        self.clockSkew = clockSkew
+    }
+
+    /// Checks the header: RS256 only, whatever else the header claims (`none`, `HS256`, … are refused
+    /// before any key is looked at), and a `kid` to resolve. Returns the `kid`.
+    package static func checkHeader(_ jws: CompactJWS) throws(VerificationError) -> String {
+        guard let alg = jws.algorithm else {
+            throw .invalid(.unsupportedAlgorithm, "the JWS header has no alg; only RS256 is accepted")
+        }
+        guard alg == "RS256" else {
+            throw .invalid(.unsupportedAlgorithm, "alg \(alg) is not accepted; Apple signs with RS256")
+        }
+        guard let kid = jws.kid, !kid.isEmpty else {
+            throw .invalid(.unknownKey, "the JWS header has no kid; cannot pick an Apple key")
+        }
+        return kid
+    }
+
+    /// Resolves the header's `kid` in `keys`, explicitly (no default-key fallback).
+    package static func resolveKey(_ jws: CompactJWS, in keys: AppleKeySet) throws(VerificationError) -> AppleKey {
+        let kid = try checkHeader(jws)
+        guard let key = keys[kid] else {
+            throw .invalid(.unknownKey, "no Apple key with kid \(kid) (known: \(keys.kids.joined(separator: ", ")))")
+        }
+        return key
+    }
+
+    /// Verifies the signature with `key`, then the claims at `now`, then decodes the event.
+    package func verify(_ jws: CompactJWS, key: AppleKey, now: Date) throws(VerificationError) -> VerifiedNotification {
+        _ = try Self.checkHeader(jws)
+        let signature = _RSA.Signing.RSASignature(rawRepresentation: jws.signature)
+        let digest = SHA256.hash(data: Data(jws.signingInput.utf8))
+        guard key.publicKey.isValidSignature(signature, for: digest, padding: .insecurePKCS1v1_5) else {
+            throw .invalid(.badSignature, "the signature does not match Apple key \(key.kid)")
+        }
+        guard let claims = JSONValue.parse(jws.payload), claims.objectValue != nil else {
+            throw .malformed("the JWS payload is not a JSON object")
+        }
+        let iss = claims["iss"]?.stringValue
+        guard iss == Self.appleIssuer else {
+            throw .invalid(.wrongIssuer, "iss is \(iss.map { "\"\($0)\"" } ?? "missing"); expected \(Self.appleIssuer)")
+        }
+        let tokenAudiences: [String] =
+            switch claims["aud"] {
+            case .string(let aud): [aud]
+            case .array(let values): values.compactMap(\.stringValue)
+            default: []
+            }
+        guard let aud = tokenAudiences.first(where: audiences.contains) else {
+            throw .invalid(
+                .wrongAudience,
+                "aud \(tokenAudiences.isEmpty ? "(missing)" : tokenAudiences.joined(separator: ",")) is not a configured bundle ID (SIWA_APPLE_BUNDLE_IDS)"
+            )
+        }
+        let skew = clockSkew.timeInterval
+        let nowSeconds = now.timeIntervalSince1970
+        guard let iat = claims["iat"]?.numberValue, iat.isFinite else {
+            throw .malformed("the iat claim is missing or not a number")
+        }
+        let exp = claims["exp"]?.numberValue
+        if let exp, nowSeconds > exp + skew {
+            throw .invalid(.expired, "the token expired at \(Self.iso(exp)); it is now \(Self.iso(nowSeconds))")
+        }
+        if iat > nowSeconds + skew {
+            throw .invalid(.notYetValid, "the token was issued at \(Self.iso(iat)), in the future (now \(Self.iso(nowSeconds)))")
+        }
+        if let nbf = claims["nbf"]?.numberValue, nbf > nowSeconds + skew {
+            throw .invalid(.notYetValid, "the token is not valid before \(Self.iso(nbf)) (now \(Self.iso(nowSeconds)))")
+        }
+        let issuedAt = Int64(iat)
+        let jti = claims["jti"]?.stringValue.flatMap { $0.isEmpty ? nil : $0 }
+        return VerifiedNotification(
+            jti: jti ?? Self.derivedID(payloadSegment: jws.payloadSegment),
+            jtiDerived: jti == nil,
+            aud: aud,
+            kid: key.kid,
+            issuedAt: issuedAt,
+            expiresAt: exp.map { Int64($0) },
+            headerJSON: jws.headerJSON,
+            claimsJSON: String(decoding: jws.payload, as: UTF8.self),
+            claims: claims,
+            decoding: EventDecoding.decode(events: claims["events"], issuedAt: issuedAt)
+        )
+    }
+
+    /// Parse, resolve and verify in one call: what the CLI's `verify` and a replay use.
+    package func verify(_ text: String, keys: AppleKeySet, now: Date) throws(VerificationError) -> VerifiedNotification {
+        let jws = try CompactJWS(text)
+        let key = try Self.resolveKey(jws, in: keys)
+        return try verify(jws, key: key, now: now)
+    }
+
+    /// The id of a token without `jti`: hex SHA-256 of its payload segment.
+    package static func derivedID(payloadSegment: Substring) -> String {
+        SHA256.hash(data: Data(payloadSegment.utf8)).map { String(format: "%02x", $0) }.joined()
+    }
+
+    private static func iso(_ seconds: Double) -> String {
+        Date(timeIntervalSince1970: seconds).formatted(.iso8601)
+    }
+}

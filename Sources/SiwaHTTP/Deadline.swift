@@ -1,0 +1,50 @@
+import Synchronization
+
+/// Thrown when an operation did not finish within its deadline.
+package struct DeadlineExceeded: Error, CustomStringConvertible {
+    package let limit: Duration
+    package var description: String { "no answer from the database within \(limit)" }
+}
+
+/// Runs `operation` but answers by `limit` at the latest. The operation is not abandoned half-way:
+/// it goes on in its own task (a database commit that lands late only makes Apple's retry a
+/// duplicate), so a caller never claims success it has not seen and never waits longer than
+/// `limit` — while PostgreSQL is down, postgres-nio's pool would otherwise hold requests for up
+/// to a minute before failing them.
+package func withDeadline<T: Sendable>(_ limit: Duration, _ operation: @escaping @Sendable () async throws -> T) async throws -> T {
+    let race = Race<T>()
+    return try await withCheckedThrowingContinuation { (continuation: CheckedContinuation<T, any Error>) in
+        race.set(continuation)
+        let timer = Task {
+            guard (try? await Task.sleep(for: limit)) != nil else { return }
+            race.finish(.failure(DeadlineExceeded(limit: limit)))
+        }
+        Task {
+            do {
+                race.finish(.success(try await operation()))
+            } catch {
+                race.finish(.failure(error))
+            }
+            timer.cancel()
+        }
+    }
+}
+
+/// The first result wins; later ones are dropped.
+private final class Race<T: Sendable>: Sendable {
+    private let state = Mutex<(done: Bool, waiter: CheckedContinuation<T, any Error>?)>((false, nil))
+
+    func set(_ continuation: CheckedContinuation<T, any Error>) {
+        state.withLock { $0.waiter = continuation }
+    }
+
+    func finish(_ result: Result<T, any Error>) {
+        let waiter = state.withLock { state -> CheckedContinuation<T, any Error>? in
+            guard !state.done else { return nil }
+            state.done = true
+            defer { state.waiter = nil }
+            return state.waiter
+        }
+        waiter?.resume(with: result)
+    }
+}

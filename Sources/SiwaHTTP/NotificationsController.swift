@@ -1,0 +1,198 @@
+import Foundation
+import HTTPTypes
+import Hummingbird
+import Logging
+import NIOCore
+import Prometheus
+import SiwaDomain
+import SiwaKeys
+import SiwaStore
+
+/// `POST /apple/notifications`: accepts exactly the genuine notifications and answers 200 only
+/// after the notification (and its job) is durably committed.
+package struct NotificationsController: Sendable {
+    package static let path: RouterPath = "/apple/notifications"
+    /// Apple's bodies are ~1-2 KiB; anything past 64 KiB is refused before it is read.
+    package static let maximumBodySize = 64 * 1024
+    /// How much of a refused body is kept for diagnosis.
+    static let recordedPrefix = 512
+
+    let verifier: NotificationVerifier
+    let keys: AppleKeyCache
+    let store: NotificationStore
+    let rejections: RejectionRecorder
+    let metrics: ReceiverMetrics
+    let trustedProxies: TrustedProxies
+    let databaseTimeout: Duration
+    let logger: Logger
+
+    package init(
+        verifier: NotificationVerifier, keys: AppleKeyCache, store: NotificationStore, rejections: RejectionRecorder,
+        metrics: ReceiverMetrics, trustedProxies: TrustedProxies, databaseTimeout: Duration, logger: Logger
+    ) {
+        self.databaseTimeout = databaseTimeout
+        self.verifier = verifier
+        self.keys = keys
+        self.store = store
+        self.rejections = rejections
+        self.metrics = metrics
+        self.trustedProxies = trustedProxies
+        self.logger = logger
+    }
+
+    package func register(on router: Router<SiwaRequestContext>) {
+        router.post(Self.path) { request, context in try await receive(request, context: context) }
+        for method: HTTPRequest.Method in [.get, .put, .patch, .delete, .head] {
+            router.on(Self.path, method: method) { _, _ -> Response in
+                throw APIError(
+                    .methodNotAllowed, code: "method_not_allowed",
+                    message: "\(method.rawValue) is not supported here; Apple POSTs notifications to this URL",
+                    headers: [.allow: "POST"])
+            }
+        }
+    }
+
+    /// What happened to one delivery, for its answer, its log line and its metrics.
+    private enum Outcome {
+        case stored(RecordOutcome, VerifiedNotification)
+        case rejected(APIError, RejectionRecord)
+        case unavailable(APIError, String)
+    }
+
+    func receive(_ request: Request, context: SiwaRequestContext) async throws -> Response {
+        let started = ContinuousClock.now
+        let receivedAt = Date()
+        let remote = trustedProxies.clientAddress(peer: context.peerAddress, forwardedFor: request.headers[.xForwardedFor])
+        let outcome = await handle(request, receivedAt: receivedAt, remote: remote)
+        let elapsed = ContinuousClock.now - started
+        metrics.duration.recordNanoseconds(elapsed.components.seconds * 1_000_000_000 + elapsed.components.attoseconds / 1_000_000_000)
+        var metadata: Logger.Metadata = ["latency_ms": "\(Double(elapsed.components.attoseconds / 1_000_000_000_000) / 1000 + Double(elapsed.components.seconds) * 1000)"]
+        if let remote { metadata["remote_addr"] = "\(remote)" }
+        switch outcome {
+        case .stored(let recorded, let notification):
+            metadata["jti"] = "\(notification.jti)"
+            metadata["aud"] = "\(notification.aud)"
+            metadata["type"] = "\(notification.decoding.event.map { $0.type?.rawValue ?? $0.rawType } ?? "-")"
+            switch recorded {
+            case .accepted(let jti, let status):
+                metadata["outcome"] = "accepted"
+                metadata["status"] = "\(status.rawValue)"
+                if case .skipped(let reason, let detail, _) = notification.decoding {
+                    metadata["skip_reason"] = "\(reason.rawValue)"
+                    metadata["skip_detail"] = "\(detail)"
+                    metrics.count(skipped: reason)
+                }
+                metrics.count(outcome: "accepted")
+                logger.info("delivery", metadata: metadata)
+                return .json(.object(["status": .string("accepted"), "id": .string(jti)]))
+            case .duplicate(let jti):
+                metadata["outcome"] = "duplicate"
+                metadata["stored_jti"] = "\(jti)"
+                metrics.count(outcome: "duplicate")
+                logger.info("delivery", metadata: metadata)
+                return .json(.object(["status": .string("duplicate"), "id": .string(jti)]))
+            }
+        case .rejected(let error, let record):
+            rejections.record(record)
+            metadata["outcome"] = "rejected"
+            metadata["reason"] = "\(record.reason.rawValue)"
+            if let jti = record.jti { metadata["jti"] = "\(jti)" }
+            if let aud = record.aud { metadata["aud"] = "\(aud)" }
+            if let kid = record.kid { metadata["kid"] = "\(kid)" }
+            metrics.count(outcome: "rejected")
+            logger.info("delivery", metadata: metadata)
+            throw error
+        case .unavailable(let error, let detail):
+            metadata["outcome"] = "unavailable"
+            metadata["error"] = "\(detail)"
+            metrics.count(outcome: "unavailable")
+            logger.warning("delivery", metadata: metadata)
+            throw error
+        }
+    }
+
+    private func handle(_ request: Request, receivedAt: Date, remote: String?) async -> Outcome {
+        func rejected(_ error: VerificationError, body: ByteBuffer?, size: Int, kid: String? = nil, token: String? = nil, key: AppleKey? = nil, claims: JSONValue? = nil) -> Outcome {
+            let record = RejectionRecord(
+                receivedAt: receivedAt, remoteAddress: remote, reason: error.reason, message: error.message, bodySize: size,
+                bodyPrefix: body.map { Array($0.readableBytesView.prefix(Self.recordedPrefix)) } ?? [],
+                kid: kid, aud: claims?["aud"].map(Self.audienceText), jti: claims?["jti"]?.stringValue,
+                token: key == nil ? nil : token, keyJWK: key?.jwkJSON)
+            return .rejected(.from(error), record)
+        }
+        if let length = request.headers[.contentLength].flatMap(Int.init), length > Self.maximumBodySize {
+            return tooLarge(size: length, receivedAt: receivedAt, remote: remote)
+        }
+        let body: ByteBuffer
+        do {
+            body = try await request.body.collect(upTo: Self.maximumBodySize)
+        } catch {
+            return tooLarge(size: Self.maximumBodySize + 1, receivedAt: receivedAt, remote: remote)
+        }
+        let size = body.readableBytes
+        guard let json = JSONValue.parse(body.readableBytesView), json.objectValue != nil else {
+            return rejected(.malformed("the body is not JSON; Apple sends {\"payload\": \"<JWS>\"}"), body: body, size: size)
+        }
+        guard let payload = json["payload"]?.stringValue else {
+            return rejected(.malformed("the body has no string field \"payload\"; Apple sends {\"payload\": \"<JWS>\"}"), body: body, size: size)
+        }
+        let jws: CompactJWS
+        let kid: String
+        do {
+            jws = try CompactJWS(payload)
+            kid = try NotificationVerifier.checkHeader(jws)
+        } catch {
+            return rejected(error, body: body, size: size, kid: (try? CompactJWS(payload))?.kid)
+        }
+        let key: AppleKey
+        switch await keys.resolve(kid: kid) {
+        case .key(let resolved):
+            key = resolved
+        case .unknown(let kid, _):
+            return rejected(.invalid(.unknownKey, "no Apple key with kid \(kid), even after refreshing Apple's key set"), body: body, size: size, kid: kid)
+        case .unavailable(let retryAfter, let why):
+            return .unavailable(.unavailable("cannot check this notification's key now: \(why)", retryAfter: retryAfter), why)
+        }
+        let notification: VerifiedNotification
+        do {
+            notification = try verifier.verify(jws, key: key, now: receivedAt)
+        } catch {
+            // Past the signature check the token is genuine: keep it whole (wrong_audience can be
+            // replayed once SIWA_APPLE_BUNDLE_IDS is fixed).
+            let signatureValid = error.reason != .badSignature && error.reason != .malformedRequest
+            return rejected(
+                error, body: body, size: size, kid: kid, token: payload, key: signatureValid && error.reason == .wrongAudience ? key : nil,
+                claims: JSONValue.parse(jws.payload))
+        }
+        do {
+            let store = self.store
+            let outcome = try await withDeadline(databaseTimeout) {
+                try await store.record(notification, rawJWS: jws.raw, receivedAt: receivedAt, remoteAddress: remote)
+            }
+            return .stored(outcome, notification)
+        } catch {
+            return .unavailable(
+                .unavailable("the notification could not be recorded (database unavailable); retry later", retryAfter: .seconds(5)),
+                String(reflecting: error))
+        }
+    }
+
+    private func tooLarge(size: Int, receivedAt: Date, remote: String?) -> Outcome {
+        let message = "the body is larger than \(Self.maximumBodySize) bytes; Apple's notifications are a few KiB"
+        let record = RejectionRecord(
+            receivedAt: receivedAt, remoteAddress: remote, reason: .payloadTooLarge, message: message, bodySize: size, bodyPrefix: [])
+        return .rejected(APIError(.contentTooLarge, code: "payload_too_large", message: message), record)
+    }
+
+    private static func audienceText(_ value: JSONValue) -> String {
+        switch value {
+        case .string(let text): text
+        case .array(let values): values.compactMap(\.stringValue).joined(separator: ",")
+        default: value.jsonText
+        }
+    }
+}
+
+extension HTTPField.Name {
+    static let xForwardedFor = Self("X-Forwarded-For")!
+}

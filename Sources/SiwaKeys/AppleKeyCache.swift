@@ -1,0 +1,256 @@
+import AsyncHTTPClient
+import Foundation
+import Logging
+import NIOCore
+import NIOHTTP1
+import ServiceLifecycle
+import SiwaDomain
+import Synchronization
+
+/// Where the last good key set survives restarts (PostgreSQL, keyed by source URL).
+package protocol KeySetPersistence: Sendable {
+    func loadKeySetDocument(sourceURL: String) async throws -> (document: String, fetchedAt: Date)?
+    func saveKeySetDocument(sourceURL: String, document: String, fetchedAt: Date) async throws
+}
+
+/// Fetches a JWKS document from `https://…`, `http://…` or `file://…`.
+package protocol KeySetFetcher: Sendable {
+    func fetch(_ url: URL) async throws -> Data
+}
+
+/// The result of looking up a `kid`.
+package enum KeyResolution: Sendable {
+    case key(AppleKey)
+    /// Still unknown after a fresh refresh: the token names a key Apple does not publish (401).
+    case unknown(kid: String, known: [String])
+    /// Could not find out now (fetch failed, or an unknown-kid refresh ran moments ago): Apple
+    /// should retry (503 with Retry-After), by when the key is known.
+    case unavailable(retryAfter: Duration, why: String)
+}
+
+/// Apple's signing keys: held in memory as an immutable snapshot, persisted in PostgreSQL with
+/// their source URL, refreshed in the background, and refreshed at once when a token names a
+/// `kid` we do not know — that is how Apple's key rotation shows up.
+///
+/// Unknown-kid refreshes are single-flight and rate limited (one per `unknownKidCooldown`;
+/// scheduled refreshes don't count), so forged kids cannot become a fetch storm. A failed fetch
+/// keeps the last good set.
+package final class AppleKeyCache: Service, Sendable {
+    package struct Configuration: Sendable {
+        package var sourceURL: URL
+        package var refreshInterval: Duration
+        package var unknownKidCooldown: Duration
+        /// How soon to retry the scheduled fetch while no key set is loaded at all.
+        package var retryWhileEmpty: Duration
+
+        package init(sourceURL: URL, refreshInterval: Duration = .seconds(3600), unknownKidCooldown: Duration = .seconds(60), retryWhileEmpty: Duration = .seconds(15)) {
+            self.sourceURL = sourceURL
+            self.refreshInterval = refreshInterval
+            self.unknownKidCooldown = unknownKidCooldown
+            self.retryWhileEmpty = retryWhileEmpty
+        }
+    }
+
+    private struct State: Sendable {
+        var keys: AppleKeySet = .empty
+        var loaded = false
+        var lastUnknownKidRefresh: ContinuousClock.Instant?
+        var inFlight: Task<Bool, Never>?
+        var lastError: String?
+        var fetches = 0
+    }
+
+    package let configuration: Configuration
+    private let fetcher: any KeySetFetcher
+    private let persistence: (any KeySetPersistence)?
+    private let logger: Logger
+    private let state = Mutex(State())
+
+    package init(configuration: Configuration, fetcher: any KeySetFetcher = DefaultKeySetFetcher(), persistence: (any KeySetPersistence)?, logger: Logger) {
+        self.configuration = configuration
+        self.fetcher = fetcher
+        self.persistence = persistence
+        self.logger = logger
+    }
+
+    package var keys: AppleKeySet { state.withLock { $0.keys } }
+    /// True once a key set is in memory (from the database or a fetch): readiness for a receiver.
+    package var isLoaded: Bool { state.withLock { $0.loaded } }
+    /// Fetch attempts so far (for tests and metrics).
+    package var fetchAttempts: Int { state.withLock { $0.fetches } }
+    private var sourceKey: String { configuration.sourceURL.absoluteString }
+
+    /// Start-up: the persisted set for this source URL first (so a restart works while Apple is
+    /// unreachable), then a fresh fetch. Never throws: an empty cache just isn't ready.
+    package func load() async {
+        if let persistence {
+            do {
+                if let stored = try await persistence.loadKeySetDocument(sourceURL: sourceKey) {
+                    let keys = try AppleKeySet.parse(Data(stored.document.utf8))
+                    state.withLock {
+                        $0.keys = keys
+                        $0.loaded = true
+                    }
+                    logger.info("apple keys loaded from database", metadata: ["kids": "\(keys.kids.joined(separator: ","))", "fetched_at": "\(stored.fetchedAt)"])
+                }
+            } catch {
+                logger.warning("stored apple keys unusable", metadata: ["error": "\(String(reflecting: error))"])
+            }
+        }
+        _ = await refresh(reason: "startup")
+    }
+
+    /// Looks up `kid`, refreshing once (single-flight, rate limited) when it is unknown.
+    package func resolve(kid: String) async -> KeyResolution {
+        if let key = state.withLock({ $0.keys[kid] }) { return .key(key) }
+        let now = ContinuousClock.now
+        enum Plan { case wait(Task<Bool, Never>), coolingDown(Duration) }
+        let plan: Plan = state.withLock { state in
+            if let task = state.inFlight { return .wait(task) }
+            if let last = state.lastUnknownKidRefresh, now - last < configuration.unknownKidCooldown {
+                return .coolingDown(configuration.unknownKidCooldown - (now - last))
+            }
+            state.lastUnknownKidRefresh = now
+            let task = startRefresh(&state, reason: "unknown kid")
+            return .wait(task)
+        }
+        switch plan {
+        case .coolingDown(let remaining):
+            return .unavailable(retryAfter: remaining, why: "kid \(kid) is unknown and the key set was refreshed moments ago; retry later")
+        case .wait(let task):
+            let fetched = await task.value
+            let (keys, lastError) = state.withLock { ($0.keys, $0.lastError) }
+            if let key = keys[kid] { return .key(key) }
+            if !fetched {
+                return .unavailable(retryAfter: configuration.unknownKidCooldown, why: "kid \(kid) is unknown and Apple's key set could not be fetched: \(lastError ?? "unknown error")")
+            }
+            return .unknown(kid: kid, known: keys.kids)
+        }
+    }
+
+    /// Fetches now (joining a fetch already under way). Returns whether the fetch succeeded.
+    @discardableResult
+    package func refresh(reason: String) async -> Bool {
+        let task = state.withLock { state in state.inFlight ?? startRefresh(&state, reason: reason) }
+        return await task.value
+    }
+
+    private func startRefresh(_ state: inout State, reason: String) -> Task<Bool, Never> {
+        state.fetches += 1
+        let task = Task { await self.fetchAndSwap(reason: reason) }
+        state.inFlight = task
+        return task
+    }
+
+    private func fetchAndSwap(reason: String) async -> Bool {
+        let started = ContinuousClock.now
+        let outcome: Result<AppleKeySet, any Error>
+        do {
+            let document = try await fetcher.fetch(configuration.sourceURL)
+            outcome = .success(try AppleKeySet.parse(document))
+        } catch {
+            outcome = .failure(error)
+        }
+        let elapsed = ContinuousClock.now - started
+        switch outcome {
+        case .success(let keys):
+            state.withLock {
+                $0.keys = keys
+                $0.loaded = true
+                $0.lastError = nil
+                $0.inFlight = nil
+            }
+            logger.info(
+                "apple keys fetched",
+                metadata: ["reason": "\(reason)", "kids": "\(keys.kids.joined(separator: ","))", "duration_ms": "\(elapsed.milliseconds)"])
+            if let persistence {
+                do {
+                    try await persistence.saveKeySetDocument(
+                        sourceURL: sourceKey, document: String(decoding: keys.document, as: UTF8.self), fetchedAt: Date())
+                } catch {
+                    logger.warning("could not persist apple keys", metadata: ["error": "\(String(reflecting: error))"])
+                }
+            }
+            return true
+        case .failure(let error):
+            let message = "\(error)"
+            state.withLock {
+                $0.lastError = message
+                $0.inFlight = nil
+            }
+            logger.warning(
+                "apple keys fetch failed; keeping the last good set",
+                metadata: ["reason": "\(reason)", "source": "\(sourceKey)", "error": "\(message)"])
+            return false
+        }
+    }
+
+    /// Scheduled refreshes until graceful shutdown; more often while nothing is loaded.
+    package func run() async throws {
+        while !Task.isShuttingDownGracefully && !Task.isCancelled {
+            let delay = isLoaded ? configuration.refreshInterval : configuration.retryWhileEmpty
+            do {
+                try await gracefulShutdownSleep(for: delay)
+            } catch {
+                return
+            }
+            _ = await refresh(reason: "scheduled")
+        }
+    }
+
+    private func gracefulShutdownSleep(for delay: Duration) async throws {
+        try await cancelWhenGracefulShutdown {
+            try await Task.sleep(for: delay)
+        }
+    }
+}
+
+extension Duration {
+    var milliseconds: Int64 { components.seconds * 1000 + components.attoseconds / 1_000_000_000_000_000 }
+}
+
+/// Fetches over HTTP(S) with a timeout and a size bound, or reads a `file://` URL.
+package struct DefaultKeySetFetcher: KeySetFetcher {
+    package struct FetchError: Error, CustomStringConvertible {
+        package let description: String
+    }
+
+    /// A JWKS is a few KiB; anything past this is not one.
+    static let maximumSize = 1 << 20
+    let timeout: Duration
+
+    package init(timeout: Duration = .seconds(10)) {
+        self.timeout = timeout
+    }
+
+    package func fetch(_ url: URL) async throws -> Data {
+        if url.isFileURL {
+            do {
+                let data = try Data(contentsOf: url)
+                guard data.count <= Self.maximumSize else { throw FetchError(description: "\(url.path) is larger than 1 MiB") }
+                return data
+            } catch let error as FetchError {
+                throw error
+            } catch {
+                throw FetchError(description: "cannot read \(url.path): \(error.localizedDescription)")
+            }
+        }
+        var request = HTTPClientRequest(url: url.absoluteString)
+        request.headers.add(name: "Accept", value: "application/json")
+        let response: HTTPClientResponse
+        do {
+            response = try await HTTPClient.shared.execute(request, timeout: .seconds(timeout.components.seconds))
+        } catch {
+            throw FetchError(description: "GET \(url.absoluteString) failed: \(error)")
+        }
+        guard response.status == .ok else {
+            throw FetchError(description: "GET \(url.absoluteString) answered \(response.status.code)")
+        }
+        do {
+            let body = try await response.body.collect(upTo: Self.maximumSize)
+            return Data(body.readableBytesView)
+        } catch {
+            throw FetchError(description: "GET \(url.absoluteString): body unreadable or over 1 MiB (\(error))")
+        }
+    }
+}

@@ -1,0 +1,138 @@
+import Crypto
+import Foundation
+import Logging
+import PostgresNIO
+
+/// The files of `sql/`, embedded by SwiftPM (`Sources/SiwaStore/Migrations` links to `sql/`).
+/// SwiftPM turns `001_receiver.sql` into `_01_receiver_sql`; a test checks this list against `sql/`.
+let embedded: [(file: String, bytes: [UInt8])] = [
+    ("001_receiver.sql", PackageResources._01_receiver_sql),
+]
+
+/// A numbered SQL migration from `sql/` (built into the binary, so it runs from any directory).
+package struct Migration: Sendable {
+    package let version: Int
+    package let name: String
+    package let sql: String
+    package init(version: Int, name: String, sql: String) {
+        self.version = version
+        self.name = name
+        self.sql = sql
+    }
+
+    package var checksum: String { SHA256.hash(data: Data(sql.utf8)).map { String(format: "%02x", $0) }.joined() }
+
+    /// Every migration in `sql/`, in order. File names are `NNN_name.sql`.
+    package static let all: [Migration] = {
+        embedded.map { file, bytes in
+            let digits = file.prefix(while: \.isNumber)
+            let name = file.dropFirst(digits.count + 1).replacingOccurrences(of: ".sql", with: "")
+            return Migration(version: Int(digits)!, name: name, sql: String(decoding: bytes, as: UTF8.self))
+        }.sorted { $0.version < $1.version }
+    }()
+}
+
+package enum MigrationError: Error, CustomStringConvertible {
+    case edited(version: Int, name: String)
+    case unknownApplied(version: Int)
+    case behind(pending: [String])
+    case failed(version: Int, name: String, underlying: String)
+
+    package var description: String {
+        switch self {
+        case .edited(let version, let name):
+            "migration \(version)_\(name).sql was edited after it was applied (checksum differs); add a new numbered migration instead of changing an applied one"
+        case .unknownApplied(let version):
+            "the database has migration \(version) applied, which this binary does not know; run a newer siwa-events against this database"
+        case .behind(let pending):
+            "the database schema is behind (pending: \(pending.joined(separator: ", "))); run `siwa-events migrate` or start with SIWA_MIGRATE_ON_START=true"
+        case .failed(let version, let name, let underlying):
+            "migration \(version)_\(name).sql failed and was rolled back: \(underlying)"
+        }
+    }
+}
+
+/// Applies `sql/` migrations in order, each in its own transaction, under an advisory lock (so
+/// several instances starting at once are safe), recording each with its checksum.
+package struct Migrator: Sendable {
+    /// Arbitrary, fixed: the advisory lock key of siwa-events migrations.
+    static let lockKey: Int64 = 0x5157_4D49_4752
+    let client: PostgresClient
+    let migrations: [Migration]
+    let logger: Logger
+
+    package init(client: PostgresClient, migrations: [Migration] = Migration.all, logger: Logger) {
+        self.client = client
+        self.migrations = migrations
+        self.logger = logger
+    }
+
+    /// Applies what is pending; returns the versions applied.
+    @discardableResult
+    package func migrate() async throws -> [Int] {
+        try await client.withConnection { connection in
+            try await connection.query("SELECT pg_advisory_lock(\(Self.lockKey))", logger: logger)
+            do {
+                let applied = try await self.migrateLocked(connection)
+                try await connection.query("SELECT pg_advisory_unlock(\(Self.lockKey))", logger: logger)
+                return applied
+            } catch {
+                _ = try? await connection.query("SELECT pg_advisory_unlock(\(Self.lockKey))", logger: logger)
+                throw error
+            }
+        }
+    }
+
+    /// Throws `MigrationError.behind` when migrations are pending (for SIWA_MIGRATE_ON_START=false).
+    package func checkUpToDate() async throws {
+        let pending = try await client.withConnection { try await self.pending($0) }
+        if !pending.isEmpty {
+            throw MigrationError.behind(pending: pending.map { "\($0.version)_\($0.name)" })
+        }
+    }
+
+    private func pending(_ connection: PostgresConnection) async throws -> [Migration] {
+        try await connection.query(
+            """
+            CREATE TABLE IF NOT EXISTS schema_migrations (
+                version integer PRIMARY KEY, name text NOT NULL, checksum text NOT NULL,
+                applied_at timestamptz NOT NULL DEFAULT now())
+            """, logger: logger)
+        var applied: [Int: String] = [:]
+        for try await (version, checksum) in try await connection.query(
+            "SELECT version, checksum FROM schema_migrations", logger: logger
+        ).decode((Int, String).self) {
+            applied[version] = checksum
+        }
+        let known = Dictionary(uniqueKeysWithValues: migrations.map { ($0.version, $0) })
+        if let unknown = applied.keys.sorted().first(where: { known[$0] == nil }) {
+            throw MigrationError.unknownApplied(version: unknown)
+        }
+        for migration in migrations {
+            if let checksum = applied[migration.version], checksum != migration.checksum {
+                throw MigrationError.edited(version: migration.version, name: migration.name)
+            }
+        }
+        return migrations.filter { applied[$0.version] == nil }
+    }
+
+    private func migrateLocked(_ connection: PostgresConnection) async throws -> [Int] {
+        var done: [Int] = []
+        for migration in try await pending(connection) {
+            do {
+                try await connection.query("BEGIN", logger: logger)
+                _ = try await connection.simpleQuery(migration.sql).get()
+                try await connection.query(
+                    "INSERT INTO schema_migrations (version, name, checksum) VALUES (\(migration.version), \(migration.name), \(migration.checksum))",
+                    logger: logger)
+                try await connection.query("COMMIT", logger: logger)
+            } catch {
+                _ = try? await connection.query("ROLLBACK", logger: logger)
+                throw MigrationError.failed(version: migration.version, name: migration.name, underlying: String(reflecting: error))
+            }
+            logger.info("migration applied", metadata: ["version": "\(migration.version)", "name": "\(migration.name)"])
+            done.append(migration.version)
+        }
+        return done
+    }
+}

@@ -1,0 +1,172 @@
+import Foundation
+import Logging
+import PostgresNIO
+import SiwaDomain
+
+/// A refused delivery, as recorded for diagnosis.
+package struct RejectionRecord: Sendable {
+    package var receivedAt: Date
+    package var remoteAddress: String?
+    package var reason: RejectionReason
+    package var message: String
+    package var bodySize: Int
+    package var bodyPrefix: [UInt8]
+    package var kid: String?
+    package var aud: String?
+    package var jti: String?
+    /// The whole token and the key that verified it, only when the signature was valid.
+    package var token: String?
+    package var keyJWK: String?
+
+    package init(
+        receivedAt: Date, remoteAddress: String?, reason: RejectionReason, message: String, bodySize: Int, bodyPrefix: [UInt8],
+        kid: String? = nil, aud: String? = nil, jti: String? = nil, token: String? = nil, keyJWK: String? = nil
+    ) {
+        self.receivedAt = receivedAt
+        self.remoteAddress = remoteAddress
+        self.reason = reason
+        self.message = message
+        self.bodySize = bodySize
+        self.bodyPrefix = bodyPrefix
+        self.kid = kid
+        self.aud = aud
+        self.jti = jti
+        self.token = token
+        self.keyJWK = keyJWK
+    }
+}
+
+/// How many rejections of one reason in one minute were recorded and how many only counted.
+package struct RejectionCount: Sendable, Hashable {
+    package var minute: Date
+    package var reason: RejectionReason
+    package var recorded: Int
+    package var sampledOut: Int
+
+    package init(minute: Date, reason: RejectionReason, recorded: Int, sampledOut: Int) {
+        self.minute = minute
+        self.reason = reason
+        self.recorded = recorded
+        self.sampledOut = sampledOut
+    }
+}
+
+package struct StoredRejection: Sendable, Codable {
+    package var id: Int
+    package var receivedAt: Date
+    package var remoteAddress: String?
+    package var reason: String
+    package var message: String
+    package var bodySize: Int
+    package var kid: String?
+    package var aud: String?
+    package var jti: String?
+    package var hasToken: Bool
+    package var replayedAt: Date?
+    package var replayOutcome: String?
+}
+
+package struct ReplayCandidate: Sendable {
+    package var id: Int
+    package var receivedAt: Date
+    package var remoteAddress: String?
+    package var token: String
+    package var keyJWK: String
+}
+
+package struct RejectionStore: Sendable {
+    let client: PostgresClient
+    let logger: Logger
+
+    package init(client: PostgresClient, logger: Logger) {
+        self.client = client
+        self.logger = logger
+    }
+
+    // MARK: RejectionsInsertBatch
+
+    /// Writes a batch of sampled rejections and the per-minute counts in one transaction.
+    package func insert(_ records: [RejectionRecord], counts: [RejectionCount]) async throws {
+        guard !records.isEmpty || !counts.isEmpty else { return }
+        try await client.withTransaction(logger: logger) { connection in
+            for r in records {
+                try await connection.query(
+                    """
+                    INSERT INTO rejections (received_at, remote_addr, reason, message, body_size, body_prefix, kid, aud, jti, token, key_jwk)
+                    VALUES (\(r.receivedAt), \(r.remoteAddress), \(r.reason.rawValue), \(r.message), \(r.bodySize),
+                            \(ByteBuffer(bytes: r.bodyPrefix)), \(r.kid), \(r.aud), \(r.jti), \(r.token), \(r.keyJWK)::jsonb)
+                    ON CONFLICT DO NOTHING
+                    """, logger: logger)
+            }
+            for c in counts {
+                try await connection.query(
+                    """
+                    INSERT INTO rejection_counts (minute, reason, recorded, sampled_out)
+                    VALUES (\(c.minute), \(c.reason.rawValue), \(c.recorded), \(c.sampledOut))
+                    ON CONFLICT (minute, reason) DO UPDATE SET
+                        recorded = rejection_counts.recorded + excluded.recorded,
+                        sampled_out = rejection_counts.sampled_out + excluded.sampled_out
+                    """, logger: logger)
+            }
+        }
+    }
+
+    // MARK: RejectionsList
+
+    package func list(reason: String?, limit: Int) async throws -> [StoredRejection] {
+        var sql = SQLBuilder(
+            """
+            SELECT id, received_at, remote_addr, reason, message, body_size, kid, aud, jti, token IS NOT NULL, replayed_at, replay_outcome
+            FROM rejections
+            """)
+        sql.filter("reason =", reason)
+        sql.append(" ORDER BY received_at DESC, id DESC LIMIT ")
+        sql.bind(max(1, min(limit, 10_000)))
+        var result: [StoredRejection] = []
+        for try await row in try await client.query(sql.query, logger: logger).decode(
+            (Int, Date, String?, String, String, Int, String?, String?, String?, Bool, Date?, String?).self)
+        {
+            result.append(
+                StoredRejection(
+                    id: row.0, receivedAt: row.1, remoteAddress: row.2, reason: row.3, message: row.4, bodySize: row.5, kid: row.6,
+                    aud: row.7, jti: row.8, hasToken: row.9, replayedAt: row.10, replayOutcome: row.11))
+        }
+        return result
+    }
+
+    /// Totals per reason since `since`, including what sampling left out.
+    package func counts(since: Date) async throws -> [(reason: String, recorded: Int, sampledOut: Int)] {
+        var result: [(String, Int, Int)] = []
+        for try await row in try await client.query(
+            """
+            SELECT reason, sum(recorded)::bigint, sum(sampled_out)::bigint FROM rejection_counts
+            WHERE minute >= \(since) GROUP BY reason ORDER BY reason
+            """, logger: logger
+        ).decode((String, Int, Int).self) {
+            result.append(row)
+        }
+        return result
+    }
+
+    // MARK: RejectionsReplay
+
+    /// Rejections that kept their token and have not been replayed successfully yet.
+    package func replayCandidates(reason: String) async throws -> [ReplayCandidate] {
+        var result: [ReplayCandidate] = []
+        for try await row in try await client.query(
+            """
+            SELECT id, received_at, remote_addr, token, key_jwk::text FROM rejections
+            WHERE reason = \(reason) AND token IS NOT NULL AND replayed_at IS NULL ORDER BY id
+            """, logger: logger
+        ).decode((Int, Date, String?, String, String).self) {
+            result.append(ReplayCandidate(id: row.0, receivedAt: row.1, remoteAddress: row.2, token: row.3, keyJWK: row.4))
+        }
+        return result
+    }
+
+    package func markReplayed(id: Int, outcome: String, succeeded: Bool, at: Date) async throws {
+        let replayedAt: Date? = succeeded ? at : nil
+        try await client.query(
+            "UPDATE rejections SET replayed_at = \(replayedAt), replay_outcome = \(outcome) WHERE id = \(id)", logger: logger)
+    }
+}

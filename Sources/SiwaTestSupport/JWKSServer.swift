@@ -1,0 +1,58 @@
+import Foundation
+import Hummingbird
+import Logging
+import NIOCore
+import Synchronization
+
+/// A stand-in for `https://appleid.apple.com/auth/keys` on loopback: serves whatever key set the
+/// test sets, counts fetches, and can be made to fail — for rotation, rate limit and outage tests.
+package final class JWKSServer: Sendable {
+    private struct State { var document: Data; var failing = false; var fetches = 0 }
+    private let state: Mutex<State>
+    private let task: Mutex<Task<Void, any Error>?> = Mutex(nil)
+    package let url: URL
+
+    private init(url: URL, state: Mutex<State>) {
+        self.url = url
+        self.state = state
+    }
+
+    package static func start(document: Data) async throws -> JWKSServer {
+        let state = Mutex(State(document: document))
+        let shared = SharedState(state: state)
+        let router = Router()
+        router.get("/auth/keys") { _, _ -> Response in
+            let (document, failing) = shared.state.withLock { state in
+                state.fetches += 1
+                return (state.document, state.failing)
+            }
+            if failing { return Response(status: .serviceUnavailable) }
+            return Response(status: .ok, headers: [.contentType: "application/json"], body: .init(byteBuffer: ByteBuffer(bytes: document)))
+        }
+        let started = OnceContinuation<Int>()
+        let app = Application(
+            router: router, configuration: .init(address: .hostname("127.0.0.1", port: 0)),
+            onServerRunning: { started.resume(.success($0.localAddress?.port ?? 0)) },
+            logger: Logger(label: "jwks-server", factory: { _ in SwiftLogNoOpLogHandler() }))
+        let task = Task { try await app.run() }
+        let port = try await started.value
+        let server = JWKSServer(url: URL(string: "http://127.0.0.1:\(port)/auth/keys")!, state: shared.state)
+        server.task.withLock { $0 = task }
+        return server
+    }
+
+    private final class SharedState: Sendable {
+        let state: Mutex<State>
+        init(state: Mutex<State>) { self.state = state }
+    }
+
+    package var fetches: Int { state.withLock { $0.fetches } }
+    package func serve(_ document: Data) { state.withLock { $0.document = document } }
+    package func setFailing(_ failing: Bool) { state.withLock { $0.failing = failing } }
+
+    package func stop() async {
+        let task = self.task.withLock { $0 }
+        task?.cancel()
+        _ = await task?.result
+    }
+}

@@ -1,0 +1,102 @@
+import Foundation
+import Logging
+import PostgresNIO
+import SiwaEmbeddedPostgres
+import SiwaStore
+
+/// One throwaway PostgreSQL cluster per test process, a migrated template database, and a fresh
+/// `CREATE DATABASE … TEMPLATE` per test: real PostgreSQL, isolated tests, no mocks.
+package actor TestCluster {
+    package static let shared = TestCluster()
+
+    private var connection: EmbeddedPostgres.Connection?
+    private var counter = 0
+    private let logger = Logger(label: "test-cluster")
+
+    /// Short, per-process directory (a unix socket path must stay under ~107 bytes).
+    package static let directory = "/tmp/siwa-test-\(ProcessInfo.processInfo.processIdentifier)"
+
+    private func started() async throws -> EmbeddedPostgres.Connection {
+        if let connection { return connection }
+        Self.stopLeftovers()
+        let cluster = EmbeddedPostgres(
+            options: .init(dataDirectory: Self.directory, durable: false, database: "siwa_template", extraSettings: ["max_connections": "500"]),
+            logger: logger)
+        let connection = try await cluster.start()
+        registerStopAtExit(dataDirectory: Self.directory, binDirectory: nil)
+        let client = PostgresClient(configuration: Self.configuration(connection, database: "siwa_template"))
+        try await withThrowingTaskGroup(of: Void.self) { group in
+            group.addTask { await client.run() }
+            try await Migrator(client: client, logger: logger).migrate()
+            group.cancelAll()
+        }
+        self.connection = connection
+        return connection
+    }
+
+    package static func configuration(_ connection: EmbeddedPostgres.Connection, database: String) -> PostgresClient.Configuration {
+        var configuration = PostgresClient.Configuration(
+            unixSocketPath: connection.socketPath, username: connection.username, password: nil, database: database)
+        configuration.options.maximumConnections = 40
+        return configuration
+    }
+
+    /// A new database, migrated (copied from the template), for one test.
+    package func makeDatabase() async throws -> PostgresClient.Configuration {
+        let connection = try await started()
+        counter += 1
+        let name = "t\(counter)"
+        let admin = PostgresClient(configuration: Self.configuration(connection, database: "postgres"))
+        try await withThrowingTaskGroup(of: Void.self) { group in
+            group.addTask { await admin.run() }
+            try await admin.query(PostgresQuery(unsafeSQL: "CREATE DATABASE \(name) TEMPLATE siwa_template"))
+            group.cancelAll()
+        }
+        return Self.configuration(connection, database: name)
+    }
+
+    /// Clusters left by test processes that died without their exit handler.
+    private static func stopLeftovers() {
+        guard let entries = try? FileManager.default.contentsOfDirectory(atPath: "/tmp") else { return }
+        for entry in entries where entry.hasPrefix("siwa-test-") {
+            guard let pid = Int32(entry.dropFirst("siwa-test-".count)), pid != ProcessInfo.processInfo.processIdentifier, kill(pid, 0) != 0 else {
+                continue
+            }
+            stopClusterSynchronously(dataDirectory: "/tmp/\(entry)")
+            try? FileManager.default.removeItem(atPath: "/tmp/\(entry)")
+        }
+    }
+}
+
+nonisolated(unsafe) private var clusterToStop: String?
+
+private func registerStopAtExit(dataDirectory: String, binDirectory: String?) {
+    clusterToStop = dataDirectory
+    atexit {
+        if let directory = clusterToStop {
+            stopClusterSynchronously(dataDirectory: directory)
+            try? FileManager.default.removeItem(atPath: directory)
+        }
+    }
+}
+
+/// `pg_ctl stop` without async machinery, for exit handlers.
+func stopClusterSynchronously(dataDirectory: String) {
+    let pgdata = dataDirectory + "/pgdata"
+    guard FileManager.default.fileExists(atPath: pgdata + "/postmaster.pid") else { return }
+    let binaries = (try? FileManager.default.contentsOfDirectory(atPath: "/usr/lib/postgresql"))?.sorted { (Int($0) ?? 0) > (Int($1) ?? 0) }
+    let pgctl = binaries?.first.map { "/usr/lib/postgresql/\($0)/bin/pg_ctl" } ?? "pg_ctl"
+    let process = Process()
+    if geteuid() == 0 {
+        let owner = (try? FileManager.default.attributesOfItem(atPath: pgdata)[.ownerAccountName] as? String) ?? "postgres"
+        process.executableURL = URL(fileURLWithPath: "/usr/sbin/runuser")
+        process.arguments = ["-u", owner, "--", pgctl, "stop", "-D", pgdata, "-m", "immediate", "-w"]
+    } else {
+        process.executableURL = URL(fileURLWithPath: pgctl)
+        process.arguments = ["stop", "-D", pgdata, "-m", "immediate", "-w"]
+    }
+    process.standardOutput = FileHandle.nullDevice
+    process.standardError = FileHandle.nullDevice
+    try? process.run()
+    process.waitUntilExit()
+}

@@ -1,0 +1,111 @@
+import AsyncHTTPClient
+import Foundation
+import Hummingbird
+import Logging
+import NIOCore
+import NIOHTTP1
+import PostgresNIO
+import SiwaApp
+import SiwaDomain
+import SiwaKeys
+import Synchronization
+
+/// The real receiver on a free loopback port, over a real database, for tests and benchmarks.
+package final class TestServer: Sendable {
+    package let baseURL: String
+    package let port: Int
+    package let receiver: Receiver
+    package let client: PostgresClient
+    private let task: Task<Void, any Error>
+
+    private init(baseURL: String, port: Int, receiver: Receiver, client: PostgresClient, task: Task<Void, any Error>) {
+        self.baseURL = baseURL
+        self.port = port
+        self.receiver = receiver
+        self.client = client
+        self.task = task
+    }
+
+    package static func start(
+        config: Configuration, database: PostgresClient.Configuration, logger: Logger = Logger(label: "test-server"),
+        keyFetcher: any KeySetFetcher = DefaultKeySetFetcher()
+    ) async throws -> TestServer {
+        var config = config
+        config.host = "127.0.0.1"
+        let client = PostgresClient(configuration: database, backgroundLogger: logger)
+        let receiver = Receiver(config: config, client: client, logger: logger, keyFetcher: keyFetcher)
+        let started = OnceContinuation<Int>()
+        let app = receiver.application(config: config, client: client, logger: logger) { channel in
+            started.resume(.success(channel.localAddress?.port ?? 0))
+        }
+        let task = Task {
+            do {
+                try await app.run()
+                started.resume(.failure(CancellationError()))
+            } catch {
+                started.resume(.failure(error))
+                throw error
+            }
+        }
+        let port = try await started.value
+        return TestServer(baseURL: "http://127.0.0.1:\(port)", port: port, receiver: receiver, client: client, task: task)
+    }
+
+    /// Stops the server and its services (cancellation is a graceful shutdown for the group).
+    package func stop() async {
+        task.cancel()
+        _ = await task.result
+    }
+
+    package struct Answer: Sendable {
+        package var status: Int
+        package var headers: HTTPHeaders
+        package var body: String
+        package var json: JSONValue? { JSONValue.parse(Data(body.utf8)) }
+    }
+
+    package func request(_ method: HTTPMethod = .POST, _ path: String = "/apple/notifications", body: String? = nil, headers: [(String, String)] = [("Content-Type", "application/json")]) async throws -> Answer {
+        var request = HTTPClientRequest(url: baseURL + path)
+        request.method = method
+        for (name, value) in headers { request.headers.add(name: name, value: value) }
+        if let body { request.body = .bytes(ByteBuffer(string: body)) }
+        let response = try await HTTPClient.shared.execute(request, timeout: .seconds(30))
+        let bytes = try await response.body.collect(upTo: 1 << 22)
+        return Answer(status: Int(response.status.code), headers: response.headers, body: String(buffer: bytes))
+    }
+
+    /// POSTs a compact JWS as Apple does.
+    package func post(jws: String) async throws -> Answer {
+        try await request(body: AppleStyleSigner.body(jws))
+    }
+}
+
+/// A continuation resumed at most once, from whichever side gets there first.
+package final class OnceContinuation<Value: Sendable>: Sendable {
+    private let state = Mutex<(result: Result<Value, any Error>?, waiter: CheckedContinuation<Value, any Error>?)>((nil, nil))
+
+    package init() {}
+
+    package func resume(_ result: Result<Value, any Error>) {
+        let waiter = state.withLock { state -> CheckedContinuation<Value, any Error>? in
+            guard state.result == nil else { return nil }
+            state.result = result
+            defer { state.waiter = nil }
+            return state.waiter
+        }
+        waiter?.resume(with: result)
+    }
+
+    package var value: Value {
+        get async throws {
+            try await withCheckedThrowingContinuation { continuation in
+                let ready = state.withLock { state -> Result<Value, any Error>? in
+                    if let result = state.result { return result }
+                    state.waiter = continuation
+                    return nil
+                }
+                if let ready { continuation.resume(with: ready) }
+            }
+        }
+    }
+}

@@ -1,0 +1,160 @@
+import AsyncHTTPClient
+import Foundation
+import NIOCore
+import Logging
+import PostgresNIO
+import SiwaApp
+import SiwaDomain
+import SiwaEmbeddedPostgres
+import SiwaStore
+import SiwaTestSupport
+import Testing
+
+@Suite("Database: outages, restarts, migrations")
+struct DatabaseTests {
+    static func temporaryDirectory() -> String {
+        "/tmp/siwa-\(UUID().uuidString.prefix(8).lowercased())"
+    }
+
+    @Test("PostgreSQL stopped → 503 with Retry-After and nothing claimed accepted; recovery without restarting the service")
+    func outageAndRecovery() async throws {
+        let directory = Self.temporaryDirectory()
+        defer { try? FileManager.default.removeItem(atPath: directory) }
+        let cluster = EmbeddedPostgres(options: .init(dataDirectory: directory, durable: false), logger: Logger(label: "outage"))
+        let connection = try await cluster.start()
+        let database = PostgresClient.Configuration(
+            unixSocketPath: connection.socketPath, username: connection.username, password: nil, database: connection.database)
+        let client = PostgresClient(configuration: database)
+        try await withThrowingTaskGroup(of: Void.self) { group in
+            group.addTask { await client.run() }
+            try await Migrator(client: client, logger: Logger(label: "m")).migrate()
+            group.cancelAll()
+        }
+        let h = try await Harness.start(database: database) { $0.databaseTimeout = .seconds(2) }
+        #expect(try await h.server.post(jws: try h.notification(jti: "before")).status == 200)
+
+        try await cluster.stop()
+        let during = try await h.server.post(jws: try h.notification(jti: "during"))
+        #expect(during.status == 503)
+        #expect(during.json?["error"] == .string("unavailable"))
+        #expect(during.headers.first(name: "retry-after").flatMap(Int.init) != nil)
+        #expect(try await h.server.request(.GET, "/health/ready").status == 503)
+        #expect(try await h.server.request(.GET, "/health/live").status == 200)
+
+        _ = try await cluster.start()
+        var ready = false
+        for _ in 0..<120 where !ready {
+            ready = try await h.server.request(.GET, "/health/ready").status == 200
+            if !ready { try await Task.sleep(for: .milliseconds(500)) }
+        }
+        #expect(ready)
+        let retried = try await h.server.post(jws: try h.notification(jti: "during"))
+        #expect(retried.status == 200)
+        #expect(retried.json?["id"] == .string("during"))
+        let stored = try await h.server.receiver.store.list(NotificationFilter())
+        #expect(Set(stored.map(\.jti)) == ["before", "during"])
+        await h.stop()
+        try await cluster.stop()
+    }
+
+    @Test("Stop and restart the service on the embedded database: stored notifications are still listed")
+    func embeddedRestart() async throws {
+        let directory = Self.temporaryDirectory()
+        defer { try? FileManager.default.removeItem(atPath: directory) }
+        let signer = try AppleStyleSigner.generate()
+        let jwks = URL(fileURLWithPath: directory + "-jwks.json")
+        try signer.jwksDocument().write(to: jwks)
+        defer { try? FileManager.default.removeItem(at: jwks) }
+        var config = Configuration(bundleIDs: [Harness.aud])
+        config.dataDirectory = directory
+        config.jwksURL = jwks
+        config.port = 0
+        let logger = Logger(label: "restart")
+
+        for round in 1...2 {
+            let database = try await Database.open(config, logger: logger)
+            #expect(database.startedEmbedded)
+            let receiver = Receiver(config: config, client: database.client, logger: logger)
+            let started = OnceContinuation<Int>()
+            let app = receiver.application(config: config, client: database.client, logger: logger) { started.resume(.success($0.localAddress?.port ?? 0)) }
+            let task = Task { try await app.run() }
+            let port = try await started.value
+            let jws = try signer.notification(aud: Harness.aud, type: "consent-revoked", sub: "001.restart.\(round)", jti: "restart-\(round)")
+            var request = HTTPClientRequestBuilder.post("http://127.0.0.1:\(port)/apple/notifications", body: AppleStyleSigner.body(jws))
+            #expect(try await request.send() == 200)
+            let listed = try await NotificationStore(client: database.client, logger: logger).list(NotificationFilter())
+            #expect(listed.map(\.jti) == (round == 1 ? ["restart-1"] : ["restart-2", "restart-1"]))
+            task.cancel()
+            _ = await task.result
+            await database.close()
+        }
+    }
+
+    @Test("Migrations: applied once under a lock by concurrent starters, recorded with checksums; an edited file is an error")
+    func migrations() async throws {
+        let config = try await TestCluster.shared.makeDatabase()
+        let client = PostgresClient(configuration: config)
+        let logger = Logger(label: "migrations")
+        try await withThrowingTaskGroup(of: Void.self) { group in
+            group.addTask { await client.run() }
+            // The test database is a copy of the migrated template: nothing pending.
+            #expect(try await Migrator(client: client, logger: logger).migrate() == [])
+            try await client.query("DROP TABLE jwks_cache, rejection_counts, rejections, jobs, notifications, schema_migrations CASCADE; ")
+            try await client.query("DROP TYPE job_state, notification_status")
+            let applied = try await withThrowingTaskGroup(of: [Int].self) { starters in
+                for _ in 0..<4 { starters.addTask { try await Migrator(client: client, logger: logger).migrate() } }
+                return try await starters.reduce(into: [Int]()) { $0 += $1 }
+            }
+            #expect(applied == Migration.all.map(\.version))
+            try await Migrator(client: client, logger: logger).checkUpToDate()
+            var edited = Migration.all
+            edited[0] = Migration(version: edited[0].version, name: edited[0].name, sql: edited[0].sql + "\n-- edited")
+            await #expect(throws: MigrationError.self) { try await Migrator(client: client, migrations: edited, logger: logger).migrate() }
+            group.cancelAll()
+        }
+    }
+
+    @Test("Every file in sql/ is built into the binary, in order")
+    func embeddedMigrationsMatchDirectory() throws {
+        var root = URL(fileURLWithPath: #filePath)
+        for _ in 0..<3 { root.deleteLastPathComponent() }
+        let files = try FileManager.default.contentsOfDirectory(atPath: root.appendingPathComponent("sql").path).filter { $0.hasSuffix(".sql") }.sorted()
+        #expect(Migration.all.map { String(format: "%03d_%@.sql", $0.version, $0.name) } == files)
+        for (migration, file) in zip(Migration.all, files) {
+            #expect(migration.sql == (try String(contentsOf: root.appendingPathComponent("sql/\(file)"), encoding: .utf8)))
+        }
+    }
+
+    @Test("Configuration errors name the variable and the expected form")
+    func configurationErrors() {
+        func message(_ environment: [String: String], requireBundleIDs: Bool = true) -> String? {
+            do {
+                _ = try Configuration.load(environment: environment, requireBundleIDs: requireBundleIDs)
+                return nil
+            } catch {
+                return error.description
+            }
+        }
+        #expect(message([:])?.contains("SIWA_APPLE_BUNDLE_IDS") == true)
+        #expect(message(["SIWA_APPLE_BUNDLE_IDS": "a", "SIWA_PORT": "abc"])?.contains("SIWA_PORT (--port): must be an integer between 0 and 65535 (got \"abc\")") == true)
+        #expect(message(["SIWA_APPLE_BUNDLE_IDS": "a", "SIWA_JWKS_REFRESH_INTERVAL": "1 hour"])?.contains("SIWA_JWKS_REFRESH_INTERVAL") == true)
+        #expect(message(["SIWA_APPLE_BUNDLE_IDS": "a", "SIWA_EMBEDDED_DATABASE": "off"])?.contains("DATABASE_URL") == true)
+        #expect(message(["SIWA_APPLE_BUNDLE_IDS": "a", "SIWA_TRUSTED_PROXIES": "10.0.0.0/99"])?.contains("SIWA_TRUSTED_PROXIES") == true)
+        #expect(message(["SIWA_APPLE_BUNDLE_IDS": "a", "SIWA_APPLE_JWKS_URL": "ftp://x"])?.contains("SIWA_APPLE_JWKS_URL") == true)
+        #expect(message(["SIWA_APPLE_BUNDLE_IDS": "a,b", "SIWA_EMBEDDED_DATABASE": "off", "DATABASE_URL": "postgres://u@h/d"]) == nil)
+        #expect(message([:], requireBundleIDs: false) == nil)
+    }
+}
+
+/// A tiny POST helper over AsyncHTTPClient for tests that run their own server.
+struct HTTPClientRequestBuilder {
+    var url: String
+    var body: String
+    static func post(_ url: String, body: String) -> HTTPClientRequestBuilder { .init(url: url, body: body) }
+    mutating func send() async throws -> Int {
+        var request = HTTPClientRequest(url: url)
+        request.method = .POST
+        request.body = .bytes(ByteBuffer(string: body))
+        return Int(try await HTTPClient.shared.execute(request, timeout: .seconds(30)).status.code)
+    }
+}

@@ -1,0 +1,60 @@
+import Foundation
+import Logging
+import PostgresNIO
+import SiwaApp
+import SiwaDomain
+import SiwaKeys
+import SiwaTestSupport
+
+/// A receiver on its own fresh database with a local Apple-style signing key.
+struct Harness {
+    static let aud = "com.example.app"
+    let server: TestServer
+    let signer: AppleStyleSigner
+    let logs: LogCapture
+    let config: Configuration
+
+    static func start(
+        signer: AppleStyleSigner? = nil, jwksURL: URL? = nil, database: PostgresClient.Configuration? = nil,
+        keyFetcher: any KeySetFetcher = DefaultKeySetFetcher(), _ configure: (inout Configuration) -> Void = { _ in }
+    ) async throws -> Harness {
+        let signer = try signer ?? AppleStyleSigner.generate()
+        var config = Configuration(bundleIDs: [aud])
+        config.port = 0
+        if let jwksURL {
+            config.jwksURL = jwksURL
+        } else {
+            let file = URL(fileURLWithPath: NSTemporaryDirectory()).appendingPathComponent("jwks-\(UUID().uuidString).json")
+            try signer.jwksDocument().write(to: file)
+            config.jwksURL = file
+        }
+        configure(&config)
+        let logs = LogCapture()
+        let database = try await database ?? TestCluster.shared.makeDatabase()
+        let server = try await TestServer.start(config: config, database: database, logger: logs.logger(), keyFetcher: keyFetcher)
+        return Harness(server: server, signer: signer, logs: logs, config: config)
+    }
+
+    func stop() async { await server.stop() }
+
+    func notification(type: String = "consent-revoked", sub: String = "001234.abcdef.0001", eventTime: Date = Date(), email: String? = nil, jti: String = UUID().uuidString) throws -> String {
+        try signer.notification(aud: Self.aud, type: type, sub: sub, eventTime: eventTime, email: email, isPrivateEmail: email == nil ? nil : true, jti: jti)
+    }
+
+    /// A token signed by our key with arbitrary header and claims edits.
+    func forged(header: [String: JSONValue]? = nil, _ edit: (inout [String: JSONValue]) -> Void = { _ in }) throws -> String {
+        var claims = AppleStyleSigner.claims(aud: Self.aud, type: "consent-revoked", sub: "001.forged.1", eventTime: Date(), issuedAt: Date()).objectValue!
+        edit(&claims)
+        return try signer.sign(header: .object(header ?? ["kid": .string(signer.kid), "alg": .string("RS256")]), claims: .object(claims))
+    }
+
+    func count(_ sql: String) async throws -> Int {
+        for try await (count,) in try await server.client.query(PostgresQuery(unsafeSQL: sql)).decode((Int,).self) {
+            return count
+        }
+        return 0
+    }
+
+    /// Writes buffered rejection records now (the recorder flushes every second on its own).
+    func flushRejections() async { await server.receiver.rejections.flush() }
+}

@@ -1,0 +1,289 @@
+import Foundation
+import PostgresNIO
+import SiwaApp
+import SiwaDomain
+import SiwaStore
+import SiwaTestSupport
+import Testing
+
+@Suite("POST /apple/notifications")
+struct ReceiverTests {
+    @Test("A genuine notification is answered 200 accepted after it and its job are stored")
+    func accepted() async throws {
+        let h = try await Harness.start()
+        let jti = UUID().uuidString
+        let answer = try await h.server.post(jws: try h.notification(jti: jti))
+        #expect(answer.status == 200)
+        #expect(answer.json == .object(["status": .string("accepted"), "id": .string(jti)]))
+        #expect(try await h.count("SELECT count(*) FROM notifications WHERE jti = '\(jti)' AND status = 'pending' AND type = 'consent-revoked' AND deliveries = 1") == 1)
+        #expect(try await h.count("SELECT count(*) FROM jobs j JOIN notifications n ON n.id = j.notification_id WHERE n.jti = '\(jti)' AND j.state = 'available'") == 1)
+        await h.stop()
+    }
+
+    @Test("The body is parsed as JSON whatever the Content-Type says")
+    func contentTypeIgnored() async throws {
+        let h = try await Harness.start()
+        let answer = try await h.server.request(body: AppleStyleSigner.body(try h.notification()), headers: [("Content-Type", "text/plain")])
+        #expect(answer.status == 200)
+        let none = try await h.server.request(body: AppleStyleSigner.body(try h.notification()), headers: [])
+        #expect(none.status == 200)
+        await h.stop()
+    }
+
+    @Test("The same jti again is a duplicate: no new row, deliveries counted")
+    func duplicateJTI() async throws {
+        let h = try await Harness.start()
+        let jws = try h.notification()
+        let first = try await h.server.post(jws: jws)
+        let second = try await h.server.post(jws: jws)
+        #expect(first.json?["status"] == .string("accepted"))
+        #expect(second.status == 200)
+        #expect(second.json?["status"] == .string("duplicate"))
+        #expect(second.json?["id"] == first.json?["id"])
+        #expect(try await h.count("SELECT count(*) FROM notifications") == 1)
+        #expect(try await h.count("SELECT deliveries FROM notifications") == 2)
+        #expect(try await h.count("SELECT count(*) FROM jobs") == 1)
+        await h.stop()
+    }
+
+    @Test("The same event under another jti is a duplicate answering the stored jti")
+    func duplicateEvent() async throws {
+        let h = try await Harness.start()
+        let time = Date(timeIntervalSince1970: (Date().timeIntervalSince1970 * 1000).rounded(.down) / 1000)
+        let first = try await h.server.post(jws: try h.notification(eventTime: time, jti: "first"))
+        let second = try await h.server.post(jws: try h.notification(eventTime: time, jti: "second"))
+        #expect(first.json?["status"] == .string("accepted"))
+        #expect(second.json == .object(["status": .string("duplicate"), "id": .string("first")]))
+        #expect(try await h.count("SELECT count(*) FROM notifications") == 1)
+        await h.stop()
+    }
+
+    @Test("50 concurrent copies of one jti give one row, one job, one accepted answer and 49 duplicates")
+    func concurrentCopies() async throws {
+        let h = try await Harness.start()
+        let jws = try h.notification()
+        let statuses = try await withThrowingTaskGroup(of: String?.self) { group in
+            for _ in 0..<50 { group.addTask { try await h.server.post(jws: jws).json?["status"]?.stringValue } }
+            return try await group.reduce(into: [String?]()) { $0.append($1) }
+        }
+        #expect(statuses.filter { $0 == "accepted" }.count == 1)
+        #expect(statuses.filter { $0 == "duplicate" }.count == 49)
+        #expect(try await h.count("SELECT count(*) FROM notifications") == 1)
+        #expect(try await h.count("SELECT deliveries FROM notifications") == 50)
+        #expect(try await h.count("SELECT count(*) FROM jobs") == 1)
+        await h.stop()
+    }
+
+    @Test("A genuine token whose events can't be read is stored as skipped (unreadable_event), answered 200, with no job")
+    func unreadableEventStored() async throws {
+        let h = try await Harness.start()
+        let cases: [(String, (inout [String: JSONValue]) -> Void)] = [
+            ("bad-json", { $0["events"] = .string("{not json") }),
+            ("no-sub", { $0["events"] = .string(#"{"type":"consent-revoked","event_time":1}"#) }),
+            ("no-type", { $0["events"] = .string(#"{"sub":"x"}"#) }),
+        ]
+        for (jti, edit) in cases {
+            let answer = try await h.server.post(jws: try h.forged { $0["jti"] = .string(jti); edit(&$0) })
+            #expect(answer.status == 200, "\(jti)")
+            #expect(answer.json?["status"] == .string("accepted"))
+        }
+        #expect(try await h.count("SELECT count(*) FROM notifications WHERE status = 'skipped' AND skip_reason = 'unreadable_event'") == 3)
+        #expect(try await h.count("SELECT count(*) FROM jobs") == 0)
+        let listed = try await h.server.receiver.store.list(NotificationFilter(status: .skipped))
+        #expect(Set(listed.map(\.jti)) == ["bad-json", "no-sub", "no-type"])
+        await h.stop()
+    }
+
+    @Test("An unknown event type is stored as skipped (unknown_type) with its sub and raw type, and counted")
+    func unknownType() async throws {
+        let h = try await Harness.start()
+        let answer = try await h.server.post(jws: try h.notification(type: "phone-number-changed"))
+        #expect(answer.status == 200)
+        #expect(try await h.count("SELECT count(*) FROM notifications WHERE status = 'skipped' AND skip_reason = 'unknown_type' AND raw_type = 'phone-number-changed' AND sub IS NOT NULL") == 1)
+        let metrics = try await h.server.request(.GET, "/metrics")
+        #expect(metrics.body.contains(#"siwa_notifications_skipped_total{reason="unknown_type"} 1"#))
+        await h.stop()
+    }
+
+    @Test("account-deleted is stored under the canonical account-delete with the raw spelling kept")
+    func deletionSpelling() async throws {
+        let h = try await Harness.start()
+        _ = try await h.server.post(jws: try h.notification(type: "account-deleted"))
+        #expect(try await h.count("SELECT count(*) FROM notifications WHERE type = 'account-delete' AND raw_type = 'account-deleted' AND status = 'pending'") == 1)
+        await h.stop()
+    }
+
+    @Test("Malformed requests get 400 malformed_request and store nothing but a rejection record")
+    func malformed() async throws {
+        let h = try await Harness.start()
+        let bodies = ["not json", "[]", #"{"nopayload": 1}"#, #"{"payload": 5}"#, #"{"payload": "a.b"}"#, #"{"payload": "a.b.c"}"#, #"{"payload": "e30.e30.e30.e30"}"#]
+        for body in bodies {
+            let answer = try await h.server.request(body: body)
+            #expect(answer.status == 400, "\(body)")
+            #expect(answer.json?["error"] == .string("malformed_request"), "\(body)")
+            #expect(answer.json?["message"]?.stringValue?.isEmpty == false)
+            #expect(answer.headers.first(name: "content-type") == "application/json")
+        }
+        await h.flushRejections()
+        #expect(try await h.count("SELECT count(*) FROM notifications") == 0)
+        #expect(try await h.count("SELECT count(*) FROM jobs") == 0)
+        #expect(try await h.count("SELECT count(*) FROM rejections WHERE reason = 'malformed_request'") == bodies.count)
+        await h.stop()
+    }
+
+    @Test("Each token failure gets 401 invalid_token with its reason, and nothing is stored but the rejection")
+    func tokenFailures() async throws {
+        let h = try await Harness.start()
+        let impostor = try AppleStyleSigner.generate()
+        let kid = h.signer.kid
+        let cases: [(RejectionReason, String)] = [
+            (.badSignature, try impostor.sign(header: .object(["kid": .string(kid), "alg": .string("RS256")]), claims: AppleStyleSigner.claims(aud: Harness.aud, type: "consent-revoked", sub: "s", eventTime: Date(), issuedAt: Date()))),
+            (.unsupportedAlgorithm, try h.forged(header: ["kid": .string(kid), "alg": .string("HS256")])),
+            (.unsupportedAlgorithm, try h.forged(header: ["kid": .string(kid), "alg": .string("none")])),
+            (.wrongIssuer, try h.forged { $0["iss"] = .string("https://appleid.apple.com.evil") }),
+            (.wrongAudience, try h.forged { $0["aud"] = .string("com.example.typo") }),
+            (.expired, try h.forged { $0["iat"] = .number(Date().timeIntervalSince1970 - 200_000); $0["exp"] = .number(Date().timeIntervalSince1970 - 100_000) }),
+            (.notYetValid, try h.forged { $0["iat"] = .number(Date().timeIntervalSince1970 + 3600) }),
+        ]
+        for (reason, jws) in cases {
+            let answer = try await h.server.post(jws: jws)
+            #expect(answer.status == 401, "\(reason)")
+            #expect(answer.json?["error"] == .string("invalid_token"))
+            #expect(answer.json?["reason"] == .string(reason.rawValue))
+        }
+        await h.flushRejections()
+        #expect(try await h.count("SELECT count(*) FROM notifications") == 0)
+        #expect(try await h.count("SELECT count(*) FROM rejections") == cases.count)
+        #expect(try await h.count("SELECT count(*) FROM rejections WHERE token IS NOT NULL") == 1)
+        #expect(try await h.count("SELECT count(*) FROM rejections WHERE token IS NOT NULL AND reason = 'wrong_audience'") == 1)
+        await h.stop()
+    }
+
+    @Test("A kid unknown even after a refresh is 401 unknown_key")
+    func unknownKey() async throws {
+        let h = try await Harness.start()
+        let answer = try await h.server.post(jws: try h.forged(header: ["kid": .string("not-a-key"), "alg": .string("RS256")]))
+        #expect(answer.status == 401)
+        #expect(answer.json?["reason"] == .string("unknown_key"))
+        await h.stop()
+    }
+
+    @Test("A body over 64 KiB gets 413 payload_too_large")
+    func tooLarge() async throws {
+        let h = try await Harness.start()
+        let answer = try await h.server.request(body: #"{"payload":""# + String(repeating: "a", count: 70_000) + #""}"#)
+        #expect(answer.status == 413)
+        #expect(answer.json?["error"] == .string("payload_too_large"))
+        #expect(try await h.count("SELECT count(*) FROM notifications") == 0)
+        await h.stop()
+    }
+
+    @Test("Other methods get 405 method_not_allowed with Allow: POST")
+    func methodNotAllowed() async throws {
+        let h = try await Harness.start()
+        for method in [HTTPMethod.GET, .PUT, .DELETE, .PATCH] {
+            let answer = try await h.server.request(method, body: nil)
+            #expect(answer.status == 405)
+            #expect(answer.json?["error"] == .string("method_not_allowed"))
+            #expect(answer.headers.first(name: "allow") == "POST")
+        }
+        await h.stop()
+    }
+
+    @Test("The remote address is the peer; X-Forwarded-For counts only from a trusted proxy")
+    func remoteAddress() async throws {
+        let untrusted = try await Harness.start()
+        _ = try await untrusted.server.request(body: AppleStyleSigner.body(try untrusted.notification(jti: "u")), headers: [("X-Forwarded-For", "203.0.113.7")])
+        #expect(try await untrusted.count("SELECT count(*) FROM notifications WHERE remote_addr = '127.0.0.1'") == 1)
+        await untrusted.stop()
+        let trusted = try await Harness.start { $0.trustedProxies = try! TrustedProxies(parsing: "127.0.0.1/32") }
+        _ = try await trusted.server.request(body: AppleStyleSigner.body(try trusted.notification(jti: "t")), headers: [("X-Forwarded-For", "203.0.113.7")])
+        #expect(try await trusted.count("SELECT count(*) FROM notifications WHERE remote_addr = '203.0.113.7'") == 1)
+        await trusted.stop()
+    }
+
+    @Test("One structured log line per delivery with its outcome, jti, aud, type and latency; never an email address")
+    func logging() async throws {
+        let h = try await Harness.start()
+        let email = "zz9plural@privaterelay.appleid.com"
+        let jws = try h.notification(type: "email-disabled", email: email, jti: "log-1")
+        _ = try await h.server.post(jws: jws)
+        _ = try await h.server.post(jws: jws)
+        _ = try await h.server.post(jws: try h.forged { $0["aud"] = .string("com.other"); $0["events"] = .string(#"{"type":"email-disabled","sub":"s","email":"\#(email)"}"#) })
+        let deliveries = h.logs.all.filter { $0.contains(" delivery ") }
+        #expect(deliveries.count == 3)
+        #expect(deliveries[0].contains("outcome=accepted") && deliveries[0].contains("jti=log-1") && deliveries[0].contains("aud=\(Harness.aud)") && deliveries[0].contains("type=email-disabled") && deliveries[0].contains("latency_ms="))
+        #expect(deliveries[1].contains("outcome=duplicate"))
+        #expect(deliveries[2].contains("outcome=rejected") && deliveries[2].contains("reason=wrong_audience"))
+        #expect(!h.logs.all.contains { $0.contains(email) || $0.contains("privaterelay") })
+        await h.stop()
+    }
+
+    @Test("A forged-token flood leaves at most the configured rejection rows per minute; the rest are counted")
+    func floodSampling() async throws {
+        let h = try await Harness.start { $0.rejectionsPerMinute = 5 }
+        let impostor = try AppleStyleSigner.generate()
+        let forged = try impostor.sign(
+            header: .object(["kid": .string(h.signer.kid), "alg": .string("RS256")]),
+            claims: AppleStyleSigner.claims(aud: Harness.aud, type: "consent-revoked", sub: "s", eventTime: Date(), issuedAt: Date()))
+        try await withThrowingTaskGroup(of: Void.self) { group in
+            for _ in 0..<200 { group.addTask { #expect(try await h.server.post(jws: forged).status == 401) } }
+            try await group.waitForAll()
+        }
+        await h.flushRejections()
+        let minutes = try await h.count("SELECT count(DISTINCT date_trunc('minute', received_at)) FROM rejections")
+        #expect(try await h.count("SELECT count(*) FROM rejections") <= 5 * minutes)
+        #expect(try await h.count("SELECT max(c)::bigint FROM (SELECT count(*) AS c FROM rejections GROUP BY date_trunc('minute', received_at)) m") == 5)
+        #expect(try await h.count("SELECT sum(recorded + sampled_out)::bigint FROM rejection_counts WHERE reason = 'bad_signature'") == 200)
+        #expect(try await h.count("SELECT count(*) FROM notifications") == 0)
+        await h.stop()
+    }
+
+    @Test("A wrong_audience rejection is replayed and recorded once the bundle IDs are fixed")
+    func replayWrongAudience() async throws {
+        let h = try await Harness.start()
+        let jws = try h.signer.notification(aud: "com.example.forgotten", type: "consent-revoked", sub: "001.replay.1", jti: "replay-1")
+        let refused = try await h.server.post(jws: jws)
+        #expect(refused.json?["reason"] == .string("wrong_audience"))
+        _ = try await h.server.post(jws: jws)  // Apple retries: kept once
+        await h.flushRejections()
+        #expect(try await h.count("SELECT count(*) FROM rejections WHERE token IS NOT NULL") == 1)
+
+        let store = h.server.receiver.store
+        let stillWrong = try await RejectionReplay(
+            notifications: store, rejections: h.server.receiver.rejectionStore, verifier: NotificationVerifier(audiences: [Harness.aud])
+        ).run(reason: "wrong_audience")
+        #expect(stillWrong.recorded == 0)
+        #expect(stillWrong.stillRejected == ["wrong_audience": 1])
+
+        let fixed = try await RejectionReplay(
+            notifications: store, rejections: h.server.receiver.rejectionStore,
+            verifier: NotificationVerifier(audiences: [Harness.aud, "com.example.forgotten"])
+        ).run(reason: "wrong_audience")
+        #expect(fixed.recorded == 1)
+        let listed = try await store.list(NotificationFilter(aud: "com.example.forgotten"))
+        #expect(listed.map(\.jti) == ["replay-1"])
+        #expect(listed.first?.status == .pending)
+        #expect(try await h.count("SELECT count(*) FROM jobs") == 1)
+        let again = try await RejectionReplay(
+            notifications: store, rejections: h.server.receiver.rejectionStore,
+            verifier: NotificationVerifier(audiences: [Harness.aud, "com.example.forgotten"])
+        ).run(reason: "wrong_audience")
+        #expect(again == RejectionReplay.Summary())
+        await h.stop()
+    }
+
+    @Test("Health: live always; ready with the database and a key set; /metrics in Prometheus text format")
+    func health() async throws {
+        let h = try await Harness.start()
+        #expect(try await h.server.request(.GET, "/health/live").status == 200)
+        let ready = try await h.server.request(.GET, "/health/ready")
+        #expect(ready.status == 200)
+        #expect(ready.json?["status"] == .string("ready"))
+        _ = try await h.server.post(jws: try h.notification())
+        let metrics = try await h.server.request(.GET, "/metrics")
+        #expect(metrics.body.contains("# HELP siwa_notifications_received_total"))
+        #expect(metrics.body.contains(#"siwa_notifications_received_total{outcome="accepted"} 1"#))
+        await h.stop()
+    }
+}
