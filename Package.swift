@@ -142,7 +142,9 @@ let package = Package(
         .testTarget(
             name: "SiwaIntegrationTests",
             dependencies: [
-                "SiwaApp", "SiwaTestSupport", "SiwaDomain", "SiwaStore", "SiwaKeys", "SiwaEmbeddedPostgres",
+                "SiwaApp", "SiwaTestSupport", "SiwaDomain", "SiwaStore", "SiwaKeys", "SiwaEmbeddedPostgres", "SiwaHTTP",
+                .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
+                .product(name: "Hummingbird", package: "hummingbird"),
                 .product(name: "AsyncHTTPClient", package: "async-http-client"),
                 .product(name: "PostgresNIO", package: "postgres-nio"),
                 .product(name: "NIOCore", package: "swift-nio"),

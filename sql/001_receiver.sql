@@ -31,7 +31,7 @@ CREATE TABLE notifications (
     deliveries       integer NOT NULL DEFAULT 1 CHECK (deliveries >= 1),
     last_delivery_at timestamptz NOT NULL DEFAULT now(),
     CONSTRAINT notifications_jti_key UNIQUE (jti),
-    CONSTRAINT notifications_skip_reason_check CHECK ((status = 'skipped') = (skip_reason IS NOT NULL))
+    CONSTRAINT notifications_skipped_has_reason CHECK ((status = 'skipped') = (skip_reason IS NOT NULL))
 );
 
 -- The same event under another jti is a duplicate too. NULLs are distinct, so unreadable events

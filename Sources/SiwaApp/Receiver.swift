@@ -18,7 +18,8 @@ package struct Receiver: Sendable {
     package let keys: AppleKeyCache
     package let rejections: RejectionRecorder
     package let registry: PrometheusCollectorRegistry
-    package let router: Router<SiwaRequestContext>
+    let notifications: NotificationsController
+    let health: HealthController
 
     package init(config: Configuration, client: PostgresClient, logger: Logger, keyFetcher: any KeySetFetcher = DefaultKeySetFetcher()) {
         let registry = PrometheusCollectorRegistry()
@@ -29,12 +30,23 @@ package struct Receiver: Sendable {
             configuration: .init(sourceURL: config.jwksURL, refreshInterval: config.jwksRefreshInterval, unknownKidCooldown: config.unknownKidCooldown),
             fetcher: keyFetcher, persistence: store, logger: logger)
         let rejections = RejectionRecorder(store: rejectionStore, limitPerMinute: config.rejectionsPerMinute, metrics: metrics, logger: logger)
-        let router = Router(context: SiwaRequestContext.self)
-        NotificationsController(
+        self.notifications = NotificationsController(
             verifier: NotificationVerifier(audiences: Set(config.bundleIDs), clockSkew: config.clockSkew), keys: keys, store: store,
-            rejections: rejections, metrics: metrics, trustedProxies: config.trustedProxies, databaseTimeout: config.databaseTimeout, logger: logger
-        ).register(on: router)
-        HealthController(store: store, keys: keys, databaseTimeout: config.databaseTimeout).register(on: router)
+            rejections: rejections, metrics: metrics, trustedProxies: config.trustedProxies, databaseTimeout: config.databaseTimeout, logger: logger)
+        self.health = HealthController(store: store, keys: keys, databaseTimeout: config.databaseTimeout)
+        self.store = store
+        self.rejectionStore = rejectionStore
+        self.keys = keys
+        self.rejections = rejections
+        self.registry = registry
+    }
+
+    /// Every route of the receiving process.
+    package func router() -> Router<SiwaRequestContext> {
+        let router = Router(context: SiwaRequestContext.self)
+        notifications.register(on: router)
+        health.register(on: router)
+        let registry = self.registry
         router.get("/metrics") { _, _ in
             var buffer: [UInt8] = []
             registry.emit(into: &buffer)
@@ -42,12 +54,7 @@ package struct Receiver: Sendable {
                 status: .ok, headers: [.contentType: "text/plain; version=0.0.4; charset=utf-8"],
                 body: .init(byteBuffer: ByteBuffer(bytes: buffer)))
         }
-        self.store = store
-        self.rejectionStore = rejectionStore
-        self.keys = keys
-        self.rejections = rejections
-        self.registry = registry
-        self.router = router
+        return router
     }
 
     /// The HTTP application; its service group also runs the PostgreSQL client, the key cache's
@@ -58,7 +65,7 @@ package struct Receiver: Sendable {
         onServerRunning: @escaping @Sendable (any Channel) async -> Void = { _ in }
     ) -> some ApplicationProtocol {
         var app = Application(
-            router: router,
+            router: router(),
             configuration: .init(address: .hostname(config.host, port: config.port), serverName: nil),
             services: [client, keys, rejections],
             onServerRunning: onServerRunning,

@@ -11,6 +11,7 @@ package struct RejectionReplay: Sendable {
         package var recorded = 0
         package var duplicates = 0
         package var stillRejected: [String: Int] = [:]
+        package init() {}
     }
 
     let notifications: NotificationStore

@@ -213,6 +213,7 @@ extension Duration {
 package struct DefaultKeySetFetcher: KeySetFetcher {
     package struct FetchError: Error, CustomStringConvertible {
         package let description: String
+        package init(description: String) { self.description = description }
     }
 
     /// A JWKS is a few KiB; anything past this is not one.

@@ -121,7 +121,9 @@ package struct Migrator: Sendable {
         for migration in try await pending(connection) {
             do {
                 try await connection.query("BEGIN", logger: logger)
-                _ = try await connection.simpleQuery(migration.sql).get()
+                for statement in SQLStatements.split(migration.sql) {
+                    try await connection.query(PostgresQuery(unsafeSQL: statement), logger: logger)
+                }
                 try await connection.query(
                     "INSERT INTO schema_migrations (version, name, checksum) VALUES (\(migration.version), \(migration.name), \(migration.checksum))",
                     logger: logger)

@@ -7,19 +7,29 @@ import Synchronization
 /// A stand-in for `https://appleid.apple.com/auth/keys` on loopback: serves whatever key set the
 /// test sets, counts fetches, and can be made to fail — for rotation, rate limit and outage tests.
 package final class JWKSServer: Sendable {
-    private struct State { var document: Data; var failing = false; var fetches = 0 }
-    private let state: Mutex<State>
-    private let task: Mutex<Task<Void, any Error>?> = Mutex(nil)
+    private struct State {
+        var document: Data
+        var failing = false
+        var fetches = 0
+    }
+
+    private final class Shared: Sendable {
+        let state: Mutex<State>
+        init(document: Data) { state = Mutex(State(document: document)) }
+    }
+
+    private let shared: Shared
+    private let task: Task<Void, any Error>
     package let url: URL
 
-    private init(url: URL, state: Mutex<State>) {
+    private init(url: URL, shared: Shared, task: Task<Void, any Error>) {
         self.url = url
-        self.state = state
+        self.shared = shared
+        self.task = task
     }
 
     package static func start(document: Data) async throws -> JWKSServer {
-        let state = Mutex(State(document: document))
-        let shared = SharedState(state: state)
+        let shared = Shared(document: document)
         let router = Router()
         router.get("/auth/keys") { _, _ -> Response in
             let (document, failing) = shared.state.withLock { state in
@@ -36,23 +46,15 @@ package final class JWKSServer: Sendable {
             logger: Logger(label: "jwks-server", factory: { _ in SwiftLogNoOpLogHandler() }))
         let task = Task { try await app.run() }
         let port = try await started.value
-        let server = JWKSServer(url: URL(string: "http://127.0.0.1:\(port)/auth/keys")!, state: shared.state)
-        server.task.withLock { $0 = task }
-        return server
+        return JWKSServer(url: URL(string: "http://127.0.0.1:\(port)/auth/keys")!, shared: shared, task: task)
     }
 
-    private final class SharedState: Sendable {
-        let state: Mutex<State>
-        init(state: Mutex<State>) { self.state = state }
-    }
-
-    package var fetches: Int { state.withLock { $0.fetches } }
-    package func serve(_ document: Data) { state.withLock { $0.document = document } }
-    package func setFailing(_ failing: Bool) { state.withLock { $0.failing = failing } }
+    package var fetches: Int { shared.state.withLock { $0.fetches } }
+    package func serve(_ document: Data) { shared.state.withLock { $0.document = document } }
+    package func setFailing(_ failing: Bool) { shared.state.withLock { $0.failing = failing } }
 
     package func stop() async {
-        let task = self.task.withLock { $0 }
-        task?.cancel()
-        _ = await task?.result
+        task.cancel()
+        _ = await task.result
     }
 }

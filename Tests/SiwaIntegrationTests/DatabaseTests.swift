@@ -1,11 +1,15 @@
 import AsyncHTTPClient
 import Foundation
-import NIOCore
+import Hummingbird
 import Logging
+import NIOCore
+import NIOHTTP1
 import PostgresNIO
+import ServiceLifecycle
 import SiwaApp
 import SiwaDomain
 import SiwaEmbeddedPostgres
+import SiwaHTTP
 import SiwaStore
 import SiwaTestSupport
 import Testing

@@ -1,8 +1,12 @@
+import AsyncHTTPClient
 import Foundation
 import Logging
+import NIOCore
+import NIOHTTP1
 import PostgresNIO
 import SiwaApp
 import SiwaDomain
+import SiwaHTTP
 import SiwaKeys
 import SiwaTestSupport
 
@@ -15,7 +19,7 @@ struct Harness {
     let config: Configuration
 
     static func start(
-        signer: AppleStyleSigner? = nil, jwksURL: URL? = nil, database: PostgresClient.Configuration? = nil,
+        signer: AppleStyleSigner? = nil, jwksURL: URL? = nil, database databaseConfiguration: PostgresClient.Configuration? = nil,
         keyFetcher: any KeySetFetcher = DefaultKeySetFetcher(), _ configure: (inout Configuration) -> Void = { _ in }
     ) async throws -> Harness {
         let signer = try signer ?? AppleStyleSigner.generate()
@@ -30,7 +34,12 @@ struct Harness {
         }
         configure(&config)
         let logs = LogCapture()
-        let database = try await database ?? TestCluster.shared.makeDatabase()
+        let database: PostgresClient.Configuration
+        if let given = databaseConfiguration {
+            database = given
+        } else {
+            database = try await TestCluster.shared.makeDatabase()
+        }
         let server = try await TestServer.start(config: config, database: database, logger: logs.logger(), keyFetcher: keyFetcher)
         return Harness(server: server, signer: signer, logs: logs, config: config)
     }

@@ -1,6 +1,10 @@
+import AsyncHTTPClient
 import Foundation
+import NIOCore
+import NIOHTTP1
 import SiwaApp
 import SiwaDomain
+import SiwaHTTP
 import SiwaKeys
 import SiwaTestSupport
 import Testing

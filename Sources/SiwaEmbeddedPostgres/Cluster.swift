@@ -1,0 +1,357 @@
+import Foundation
+import Logging
+#if canImport(Glibc)
+import Glibc
+#elseif canImport(Musl)
+import Musl
+#endif
+
+/// One data directory with its binaries and OS account resolved: the steps behind
+/// `EmbeddedPostgres.start()`, `stop()` and `isRunning()`. Callers hold the `StartLock` around
+/// anything that changes the cluster.
+struct Cluster: Sendable {
+    let layout: ClusterLayout
+    let binaries: PostgresBinaries
+    let account: ClusterAccount
+    let logger: Logger
+
+    /// Where the cluster stands, as far as the next step is concerned.
+    enum State: Sendable {
+        /// No cluster yet (no pgdata, or an empty one): initdb, then start.
+        case uninitialized
+        /// A cluster exists and no postmaster serves it (possibly after a crash): start.
+        case stopped
+        /// A postmaster serves it: attach.
+        case running(Postmaster)
+    }
+
+    /// The OS account for `layout`: the owner of an existing cluster, else a fresh choice.
+    static func account(for layout: ClusterLayout) async throws -> ClusterAccount {
+        if hasCluster(layout) {
+            return try ClusterAccount.forExistingCluster(pgdata: layout.pgdata)
+        }
+        return try await ClusterAccount.forNewCluster()
+    }
+
+    /// Whether pgdata holds something (an unreadable directory counts: its owner decides).
+    static func hasCluster(_ layout: ClusterLayout) -> Bool {
+        FileSystem.exists(layout.pgdata) && !FileSystem.isEmptyDirectory(layout.pgdata)
+    }
+
+    /// `pg_ctl status`, not the mere existence of postmaster.pid: a crash leaves that file
+    /// behind with a dead pid, and pg_ctl checks whether the process is alive.
+    func state() async throws -> State {
+        guard Self.hasCluster(layout) else { return .uninitialized }
+        guard FileSystem.exists(layout.versionFile) else {
+            throw EmbeddedPostgresError.notAClusterDirectory(path: layout.pgdata)
+        }
+        let result = try await run(.pgCtl, ["status", "-D", layout.pgdata])
+        switch (result.terminatedBySignal, result.status) {
+        case (false, 0):
+            guard let postmaster = Postmaster(pidFile: layout.postmasterPidFile) else {
+                return .stopped // exited between pg_ctl's check and our read
+            }
+            if let process = postmaster.unrelatedProcessName {
+                // pg_ctl only asks "is this pid alive?". After a reboot or container restart
+                // the old pid may belong to an unrelated process of the same user (even us);
+                // the postmaster would then refuse to start, so the file must go.
+                logger.warning(
+                    "removing stale postmaster.pid: its pid now belongs to another program",
+                    metadata: ["pid": "\(postmaster.pid)", "program": "\(process)", "pgdata": "\(layout.pgdata)"])
+                guard unlink(layout.postmasterPidFile) == 0 || errno == ENOENT else {
+                    throw EmbeddedPostgresError.fileSystem(
+                        operation: "remove the stale", path: layout.postmasterPidFile, reason: FileSystem.errorText())
+                }
+                return .stopped
+            }
+            return .running(postmaster)
+        case (false, 3):
+            return .stopped
+        default:
+            throw EmbeddedPostgresError.commandFailed(
+                command: "pg_ctl status -D \(layout.pgdata)", output: result.combinedOutput)
+        }
+    }
+
+    /// Runs initdb into a staging directory and renames it into place once complete, so a crash
+    /// halfway through never leaves a half-made cluster that later looks real.
+    func initialize(durable: Bool) async throws {
+        logger.info("creating PostgreSQL cluster", metadata: metadata)
+        let staging = layout.stagingDirectory
+        if FileSystem.exists(staging) {
+            do {
+                try FileManager.default.removeItem(atPath: staging)
+            } catch {
+                throw EmbeddedPostgresError.fileSystem(
+                    operation: "remove the leftover of an interrupted initdb,", path: staging, reason: "\(error)")
+            }
+        }
+        guard mkdir(staging, 0o700) == 0 else {
+            throw EmbeddedPostgresError.fileSystem(operation: "create the directory", path: staging, reason: FileSystem.errorText())
+        }
+        try account.takeOwnership(of: staging)
+
+        var arguments = [
+            "-D", staging, "-U", EmbeddedPostgres.superuser,
+            "--auth=trust", "--encoding=UTF8", "--no-locale",
+        ]
+        // Throwaway test clusters skip initdb's fsync of every file; a durable one never does.
+        if !durable { arguments.append("--no-sync") }
+        let result = try await run(.initdb, arguments)
+        guard result.succeeded else {
+            try? FileManager.default.removeItem(atPath: staging)
+            throw EmbeddedPostgresError.initdbFailed(pgdata: layout.pgdata, output: result.combinedOutput)
+        }
+        try FileSystem.append(Self.managedConfiguration, to: "\(staging)/postgresql.conf")
+
+        if FileSystem.exists(layout.pgdata), rmdir(layout.pgdata) != 0 {
+            throw EmbeddedPostgresError.fileSystem(
+                operation: "replace the empty directory", path: layout.pgdata, reason: FileSystem.errorText())
+        }
+        guard rename(staging, layout.pgdata) == 0 else {
+            throw EmbeddedPostgresError.fileSystem(operation: "move the new cluster to", path: layout.pgdata, reason: FileSystem.errorText())
+        }
+        FileSystem.syncDirectory(layout.dataDirectory)
+    }
+
+    /// Appended to postgresql.conf once, so even a manual `pg_ctl start` opens no TCP port.
+    /// Everything else is passed with -c on every start (see `ServerSettings`).
+    static let managedConfiguration = """
+
+        # --- added by siwa-events ---
+        # This cluster is reachable only through a unix socket in a private (0700) directory.
+        # siwa-events passes the socket directory and durability settings with -c on every start.
+        listen_addresses = ''
+
+        """
+
+    /// Only unix-socket connections exist at all. `trust` is safe solely because the socket
+    /// directory is 0700: only the cluster's OS user (and root) can reach the socket.
+    static let hostBasedAuthentication = """
+        # Managed by siwa-events: rewritten on every start.
+        # Unix-socket connections only (the socket directory is mode 0700); no host lines, no TCP.
+        local   all   all   trust
+
+        """
+
+    /// `pg_ctl start -w`: waits until the server accepts connections (or 60 s pass).
+    func start(settings: ServerSettings) async throws -> Postmaster {
+        try await checkVersion()
+        try FileSystem.preparePrivateDirectory(layout.socketDirectory, for: account)
+        try FileSystem.prepareAccountFile(layout.logFile, for: account)
+        try FileSystem.writeAccountFile(
+            "\(layout.pgdata)/pg_hba.conf", contents: Self.hostBasedAuthentication, for: account)
+
+        logger.info("starting PostgreSQL", metadata: metadata.merging(["log": "\(layout.logFile)"]) { $1 })
+        let result = try await run(.pgCtl, [
+            "start", "-D", layout.pgdata, "-w", "-t", "60", "-l", layout.logFile, "-o", settings.commandLineOptions,
+        ])
+        guard result.succeeded else {
+            throw EmbeddedPostgresError.startFailed(
+                pgdata: layout.pgdata, output: result.combinedOutput,
+                logFile: layout.logFile, logTail: FileSystem.tail(layout.logFile, lines: 20))
+        }
+        guard let postmaster = Postmaster(pidFile: layout.postmasterPidFile) else {
+            throw EmbeddedPostgresError.startFailed(
+                pgdata: layout.pgdata, output: "pg_ctl reported success, but postmaster.pid is missing",
+                logFile: layout.logFile, logTail: FileSystem.tail(layout.logFile, lines: 20))
+        }
+        return postmaster
+    }
+
+    /// A cluster from another major version would make the server exit with a terse FATAL;
+    /// say plainly what is going on instead.
+    private func checkVersion() async throws {
+        guard let clusterVersion = FileSystem.readText(layout.versionFile)?
+            .trimmingCharacters(in: .whitespacesAndNewlines) else { return }
+        let result = try await run(.postgres, ["--version"])
+        guard let binariesVersion = PostgresBinaries.majorVersion(fromVersionOutput: result.standardOutput) else {
+            logger.debug("could not determine the server version", metadata: ["output": "\(result.combinedOutput)"])
+            return
+        }
+        guard clusterVersion == binariesVersion else {
+            throw EmbeddedPostgresError.clusterVersionMismatch(
+                pgdata: layout.pgdata, clusterVersion: clusterVersion,
+                binariesVersion: binariesVersion, binDirectory: binaries.directory)
+        }
+    }
+
+    /// A postmaster found running may still be starting up (or recovering after a backend
+    /// crash); wait, like `pg_ctl start -w` does, until it reports ready.
+    func waitUntilReady(_ postmaster: Postmaster) async throws -> Postmaster {
+        var current = postmaster
+        let deadline = ContinuousClock.now + .seconds(60)
+        while !current.isReady {
+            guard ContinuousClock.now < deadline else {
+                throw EmbeddedPostgresError.attachFailed(
+                    pgdata: layout.pgdata,
+                    reason: "it did not become ready within 60 seconds (status '\(current.status)'; see \(layout.logFile))")
+            }
+            try await Task.sleep(for: .milliseconds(100))
+            guard let next = Postmaster(pidFile: layout.postmasterPidFile) else {
+                throw EmbeddedPostgresError.attachFailed(
+                    pgdata: layout.pgdata, reason: "it exited while we waited for it to accept connections")
+            }
+            current = next
+        }
+        guard !current.socketDirectory.isEmpty else {
+            throw EmbeddedPostgresError.attachFailed(pgdata: layout.pgdata, reason: "it has no unix socket")
+        }
+        return current
+    }
+
+    /// Creates `database` unless it exists, connecting over the unix socket as the superuser.
+    func ensureDatabase(_ database: String, socketDirectory: String, port: Int) async throws {
+        let connection = ["-h", socketDirectory, "-p", "\(port)", "-U", EmbeddedPostgres.superuser]
+        let literal = "'\(database.replacingOccurrences(of: "'", with: "''"))'"
+        let check = try await run(.psql, ["-X", "-q", "-A", "-t", "-v", "ON_ERROR_STOP=1"] + connection + [
+            "-d", "postgres", "-c", "SELECT 1 FROM pg_database WHERE datname = \(literal)",
+        ])
+        guard check.succeeded else {
+            throw EmbeddedPostgresError.commandFailed(
+                command: "psql (checking whether database '\(database)' exists)", output: check.combinedOutput)
+        }
+        guard check.standardOutput.trimmingCharacters(in: .whitespacesAndNewlines) != "1" else { return }
+
+        logger.info("creating database", metadata: ["database": "\(database)"])
+        let create = try await run(.createdb, connection + ["--", database])
+        guard create.succeeded else {
+            throw EmbeddedPostgresError.databaseCreationFailed(database: database, output: create.combinedOutput)
+        }
+    }
+
+    /// `pg_ctl stop -m fast -w`: rolls back open transactions, checkpoints, exits.
+    func stop() async throws {
+        guard case .running = try await state() else {
+            logger.debug("PostgreSQL is not running; nothing to stop", metadata: metadata)
+            return
+        }
+        logger.info("stopping PostgreSQL", metadata: metadata)
+        let result = try await run(.pgCtl, ["stop", "-D", layout.pgdata, "-m", "fast", "-w", "-t", "60"])
+        guard !result.succeeded else { return }
+        if case .running = try await state() {
+            throw EmbeddedPostgresError.stopFailed(pgdata: layout.pgdata, output: result.combinedOutput)
+        }
+    }
+
+    var metadata: Logger.Metadata {
+        [
+            "pgdata": "\(layout.pgdata)",
+            "socket_dir": "\(layout.socketDirectory)",
+            "os_user": "\(account.name)",
+            "bin_dir": "\(binaries.directory)",
+        ]
+    }
+
+    private func run(_ tool: PostgresBinaries.Tool, _ arguments: [String]) async throws -> CommandResult {
+        let command = try account.commandLine(binaries.path(tool), arguments)
+        logger.debug("running \(tool.rawValue)", metadata: ["arguments": "\(arguments.joined(separator: " "))"])
+        let result = try await Subprocess.run(
+            command.executable, command.arguments,
+            environment: account.environment(from: ProcessInfo.processInfo.environment))
+        logger.debug(
+            "\(tool.rawValue) finished",
+            metadata: ["status": "\(result.status)", "output": "\(result.combinedOutput)"])
+        return result
+    }
+}
+
+/// What a running postmaster wrote into postmaster.pid: the facts an attaching process needs.
+struct Postmaster: Sendable, Equatable {
+    var pid: Int32
+    var port: Int
+    var socketDirectory: String
+    /// "starting", "stopping", "ready" or "standby" (PostgreSQL pads these with spaces).
+    var status: String
+
+    /// Line layout (PostgreSQL ≥ 10): pid, data directory, start time, port, first socket
+    /// directory, first listen address, shared memory key, status.
+    init?(pidFile: String) {
+        guard let text = FileSystem.readText(pidFile) else { return nil }
+        let lines = text.split(separator: "\n", omittingEmptySubsequences: false).map {
+            $0.trimmingCharacters(in: .whitespaces)
+        }
+        guard lines.count >= 5, let pid = Int32(lines[0]), let port = Int(lines[3]) else { return nil }
+        self.pid = pid
+        self.port = port
+        self.socketDirectory = lines[4]
+        self.status = lines.count >= 8 ? lines[7] : ""
+    }
+
+    var isReady: Bool { status == "ready" || status == "standby" }
+
+    /// The name of the process now holding `pid` when that is not PostgreSQL, else nil.
+    var unrelatedProcessName: String? {
+        guard let name = FileSystem.readText("/proc/\(pid)/comm")?.trimmingCharacters(in: .whitespacesAndNewlines)
+        else { return nil }
+        return name.hasPrefix("postgres") || name.hasPrefix("postmaster") ? nil : name
+    }
+}
+
+/// The server settings passed with `-c` on every start: they override postgresql.conf and
+/// `ALTER SYSTEM`, so changing the options (or the socket directory) takes effect on the next
+/// start, and nothing inside the database can re-open TCP or turn durability off.
+struct ServerSettings: Sendable, Equatable {
+    var values: [(name: String, value: String)]
+
+    /// Settings EmbeddedPostgres decides itself, with why an extra setting may not change them.
+    static let managed: [String: String] = [
+        "listen_addresses": "the embedded cluster only listens on its private unix socket",
+        "unix_socket_directories": "the socket directory is derived from the data directory",
+        "unix_socket_permissions": "the socket must stay private to the cluster's OS user",
+        "unix_socket_group": "the socket must stay private to the cluster's OS user",
+        "port": "the port is fixed (it only names the socket file)",
+        "fsync": "durability is chosen with the `durable` option",
+        "synchronous_commit": "durability is chosen with the `durable` option",
+        "full_page_writes": "durability is chosen with the `durable` option",
+        "data_directory": "the data directory is chosen with the `dataDirectory` option",
+        "config_file": "the configuration lives in the data directory",
+        "hba_file": "pg_hba.conf is managed by EmbeddedPostgres",
+        "ident_file": "pg_hba.conf is managed by EmbeddedPostgres",
+    ]
+
+    init(socketDirectory: String, port: Int, durable: Bool, extra: [String: String]) throws {
+        let onOff = durable ? "on" : "off"
+        // unix_socket_directories is a list: double quotes keep a path with commas in one piece.
+        let quotedSocketDirectory = "\"\(socketDirectory.replacingOccurrences(of: "\"", with: "\"\""))\""
+        var values: [(name: String, value: String)] = [
+            ("listen_addresses", ""),
+            ("unix_socket_directories", quotedSocketDirectory),
+            ("unix_socket_permissions", "0700"),
+            ("port", "\(port)"),
+            ("fsync", onOff),
+            ("synchronous_commit", onOff),
+            ("full_page_writes", onOff),
+        ]
+        for (name, value) in extra.sorted(by: { $0.key < $1.key }) {
+            if let reason = Self.managed[name.lowercased()] {
+                throw EmbeddedPostgresError.invalidSetting(name: name, reason: reason)
+            }
+            guard Self.isSettingName(name) else {
+                throw EmbeddedPostgresError.invalidSetting(name: name, reason: "it is not a valid setting name")
+            }
+            values.append((name, value))
+        }
+        self.values = values
+    }
+
+    private static func isSettingName(_ name: String) -> Bool {
+        guard let first = name.unicodeScalars.first, first == "_" || (first.isASCII && first.properties.isAlphabetic)
+        else { return false }
+        return name.unicodeScalars.allSatisfy { $0.isASCII && ($0.properties.isAlphabetic || ("0"..."9").contains($0) || $0 == "_" || $0 == ".") }
+    }
+
+    /// The `pg_ctl -o` string. pg_ctl hands it to `/bin/sh -c`, so each `name=value` is
+    /// single-quoted for the shell.
+    var commandLineOptions: String {
+        values.map { "-c \(Self.shellQuoted("\($0.name)=\($0.value)"))" }.joined(separator: " ")
+    }
+
+    static func shellQuoted(_ text: String) -> String {
+        "'\(text.replacingOccurrences(of: "'", with: "'\\''"))'"
+    }
+
+    static func == (lhs: ServerSettings, rhs: ServerSettings) -> Bool {
+        lhs.values.elementsEqual(rhs.values) { $0.name == $1.name && $0.value == $1.value }
+    }
+}

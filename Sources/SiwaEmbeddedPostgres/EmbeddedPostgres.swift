@@ -1,0 +1,170 @@
+import Foundation
+import Logging
+
+/// A private PostgreSQL cluster run from the installed server binaries, used when the service
+/// has no DATABASE_URL (and by tests, for throwaway clusters).
+///
+/// The cluster is reachable only through a unix socket in a 0700 directory (no TCP listener),
+/// runs with PostgreSQL's durable defaults unless `durable` is false, and is shared safely
+/// between processes: whichever calls `start()` first starts it, later callers attach to it.
+/// As root, the server runs as an unprivileged system account, because PostgreSQL refuses root.
+///
+/// The value holds no state of its own; every call inspects the data directory afresh, so any
+/// number of values (in any number of processes) may point at the same directory.
+package struct EmbeddedPostgres: Sendable {
+    package struct Options: Sendable {
+        /// The cluster lives in `<dataDirectory>/pgdata`; the log, lock and (usually) the
+        /// socket directory sit beside it. Relative paths resolve against the working directory.
+        package var dataDirectory: String
+        /// true: fsync, synchronous_commit and full_page_writes on (PostgreSQL's defaults), so a
+        /// committed write survives a crash exactly as on a production server.
+        /// false (tests only): all three off, and initdb skips its fsync.
+        package var durable: Bool
+        /// Created on first start if missing.
+        package var database: String
+        /// Explicit bin directory; else `SIWA_POSTGRES_BIN`; else the newest
+        /// `/usr/lib/postgresql/*/bin` containing initdb; else the directory of `initdb` on PATH.
+        package var binDirectory: String?
+        /// Extra postgresql.conf settings (e.g. `["max_connections": "200"]`), passed with -c on
+        /// every start. Settings EmbeddedPostgres manages itself (listen_addresses, fsync, …)
+        /// are rejected.
+        package var extraSettings: [String: String]
+
+        package init(
+            dataDirectory: String,
+            durable: Bool = true,
+            database: String = "siwa",
+            binDirectory: String? = nil,
+            extraSettings: [String: String] = [:]
+        ) {
+            self.dataDirectory = dataDirectory
+            self.durable = durable
+            self.database = database
+            self.binDirectory = binDirectory
+            self.extraSettings = extraSettings
+        }
+    }
+
+    /// How to reach the cluster: a unix socket, no password (see `Cluster.hostBasedAuthentication`).
+    package struct Connection: Sendable, Equatable {
+        /// The directory containing `.s.PGSQL.<port>`.
+        package var socketDirectory: String
+        /// Only names the socket file; there is no TCP listener.
+        package var port: Int
+        /// The superuser role created by initdb.
+        package var username: String
+        package var database: String
+        /// false when another process (or another `EmbeddedPostgres` value) had already started
+        /// the cluster and we attached to it; such a caller should normally not stop it.
+        package var startedByUs: Bool
+
+        package var socketPath: String { "\(socketDirectory)/.s.PGSQL.\(port)" }
+
+        package init(socketDirectory: String, port: Int, username: String, database: String, startedByUs: Bool) {
+            self.socketDirectory = socketDirectory
+            self.port = port
+            self.username = username
+            self.database = database
+            self.startedByUs = startedByUs
+        }
+    }
+
+    /// The superuser role initdb creates (`initdb -U siwa`).
+    package static let superuser = "siwa"
+    /// The socket file is `.s.PGSQL.5432`; no TCP port is opened.
+    package static let port = 5432
+
+    package let options: Options
+    private let logger: Logger
+
+    package init(options: Options, logger: Logger) {
+        self.options = options
+        self.logger = logger
+    }
+
+    /// Makes the cluster available and returns how to connect: runs initdb on first use, then
+    /// `pg_ctl start -w` — or attaches when a postmaster already serves this data directory.
+    /// Then creates the database if it is missing. Idempotent; safe to call from several
+    /// processes at once (an exclusive lock on `<dataDirectory>/.lock` serialises the sequence).
+    package func start() async throws -> Connection {
+        let layout = try ClusterLayout(dataDirectory: options.dataDirectory, port: Self.port)
+        let settings = try ServerSettings(
+            socketDirectory: layout.socketDirectory, port: Self.port,
+            durable: options.durable, extra: options.extraSettings)
+        guard !options.database.isEmpty, !options.database.contains("\0") else {
+            throw EmbeddedPostgresError.databaseCreationFailed(
+                database: options.database, output: "the database name is empty or contains a NUL character")
+        }
+        let binaries = try PostgresBinaries.locate(
+            explicit: options.binDirectory, environment: ProcessInfo.processInfo.environment)
+        try FileSystem.createDirectoryTree(layout.dataDirectory)
+
+        return try await StartLock.withLock(layout.lockFile, onWait: waitingForOtherProcess(layout)) {
+            let account = try await Cluster.account(for: layout)
+            try account.checkCanReach(layout.dataDirectory, dataDirectory: layout.dataDirectory)
+            try account.checkCanReach(
+                (layout.socketDirectory as NSString).deletingLastPathComponent, dataDirectory: layout.dataDirectory)
+            let cluster = Cluster(layout: layout, binaries: binaries, account: account, logger: logger)
+
+            let postmaster: Postmaster
+            let startedByUs: Bool
+            switch try await cluster.state() {
+            case .running(let running):
+                logger.info("attaching to running PostgreSQL", metadata: cluster.metadata.merging(["pid": "\(running.pid)"]) { $1 })
+                postmaster = try await cluster.waitUntilReady(running)
+                startedByUs = false
+            case .uninitialized:
+                try await cluster.initialize(durable: options.durable)
+                fallthrough
+            case .stopped:
+                postmaster = try await cluster.start(settings: settings)
+                startedByUs = true
+            }
+
+            try await cluster.ensureDatabase(
+                options.database, socketDirectory: postmaster.socketDirectory, port: postmaster.port)
+            let connection = Connection(
+                socketDirectory: postmaster.socketDirectory, port: postmaster.port,
+                username: Self.superuser, database: options.database, startedByUs: startedByUs)
+            logger.debug(
+                "PostgreSQL ready",
+                metadata: ["socket": "\(connection.socketPath)", "started_by_us": "\(startedByUs)", "pid": "\(postmaster.pid)"])
+            return connection
+        }
+    }
+
+    /// `pg_ctl stop -m fast -w`, whoever started the server. Does nothing when no cluster
+    /// exists or no server is running.
+    package func stop() async throws {
+        let layout = try ClusterLayout(dataDirectory: options.dataDirectory, port: Self.port)
+        guard Cluster.hasCluster(layout) else { return }
+        let binaries = try PostgresBinaries.locate(
+            explicit: options.binDirectory, environment: ProcessInfo.processInfo.environment)
+        try await StartLock.withLock(layout.lockFile, onWait: waitingForOtherProcess(layout)) {
+            let account = try ClusterAccount.forExistingCluster(pgdata: layout.pgdata)
+            try await Cluster(layout: layout, binaries: binaries, account: account, logger: logger).stop()
+        }
+    }
+
+    /// Whether a postmaster serves this data directory (per `pg_ctl status`). False when
+    /// anything needed to tell (cluster, binaries, account) is missing.
+    package func isRunning() async -> Bool {
+        guard let layout = try? ClusterLayout(dataDirectory: options.dataDirectory, port: Self.port),
+              Cluster.hasCluster(layout),
+              let binaries = try? PostgresBinaries.locate(
+                  explicit: options.binDirectory, environment: ProcessInfo.processInfo.environment),
+              let account = try? ClusterAccount.forExistingCluster(pgdata: layout.pgdata)
+        else { return false }
+        let cluster = Cluster(layout: layout, binaries: binaries, account: account, logger: logger)
+        if case .running = try? await cluster.state() { return true }
+        return false
+    }
+
+    private func waitingForOtherProcess(_ layout: ClusterLayout) -> () -> Void {
+        { [logger] in
+            logger.info(
+                "waiting for another process to finish starting or stopping PostgreSQL",
+                metadata: ["lock": "\(layout.lockFile)"])
+        }
+    }
+}

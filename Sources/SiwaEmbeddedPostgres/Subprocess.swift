@@ -1,0 +1,192 @@
+import Foundation
+#if canImport(Glibc)
+import Glibc
+#elseif canImport(Musl)
+import Musl
+#endif
+
+/// What a finished child process left behind.
+struct CommandResult: Sendable {
+    /// The exit status, or the signal number when `terminatedBySignal` is true.
+    var status: Int32
+    var terminatedBySignal: Bool
+    var standardOutput: String
+    var standardError: String
+
+    var succeeded: Bool { !terminatedBySignal && status == 0 }
+
+    /// Both streams, for error messages (PostgreSQL tools split their chatter between them).
+    var combinedOutput: String {
+        let text = [standardOutput, standardError]
+            .map { $0.trimmingCharacters(in: .whitespacesAndNewlines) }
+            .filter { !$0.isEmpty }
+            .joined(separator: "\n")
+        let exit = terminatedBySignal ? "killed by signal \(status)" : "exit status \(status)"
+        return text.isEmpty ? "(\(exit), no output)" : "\(text)\n(\(exit))"
+    }
+}
+
+/// Runs one child process to completion without blocking the cooperative thread pool.
+///
+/// Why not Foundation's `Process`: on Linux it learns that a child exited when a socket it
+/// passes to the child reaches EOF. `pg_ctl start` leaves a postmaster behind that inherits
+/// that socket, so the termination handler never fires and pg_ctl stays a zombie. So we spawn
+/// with posix_spawn ourselves and wait with waitid/waitpid on a dedicated thread, which also
+/// guarantees every child is reaped.
+///
+/// The child gets: stdin from /dev/null, stdout/stderr into unlinked temporary files (a pipe
+/// could be held open forever by the postmaster, and has a buffer that can fill up), no other
+/// inherited descriptors, default signal handling, its own process group (a Ctrl-C aimed at a
+/// CLI command must not reach a postmaster that a server process shares), and "/" as working
+/// directory (ours may be /root, which the cluster's account cannot enter).
+enum Subprocess {
+    static func run(
+        _ executable: String,
+        _ arguments: [String],
+        environment: [String: String]
+    ) async throws -> CommandResult {
+        try Task.checkCancellation()
+        let stdout = try CaptureFile()
+        let stderr = try CaptureFile()
+        let child = try ChildProcess(
+            spawning: executable, arguments: arguments, environment: environment,
+            standardOutput: stdout.descriptor, standardError: stderr.descriptor)
+        let waitStatus = await withTaskCancellationHandler {
+            await child.waitForExit()
+        } onCancel: {
+            child.terminate()
+        }
+        let signaled = waitStatus & 0x7f != 0
+        return CommandResult(
+            status: signaled ? waitStatus & 0x7f : (waitStatus >> 8) & 0xff,
+            terminatedBySignal: signaled,
+            standardOutput: stdout.contents(),
+            standardError: stderr.contents())
+    }
+}
+
+/// A spawned child, until it has been reaped.
+private final class ChildProcess: @unchecked Sendable {
+    private let pid: pid_t
+    private let lock = NSLock()
+    private var reaped = false // guarded by `lock`
+
+    init(
+        spawning executable: String, arguments: [String], environment: [String: String],
+        standardOutput: Int32, standardError: Int32
+    ) throws {
+        var actions = posix_spawn_file_actions_t()
+        posix_spawn_file_actions_init(&actions)
+        defer { posix_spawn_file_actions_destroy(&actions) }
+        posix_spawn_file_actions_addopen(&actions, 0, "/dev/null", O_RDONLY, 0)
+        posix_spawn_file_actions_adddup2(&actions, standardOutput, 1)
+        posix_spawn_file_actions_adddup2(&actions, standardError, 2)
+        for descriptor in Self.inheritableDescriptors() {
+            posix_spawn_file_actions_addclose(&actions, descriptor)
+        }
+        if let addChdir = Self.addChdir() {
+            _ = addChdir(&actions, "/")
+        }
+
+        var attributes = posix_spawnattr_t()
+        posix_spawnattr_init(&attributes)
+        defer { posix_spawnattr_destroy(&attributes) }
+        var noSignals = sigset_t()
+        sigemptyset(&noSignals)
+        posix_spawnattr_setsigmask(&attributes, &noSignals)
+        var allSignals = sigset_t()
+        sigfillset(&allSignals)
+        posix_spawnattr_setsigdefault(&attributes, &allSignals)
+        posix_spawnattr_setpgroup(&attributes, 0)
+        posix_spawnattr_setflags(
+            &attributes, Int16(POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_SETSIGDEF | POSIX_SPAWN_SETPGROUP))
+
+        let argv = ([executable] + arguments).map { strdup($0) }
+        let envp = environment.map { strdup("\($0.key)=\($0.value)") }
+        defer { (argv + envp).forEach { free($0) } }
+
+        var pid = pid_t()
+        let status = posix_spawn(&pid, executable, &actions, &attributes, argv + [nil], envp + [nil])
+        guard status == 0 else {
+            throw EmbeddedPostgresError.commandFailed(
+                command: ([executable] + arguments).joined(separator: " "),
+                output: "could not start it: \(String(cString: strerror(status)))")
+        }
+        self.pid = pid
+    }
+
+    /// Waits on a dedicated thread (waitpid blocks). `waitid(WNOWAIT)` first, so the pid stays
+    /// ours — and `terminate()` cannot hit a recycled pid — until we reap it under the lock.
+    func waitForExit() async -> Int32 {
+        await withCheckedContinuation { (continuation: CheckedContinuation<Int32, Never>) in
+            let thread = Thread { [self] in
+                var info = siginfo_t()
+                while waitid(P_PID, id_t(pid), &info, WEXITED | WNOWAIT) != 0 && errno == EINTR {}
+                var status: Int32 = 0
+                lock.lock()
+                while waitpid(pid, &status, 0) == -1 && errno == EINTR {}
+                reaped = true
+                lock.unlock()
+                continuation.resume(returning: status)
+            }
+            thread.name = "siwa-pg-wait-\(pid)"
+            thread.start()
+        }
+    }
+
+    /// SIGTERM on cancellation (initdb cleans up after itself; pg_ctl gives up waiting).
+    func terminate() {
+        lock.lock()
+        defer { lock.unlock() }
+        if !reaped { kill(pid, SIGTERM) }
+    }
+
+    /// Our descriptors ≥ 3 without close-on-exec, which the child would otherwise inherit
+    /// (and the postmaster after it, for as long as it runs).
+    private static func inheritableDescriptors() -> [Int32] {
+        let names = (try? FileManager.default.contentsOfDirectory(atPath: "/proc/self/fd")) ?? []
+        return names.compactMap { Int32($0) }.filter { descriptor in
+            guard descriptor > 2 else { return false }
+            let flags = fcntl(descriptor, F_GETFD)
+            return flags >= 0 && flags & FD_CLOEXEC == 0
+        }
+    }
+
+    private typealias AddChdir = @convention(c) (
+        UnsafeMutablePointer<posix_spawn_file_actions_t>, UnsafePointer<CChar>
+    ) -> Int32
+
+    /// `posix_spawn_file_actions_addchdir_np` (glibc ≥ 2.29, musl ≥ 1.1.24) is not exposed to
+    /// Swift; without it the child keeps our working directory, which only costs warnings.
+    private static func addChdir() -> AddChdir? {
+        guard let symbol = dlsym(UnsafeMutableRawPointer(bitPattern: 0), "posix_spawn_file_actions_addchdir_np")
+        else { return nil }
+        return unsafeBitCast(symbol, to: AddChdir.self)
+    }
+}
+
+/// An anonymous temporary file that a child writes one output stream into.
+private final class CaptureFile {
+    private let handle: FileHandle
+    var descriptor: Int32 { handle.fileDescriptor }
+
+    init() throws {
+        var template = Array("\(NSTemporaryDirectory())/siwa-pg-out-XXXXXX".utf8CString)
+        let fd = template.withUnsafeMutableBufferPointer { mkstemp($0.baseAddress!) }
+        guard fd >= 0 else {
+            throw EmbeddedPostgresError.fileSystem(
+                operation: "create a temporary file in", path: NSTemporaryDirectory(),
+                reason: String(cString: strerror(errno)))
+        }
+        template.withUnsafeBufferPointer { _ = unlink($0.baseAddress!) }
+        // Only the child we hand it to (through dup2, which clears the flag) may have it.
+        _ = fcntl(fd, F_SETFD, FD_CLOEXEC)
+        handle = FileHandle(fileDescriptor: fd, closeOnDealloc: true)
+    }
+
+    /// The child shared our file offset, so rewind before reading what it wrote.
+    func contents() -> String {
+        guard (try? handle.seek(toOffset: 0)) != nil, let data = try? handle.readToEnd() else { return "" }
+        return String(decoding: data, as: UTF8.self)
+    }
+}
