@@ -68,7 +68,6 @@ let package = Package(
         .target(
             name: "SiwaEmbeddedPostgres",
             dependencies: [
-                .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
                 .product(name: "Logging", package: "swift-log"),
             ],
             swiftSettings: swiftSettings

@@ -93,7 +93,7 @@ package enum Server {
             logger.notice(
                 "siwa-events listening",
                 metadata: [
-                    "address": "\(channel.localAddress?.description ?? "?")", "database": "\(database.description)",
+                    "address": "\(channel.localAddress?.ipAddress ?? config.host):\(channel.localAddress?.port ?? config.port)", "database": "\(database.description)",
                     "bundle_ids": "\(config.bundleIDs.joined(separator: ","))", "jwks_url": "\(config.jwksURL.absoluteString)",
                 ])
         }

@@ -61,16 +61,19 @@ struct ConfigOptions: ParsableArguments {
             return try Configuration.load(
                 environment: ProcessInfo.processInfo.environment, overrides: overrides.compactMapValues { $0 }, requireBundleIDs: requireBundleIDs)
         } catch {
-            throw ValidationError(error.description)
+            printError("siwa-events: \(error.description)")
+            throw ExitCode(78)  // EX_CONFIG
         }
     }
 }
 
-/// One logger for the process: structured key=value lines on stderr, level from SIWA_LOG_LEVEL.
-func makeLogger(_ label: String = "siwa-events") -> Logger {
+/// One logger for the process: structured key=value lines on stderr, level from SIWA_LOG_LEVEL
+/// (default `info` for `serve`, `warning` for one-shot commands, whose output is their result).
+func makeLogger(_ label: String = "siwa-events", defaultLevel: Logger.Level = .warning) -> Logger {
+    let level = ProcessInfo.processInfo.environment["SIWA_LOG_LEVEL"].flatMap(Logger.Level.init(rawValue:)) ?? defaultLevel
     LoggingSystem.bootstrap { label in
         var handler = StreamLogHandler.standardError(label: label)
-        handler.logLevel = ProcessInfo.processInfo.environment["SIWA_LOG_LEVEL"].flatMap(Logger.Level.init(rawValue:)) ?? .info
+        handler.logLevel = level
         return handler
     }
     return Logger(label: label)
@@ -87,7 +90,7 @@ struct Serve: AsyncParsableCommand {
 
     func run() async throws {
         let config = try options.load(requireBundleIDs: true)
-        try await Server.serve(config, logger: makeLogger())
+        try await Server.serve(config, logger: makeLogger(defaultLevel: .info))
     }
 }
 

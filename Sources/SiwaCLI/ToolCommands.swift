@@ -41,8 +41,11 @@ struct Verify: AsyncParsableCommand {
         let text: String
         do {
             text = try Self.readToken(token)
+        } catch let error as ValidationError {
+            printError("cannot read the token: \(error.message)")
+            throw ExitCode(ExitStatus.couldNotCheck)
         } catch {
-            printError("cannot read the token: \(error)")
+            printError("cannot read the token from \(token): \((error as NSError).localizedDescription)")
             throw ExitCode(ExitStatus.couldNotCheck)
         }
         let keys: AppleKeySet

@@ -28,6 +28,11 @@ struct Cluster: Sendable {
     /// The OS account for `layout`: the owner of an existing cluster, else a fresh choice.
     static func account(for layout: ClusterLayout) async throws -> ClusterAccount {
         if hasCluster(layout) {
+            // Readable yet without PG_VERSION: not a cluster at all, whoever owns it.
+            if (try? FileManager.default.contentsOfDirectory(atPath: layout.pgdata)) != nil,
+               !FileSystem.exists(layout.versionFile) {
+                throw EmbeddedPostgresError.notAClusterDirectory(path: layout.pgdata)
+            }
             return try ClusterAccount.forExistingCluster(pgdata: layout.pgdata)
         }
         return try await ClusterAccount.forNewCluster()
@@ -51,18 +56,8 @@ struct Cluster: Sendable {
             guard let postmaster = Postmaster(pidFile: layout.postmasterPidFile) else {
                 return .stopped // exited between pg_ctl's check and our read
             }
-            if let process = postmaster.unrelatedProcessName {
-                // pg_ctl only asks "is this pid alive?". After a reboot or container restart
-                // the old pid may belong to an unrelated process of the same user (even us);
-                // the postmaster would then refuse to start, so the file must go.
-                logger.warning(
-                    "removing stale postmaster.pid: its pid now belongs to another program",
-                    metadata: ["pid": "\(postmaster.pid)", "program": "\(process)", "pgdata": "\(layout.pgdata)"])
-                guard unlink(layout.postmasterPidFile) == 0 || errno == ENOENT else {
-                    throw EmbeddedPostgresError.fileSystem(
-                        operation: "remove the stale", path: layout.postmasterPidFile, reason: FileSystem.errorText())
-                }
-                return .stopped
+            if postmaster.unrelatedProcessName != nil {
+                return .stopped // a stale file whose pid was recycled; see `removeStalePidFile`
             }
             return .running(postmaster)
         case (false, 3):
@@ -137,7 +132,8 @@ struct Cluster: Sendable {
     /// `pg_ctl start -w`: waits until the server accepts connections (or 60 s pass).
     func start(settings: ServerSettings) async throws -> Postmaster {
         try await checkVersion()
-        try FileSystem.preparePrivateDirectory(layout.socketDirectory, for: account)
+        try removeStalePidFile()
+        try FileSystem.prepareSocketDirectory(layout.socketDirectory, for: account)
         try FileSystem.prepareAccountFile(layout.logFile, for: account)
         try FileSystem.writeAccountFile(
             "\(layout.pgdata)/pg_hba.conf", contents: Self.hostBasedAuthentication, for: account)
@@ -157,6 +153,22 @@ struct Cluster: Sendable {
                 logFile: layout.logFile, logTail: FileSystem.tail(layout.logFile, lines: 20))
         }
         return postmaster
+    }
+
+    /// pg_ctl and the postmaster only ask "is this pid alive?". After a reboot or container
+    /// restart the pid in a crashed server's postmaster.pid may belong to an unrelated process
+    /// of the same user (even to us); the postmaster would then refuse to start, so the file goes.
+    /// A dead pid needs nothing: PostgreSQL replaces such a file itself.
+    private func removeStalePidFile() throws {
+        guard let postmaster = Postmaster(pidFile: layout.postmasterPidFile),
+              let program = postmaster.unrelatedProcessName else { return }
+        logger.warning(
+            "removing stale postmaster.pid: its pid now belongs to another program",
+            metadata: ["pid": "\(postmaster.pid)", "program": "\(program)", "pgdata": "\(layout.pgdata)"])
+        guard unlink(layout.postmasterPidFile) == 0 || errno == ENOENT else {
+            throw EmbeddedPostgresError.fileSystem(
+                operation: "remove the stale", path: layout.postmasterPidFile, reason: FileSystem.errorText())
+        }
     }
 
     /// A cluster from another major version would make the server exit with a terse FATAL;
@@ -291,7 +303,7 @@ struct Postmaster: Sendable, Equatable {
 /// The server settings passed with `-c` on every start: they override postgresql.conf and
 /// `ALTER SYSTEM`, so changing the options (or the socket directory) takes effect on the next
 /// start, and nothing inside the database can re-open TCP or turn durability off.
-struct ServerSettings: Sendable, Equatable {
+struct ServerSettings: Sendable {
     var values: [(name: String, value: String)]
 
     /// Settings EmbeddedPostgres decides itself, with why an extra setting may not change them.
@@ -349,9 +361,5 @@ struct ServerSettings: Sendable, Equatable {
 
     static func shellQuoted(_ text: String) -> String {
         "'\(text.replacingOccurrences(of: "'", with: "'\\''"))'"
-    }
-
-    static func == (lhs: ServerSettings, rhs: ServerSettings) -> Bool {
-        lhs.values.elementsEqual(rhs.values) { $0.name == $1.name && $0.value == $1.value }
     }
 }

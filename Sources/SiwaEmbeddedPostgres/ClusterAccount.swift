@@ -126,10 +126,16 @@ enum ClusterAccount: Sendable, Equatable {
         }
     }
 
-    /// Root can open anything, the account cannot: every directory from `/` down to `path` must
-    /// grant it search (x) permission, or PostgreSQL fails later with a confusing error. We only
-    /// report the blocking directory; loosening permissions on someone's home is their decision.
-    func checkCanReach(_ path: String, dataDirectory: String) throws {
+    /// Root can open anything, the account cannot: every existing directory from `/` down to
+    /// the data directory (and to the socket directory's parent) must grant it search (x)
+    /// permission, or PostgreSQL fails later with a confusing error. We only report the blocking
+    /// directory; loosening permissions on someone's home is their decision.
+    func checkCanReach(_ layout: ClusterLayout) throws {
+        try checkCanReach(layout.dataDirectory, dataDirectory: layout.dataDirectory)
+        try checkCanReach((layout.socketDirectory as NSString).deletingLastPathComponent, dataDirectory: layout.dataDirectory)
+    }
+
+    private func checkCanReach(_ path: String, dataDirectory: String) throws {
         guard case .systemUser(let user) = self else { return }
         let groups = Self.groups(of: user)
         var prefix = ""

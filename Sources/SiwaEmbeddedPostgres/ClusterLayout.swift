@@ -111,11 +111,11 @@ enum FileSystem {
         }
     }
 
-    /// A directory only `account` may use (0700): created if missing; refused if it is a
-    /// symlink, not a directory, or owned by anyone but the account (or by root, when we are
-    /// root and about to hand it over). The socket directory may live in world-writable /tmp,
-    /// where someone else could have created it first.
-    static func preparePrivateDirectory(_ path: String, for account: ClusterAccount) throws {
+    /// The socket directory, private to `account` (0700): created if missing; refused if it is
+    /// a symlink, not a directory, or owned by anyone but the account (or by root, when we are
+    /// root and about to hand it over). It may live in world-writable /tmp, where someone else
+    /// could have created it first. Re-checked on every start: /tmp may be cleaned meanwhile.
+    static func prepareSocketDirectory(_ path: String, for account: ClusterAccount) throws {
         if mkdir(path, 0o700) != 0 && errno != EEXIST {
             throw EmbeddedPostgresError.fileSystem(operation: "create the directory", path: path, reason: errorText())
         }

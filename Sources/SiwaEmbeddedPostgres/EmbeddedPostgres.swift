@@ -10,7 +10,9 @@ import Logging
 /// As root, the server runs as an unprivileged system account, because PostgreSQL refuses root.
 ///
 /// The value holds no state of its own; every call inspects the data directory afresh, so any
-/// number of values (in any number of processes) may point at the same directory.
+/// number of values (in any number of processes) may point at the same directory. The server
+/// runs detached (in its own process group) and outlives the process that started it until
+/// someone calls `stop()`; a later `start()` attaches to it.
 package struct EmbeddedPostgres: Sendable {
     package struct Options: Sendable {
         /// The cluster lives in `<dataDirectory>/pgdata`; the log, lock and (usually) the
@@ -97,13 +99,14 @@ package struct EmbeddedPostgres: Sendable {
         }
         let binaries = try PostgresBinaries.locate(
             explicit: options.binDirectory, environment: ProcessInfo.processInfo.environment)
+        // Refuse an unreachable location before creating anything in it.
+        try await Cluster.account(for: layout).checkCanReach(layout)
         try FileSystem.createDirectoryTree(layout.dataDirectory)
 
         return try await StartLock.withLock(layout.lockFile, onWait: waitingForOtherProcess(layout)) {
+            // Again under the lock: another process may have created the cluster meanwhile.
             let account = try await Cluster.account(for: layout)
-            try account.checkCanReach(layout.dataDirectory, dataDirectory: layout.dataDirectory)
-            try account.checkCanReach(
-                (layout.socketDirectory as NSString).deletingLastPathComponent, dataDirectory: layout.dataDirectory)
+            try account.checkCanReach(layout)
             let cluster = Cluster(layout: layout, binaries: binaries, account: account, logger: logger)
 
             let postmaster: Postmaster
