@@ -99,13 +99,17 @@ extension EventDecoding {
             return .skipped(.unreadableEvent, detail: "the event has no sub", event: nil)
         }
         let eventTimeMillis: Int64
-        switch object["event_time"] {
-        case .number(let value) where value.isFinite && value >= 0:
-            eventTimeMillis = value >= millisecondsThreshold ? Int64(value) : Int64(value * 1000)
-        case .string(let text) where Double(text).map({ $0.isFinite && $0 >= 0 }) == true:
-            let value = Double(text)!
-            eventTimeMillis = value >= millisecondsThreshold ? Int64(value) : Int64(value * 1000)
-        default:
+        let rawTime: Double? =
+            switch object["event_time"] {
+            case .number(let value): value
+            case .string(let text): Double(text)
+            default: nil
+            }
+        // Milliseconds up to the year 5138; anything else (negative, huge, not a number) is
+        // treated as missing rather than trusted.
+        if let rawTime, rawTime.isFinite, rawTime >= 0, rawTime < millisecondsThreshold * 1000 {
+            eventTimeMillis = rawTime >= millisecondsThreshold ? Int64(rawTime) : Int64(rawTime * 1000)
+        } else {
             eventTimeMillis = issuedAt * 1000
         }
         let isPrivateEmail: Bool? =

@@ -13,7 +13,11 @@ package enum Base64URL {
         let remainder = base64.utf8.count % 4
         if remainder == 1 { return nil }
         if remainder > 0 { base64 += String(repeating: "=", count: 4 - remainder) }
-        return Data(base64Encoded: base64)
+        guard let data = Data(base64Encoded: base64) else { return nil }
+        // Canonical only: unused trailing bits must be zero, so each token has one spelling
+        // ("QR" and "QQ" would otherwise decode to the same byte).
+        guard encode(data) == text else { return nil }
+        return data
     }
 
     package static func encode(_ data: some DataProtocol) -> String {

@@ -87,19 +87,25 @@ package struct NotificationVerifier: Sendable {
                 "aud \(tokenAudiences.isEmpty ? "(missing)" : tokenAudiences.joined(separator: ",")) is not a configured bundle ID (SIWA_APPLE_BUNDLE_IDS)"
             )
         }
+        if claims["events"] == nil, claims["sub"] != nil {
+            throw .malformed("this is a Sign in with Apple identity token (id_token), not a server-to-server notification: it has no events claim")
+        }
+        if jws.payload.contains(0) || String(decoding: jws.payload, as: UTF8.self).contains("\\u0000") {
+            throw .malformed("the claims contain a NUL character, which cannot be stored")
+        }
         let skew = clockSkew.timeInterval
         let nowSeconds = now.timeIntervalSince1970
-        guard let iat = claims["iat"]?.numberValue, iat.isFinite else {
-            throw .malformed("the iat claim is missing or not a number")
+        guard let iat = try Self.epochSeconds(claims, "iat") else {
+            throw .malformed("the iat claim is missing")
         }
-        let exp = claims["exp"]?.numberValue
+        let exp = try Self.epochSeconds(claims, "exp")
         if let exp, nowSeconds > exp + skew {
             throw .invalid(.expired, "the token expired at \(Self.iso(exp)); it is now \(Self.iso(nowSeconds))")
         }
         if iat > nowSeconds + skew {
             throw .invalid(.notYetValid, "the token was issued at \(Self.iso(iat)), in the future (now \(Self.iso(nowSeconds)))")
         }
-        if let nbf = claims["nbf"]?.numberValue, nbf > nowSeconds + skew {
+        if let nbf = try Self.epochSeconds(claims, "nbf"), nbf > nowSeconds + skew {
             throw .invalid(.notYetValid, "the token is not valid before \(Self.iso(nbf)) (now \(Self.iso(nowSeconds)))")
         }
         let issuedAt = Int64(iat)
@@ -123,6 +129,15 @@ package struct NotificationVerifier: Sendable {
         let jws = try CompactJWS(text)
         let key = try Self.resolveKey(jws, in: keys)
         return try verify(jws, key: key, now: now)
+    }
+
+    /// A time claim: absent → nil; present, it must be a number of seconds between 1970 and 5138.
+    private static func epochSeconds(_ claims: JSONValue, _ name: String) throws(VerificationError) -> Double? {
+        guard let value = claims[name] else { return nil }
+        guard let seconds = value.numberValue, seconds.isFinite, seconds >= 0, seconds < EventDecoding.millisecondsThreshold else {
+            throw .malformed("the \(name) claim is not a time in seconds since 1970")
+        }
+        return seconds
     }
 
     /// The id of a token without `jti`: hex SHA-256 of its payload segment.

@@ -62,7 +62,9 @@ package struct NotificationsController: Sendable {
     func receive(_ request: Request, context: SiwaRequestContext) async throws -> Response {
         let started = ContinuousClock.now
         let receivedAt = Date()
-        let remote = trustedProxies.clientAddress(peer: context.peerAddress, forwardedFor: request.headers[.xForwardedFor])
+        // Every X-Forwarded-For line counts: a proxy may append its own line after the client's.
+        let forwarded = request.headers[values: .xForwardedFor]
+        let remote = trustedProxies.clientAddress(peer: context.peerAddress, forwardedFor: forwarded.isEmpty ? nil : forwarded.joined(separator: ","))
         let outcome = await handle(request, receivedAt: receivedAt, remote: remote)
         let elapsed = ContinuousClock.now - started
         metrics.duration.recordNanoseconds(elapsed.components.seconds * 1_000_000_000 + elapsed.components.attoseconds / 1_000_000_000)
@@ -112,12 +114,14 @@ package struct NotificationsController: Sendable {
     }
 
     private func handle(_ request: Request, receivedAt: Date, remote: String?) async -> Outcome {
-        func rejected(_ error: VerificationError, body: ByteBuffer?, size: Int, kid: String? = nil, token: String? = nil, key: AppleKey? = nil, claims: JSONValue? = nil) -> Outcome {
+        func rejected(_ error: VerificationError, body: ByteBuffer?, size: Int, kid: String? = nil, jws: CompactJWS? = nil, keepWith key: AppleKey? = nil) -> Outcome {
+            let claims = jws.flatMap { JSONValue.parse($0.payload) }
+            let jti = claims?["jti"]?.stringValue ?? jws.map { NotificationVerifier.derivedID(payloadSegment: $0.payloadSegment) }
             let record = RejectionRecord(
                 receivedAt: receivedAt, remoteAddress: remote, reason: error.reason, message: error.message, bodySize: size,
                 bodyPrefix: body.map { Array($0.readableBytesView.prefix(Self.recordedPrefix)) } ?? [],
-                kid: kid, aud: claims?["aud"].map(Self.audienceText), jti: claims?["jti"]?.stringValue,
-                token: key == nil ? nil : token, keyJWK: key?.jwkJSON)
+                kid: kid, aud: claims?["aud"].map(Self.audienceText), jti: jti,
+                token: key == nil ? nil : jws?.raw, keyJWK: key?.jwkJSON)
             return .rejected(.from(error), record)
         }
         if let length = request.headers[.contentLength].flatMap(Int.init), length > Self.maximumBodySize {
@@ -151,18 +155,18 @@ package struct NotificationsController: Sendable {
         case .unknown(let kid, _):
             return rejected(.invalid(.unknownKey, "no Apple key with kid \(kid), even after refreshing Apple's key set"), body: body, size: size, kid: kid)
         case .unavailable(let retryAfter, let why):
-            return .unavailable(.unavailable("cannot check this notification's key now: \(why)", retryAfter: retryAfter), why)
+            // The detail (source URL, fetch error) goes to the log, not to an unauthenticated caller.
+            return .unavailable(.unavailable("the signing key of this notification cannot be checked right now; retry later", retryAfter: retryAfter), why)
         }
         let notification: VerifiedNotification
         do {
             notification = try verifier.verify(jws, key: key, now: receivedAt)
         } catch {
-            // Past the signature check the token is genuine: keep it whole (wrong_audience can be
-            // replayed once SIWA_APPLE_BUNDLE_IDS is fixed).
-            let signatureValid = error.reason != .badSignature && error.reason != .malformedRequest
-            return rejected(
-                error, body: body, size: size, kid: kid, token: payload, key: signatureValid && error.reason == .wrongAudience ? key : nil,
-                claims: JSONValue.parse(jws.payload))
+            // A wrong_audience token passed the signature check: it is Apple's. When it is a
+            // notification (it has `events`; identity tokens don't), keep it whole so it can be
+            // replayed once SIWA_APPLE_BUNDLE_IDS is fixed.
+            let keep = error.reason == .wrongAudience && JSONValue.parse(jws.payload)?["events"] != nil
+            return rejected(error, body: body, size: size, kid: kid, jws: jws, keepWith: keep ? key : nil)
         }
         do {
             let store = self.store
@@ -173,7 +177,7 @@ package struct NotificationsController: Sendable {
         } catch {
             return .unavailable(
                 .unavailable("the notification could not be recorded (database unavailable); retry later", retryAfter: .seconds(5)),
-                String(reflecting: error))
+                loggable(error))
         }
     }
 

@@ -63,9 +63,12 @@ package final class RejectionRecorder: Service, Sendable {
                 records,
                 counts: counts.map { RejectionCount(minute: $0.key.minute, reason: $0.key.reason, recorded: $0.value.recorded, sampledOut: $0.value.sampledOut) })
         } catch {
-            logger.warning("could not write rejection records; will retry", metadata: ["count": "\(records.count)", "error": "\(String(reflecting: error))"])
+            // One unacceptable row must not block every later batch: insert row by row, dropping
+            // what the database refuses as data; if the database itself is down, keep all for later.
+            logger.warning("could not write rejection records as a batch", metadata: ["count": "\(records.count)", "error": "\(loggable(error))"])
+            let remaining = await store.insertIndividually(records)
             state.withLock { state in
-                state.pending.insert(contentsOf: records.prefix(max(0, maximumPending - state.pending.count)), at: 0)
+                state.pending.insert(contentsOf: remaining.prefix(max(0, maximumPending - state.pending.count)), at: 0)
                 for (key, value) in counts {
                     let current = state.counts[key] ?? (0, 0)
                     state.counts[key] = (current.recorded + value.recorded, current.sampledOut + value.sampledOut)

@@ -42,6 +42,8 @@ package final class AppleKeyCache: Service, Sendable {
         package var unknownKidCooldown: Duration
         /// How soon to retry the scheduled fetch while no key set is loaded at all.
         package var retryWhileEmpty: Duration
+        /// The longest a fetch (connect, headers and body) may take.
+        package var fetchTimeout: Duration = .seconds(10)
 
         package init(sourceURL: URL, refreshInterval: Duration = .seconds(3600), unknownKidCooldown: Duration = .seconds(60), retryWhileEmpty: Duration = .seconds(15)) {
             self.sourceURL = sourceURL
@@ -146,7 +148,11 @@ package final class AppleKeyCache: Service, Sendable {
         let started = ContinuousClock.now
         let outcome: Result<AppleKeySet, any Error>
         do {
-            let document = try await fetcher.fetch(configuration.sourceURL)
+            let fetcher = self.fetcher
+            let url = configuration.sourceURL
+            // The whole fetch, body included, under one deadline: a trickling response must not
+            // hold the single in-flight refresh (and every request waiting on it).
+            let document = try await withDeadline(configuration.fetchTimeout) { try await fetcher.fetch(url) }
             outcome = .success(try AppleKeySet.parse(document))
         } catch {
             outcome = .failure(error)
@@ -160,6 +166,8 @@ package final class AppleKeyCache: Service, Sendable {
                 $0.lastError = nil
                 $0.inFlight = nil
             }
+            // (Persisted after the swap; the upsert keeps the newest fetched_at, so two refreshes
+            // finishing out of order cannot put an older set back.)
             logger.info(
                 "apple keys fetched",
                 metadata: ["reason": "\(reason)", "kids": "\(keys.kids.joined(separator: ","))", "duration_ms": "\(elapsed.milliseconds)"])

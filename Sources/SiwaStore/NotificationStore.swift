@@ -52,8 +52,11 @@ package struct NotificationStore: Sendable {
 
     // MARK: NotificationsRecord
 
-    /// Stores a verified notification and enqueues its job, in one statement (so one transaction),
-    /// or counts a delivery of the stored one when it is a duplicate. Returns after the commit.
+    /// Stores a verified notification and enqueues its job, in one statement inside an explicit
+    /// transaction, or counts a delivery of the stored one when it is a duplicate. Returns only
+    /// after `COMMIT` has answered: with the extended protocol a statement's rows arrive before the
+    /// implicit commit at Sync, so they are no proof of durability; COMMIT's completion is (it is
+    /// sent after the commit record is flushed, synchronous_commit being on).
     ///
     /// Concurrent copies: `ON CONFLICT DO NOTHING` waits for the copy being inserted and skips;
     /// the duplicate branch may then not see that row in this statement's snapshot, so an empty
@@ -110,10 +113,14 @@ package struct NotificationStore: Sendable {
             )
             SELECT true, jti FROM ins UNION ALL SELECT false, jti FROM dup
             """
-        for try await (inserted, jti) in try await client.query(query, logger: logger).decode((Bool, String).self) {
-            return inserted ? .accepted(jti: jti, status: status) : .duplicate(jti: jti)
+        let logger = self.logger
+        return try await client.withTransaction(logger: logger) { connection -> RecordOutcome? in
+            var outcome: RecordOutcome?
+            for try await (inserted, jti) in try await connection.query(query, logger: logger).decode((Bool, String).self) {
+                outcome = inserted ? .accepted(jti: jti, status: status) : .duplicate(jti: jti)
+            }
+            return outcome
         }
-        return nil
     }
 
     // MARK: NotificationsList
@@ -164,6 +171,7 @@ package struct NotificationStore: Sendable {
             """
             INSERT INTO jwks_cache (source_url, document, fetched_at) VALUES (\(sourceURL), \(document), \(fetchedAt))
             ON CONFLICT (source_url) DO UPDATE SET document = excluded.document, fetched_at = excluded.fetched_at
+            WHERE jwks_cache.fetched_at < excluded.fetched_at
             """, logger: logger)
     }
 }

@@ -22,16 +22,19 @@ package struct RejectionRecord: Sendable {
         receivedAt: Date, remoteAddress: String?, reason: RejectionReason, message: String, bodySize: Int, bodyPrefix: [UInt8],
         kid: String? = nil, aud: String? = nil, jti: String? = nil, token: String? = nil, keyJWK: String? = nil
     ) {
+        // Text from a refused body is attacker-controlled: PostgreSQL refuses NUL in text, so it is
+        // dropped here rather than let one row fail a whole batch.
+        func clean(_ text: String?) -> String? { text.map { $0.replacingOccurrences(of: "\u{0}", with: "") } }
         self.receivedAt = receivedAt
-        self.remoteAddress = remoteAddress
+        self.remoteAddress = clean(remoteAddress)
         self.reason = reason
-        self.message = message
+        self.message = clean(message) ?? ""
         self.bodySize = bodySize
         self.bodyPrefix = bodyPrefix
-        self.kid = kid
-        self.aud = aud
-        self.jti = jti
-        self.token = token
+        self.kid = clean(kid)
+        self.aud = clean(aud)
+        self.jti = clean(jti)
+        self.token = clean(token)
         self.keyJWK = keyJWK
     }
 }
@@ -89,14 +92,8 @@ package struct RejectionStore: Sendable {
     package func insert(_ records: [RejectionRecord], counts: [RejectionCount]) async throws {
         guard !records.isEmpty || !counts.isEmpty else { return }
         try await client.withTransaction(logger: logger) { connection in
-            for r in records {
-                try await connection.query(
-                    """
-                    INSERT INTO rejections (received_at, remote_addr, reason, message, body_size, body_prefix, kid, aud, jti, token, key_jwk)
-                    VALUES (\(r.receivedAt), \(r.remoteAddress), \(r.reason.rawValue), \(r.message), \(r.bodySize),
-                            \(ByteBuffer(bytes: r.bodyPrefix)), \(r.kid), \(r.aud), \(r.jti), \(r.token), \(r.keyJWK)::jsonb)
-                    ON CONFLICT DO NOTHING
-                    """, logger: logger)
+            for record in records {
+                try await insert(record, on: connection)
             }
             for c in counts {
                 try await connection.query(
@@ -109,6 +106,32 @@ package struct RejectionStore: Sendable {
                     """, logger: logger)
             }
         }
+    }
+
+    /// Inserts rows one transaction each, dropping those PostgreSQL refuses as data (class 22):
+    /// the fallback when a batch fails, so one bad row cannot block every later one.
+    /// Returns the records not attempted because the database failed otherwise (to keep for later).
+    package func insertIndividually(_ records: [RejectionRecord]) async -> [RejectionRecord] {
+        for (index, record) in records.enumerated() {
+            do {
+                try await client.withConnection { try await insert(record, on: $0) }
+            } catch where isDataException(error) {
+                logger.warning("rejection record refused by the database; dropped", metadata: ["reason": "\(record.reason.rawValue)", "error": "\(loggable(error))"])
+            } catch {
+                return Array(records[index...])
+            }
+        }
+        return []
+    }
+
+    private func insert(_ r: RejectionRecord, on connection: PostgresConnection) async throws {
+        try await connection.query(
+            """
+            INSERT INTO rejections (received_at, remote_addr, reason, message, body_size, body_prefix, kid, aud, jti, token, key_jwk)
+            VALUES (\(r.receivedAt), \(r.remoteAddress), \(r.reason.rawValue), \(r.message), \(r.bodySize),
+                    \(ByteBuffer(bytes: r.bodyPrefix)), \(r.kid), \(r.aud), \(r.jti), \(r.token), \(r.keyJWK)::jsonb)
+            ON CONFLICT DO NOTHING
+            """, logger: logger)
     }
 
     // MARK: RejectionsList

@@ -55,6 +55,20 @@ package actor TestCluster {
         return Self.configuration(connection, database: name)
     }
 
+    /// A new, empty database (no migrations applied), for migration tests.
+    package func makeEmptyDatabase() async throws -> PostgresClient.Configuration {
+        let connection = try await started()
+        counter += 1
+        let name = "e\(counter)"
+        let admin = PostgresClient(configuration: Self.configuration(connection, database: "postgres"))
+        try await withThrowingTaskGroup(of: Void.self) { group in
+            group.addTask { await admin.run() }
+            try await admin.query(PostgresQuery(unsafeSQL: "CREATE DATABASE \(name) TEMPLATE template0"))
+            group.cancelAll()
+        }
+        return Self.configuration(connection, database: name)
+    }
+
     /// Clusters left by test processes that died without their exit handler.
     private static func stopLeftovers() {
         guard let entries = try? FileManager.default.contentsOfDirectory(atPath: "/tmp") else { return }

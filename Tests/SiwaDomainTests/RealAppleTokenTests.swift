@@ -78,15 +78,21 @@ struct RealAppleTokenTests {
         }
     }
 
-    @Test("The real identity token's signature verifies with Apple's key (it has no events: nothing to apply)")
+    @Test("A real identity token passes Apple's signature but is refused as not a notification (no events, a top-level sub)")
     func identityToken() throws {
         let jws = try AppleFixtures.jws("identity-token.json")
         let verifier = NotificationVerifier(audiences: ["de.lunaone.sign-in-with-apple-example"])
-        let verified = try verifier.verify(jws, keys: try AppleFixtures.keys(), now: try AppleFixtures.validTime(jws))
-        #expect(verified.kid == "UaIIFY2fW4")
-        guard case .skipped(.unreadableEvent, _, _) = verified.decoding else {
-            Issue.record("expected an unreadable event, got \(verified.decoding)")
-            return
+        do {
+            _ = try verifier.verify(jws, keys: try AppleFixtures.keys(), now: try AppleFixtures.validTime(jws))
+            Issue.record("an identity token was accepted as a notification")
+        } catch let error as VerificationError {
+            #expect(error.reason == .malformedRequest)
+            #expect(error.message.contains("identity token"))
+        }
+        // Its signature is Apple's: with another audience it fails on aud, after the signature.
+        let other = NotificationVerifier(audiences: ["com.example.other"])
+        #expect(throws: VerificationError.invalid(.wrongAudience, "aud de.lunaone.sign-in-with-apple-example is not a configured bundle ID (SIWA_APPLE_BUNDLE_IDS)")) {
+            try other.verify(jws, keys: try AppleFixtures.keys(), now: try AppleFixtures.validTime(jws))
         }
     }
 

@@ -75,7 +75,8 @@ struct VerifierTests {
         var signature = Base64URL.decode(parts[2])!
         signature[10] ^= 0x01
         #expect(reason([parts[0], parts[1], Base64URL.encode(signature)].joined(separator: ".")) == .badSignature)
-        #expect(reason([parts[0], parts[1], String(parts[2].dropLast(20))].joined(separator: ".")) == .badSignature)
+        let truncated = Base64URL.encode(Base64URL.decode(parts[2])!.dropLast(10))
+        #expect(reason([parts[0], parts[1], truncated].joined(separator: ".")) == .badSignature)
         let other = try signed { $0["jti"] = .string("j2") }.split(separator: ".").map(String.init)
         #expect(reason([parts[0], other[1], parts[2]].joined(separator: ".")) == .badSignature)
         let impostor = try AppleStyleSigner.generate()
@@ -137,6 +138,34 @@ struct VerifierTests {
             let jws = try signed { $0["nbf"] = .number(Self.now.timeIntervalSince1970 + 600) }
             #expect(reason(jws) == .notYetValid)
         }
+    }
+
+    @Test("A non-canonical base64url spelling of a valid signature is refused (one spelling per token)")
+    func canonicalBase64() throws {
+        let jws = try signed()
+        let last = jws.last!
+        // 256-byte signatures leave 4 unused bits in the last character: flipping one keeps the bytes.
+        let alphabet = Array("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_")
+        let index = alphabet.firstIndex(of: last)!
+        let sibling = alphabet[index ^ 1]
+        #expect(reason(String(jws.dropLast()) + String(sibling)) == .malformedRequest)
+    }
+
+    @Test("Out-of-range or non-numeric times are refused or ignored, never a crash")
+    func extremeNumbers() throws {
+        for value: JSONValue in [.number(-1e300), .number(1e300), .number(-5), .string("soon")] {
+            do {
+                let jws = try signed { $0["iat"] = value }
+                #expect(reason(jws) == .malformedRequest)
+            }
+            do {
+                let jws = try signed { $0["exp"] = value }
+                #expect(reason(jws) == .malformedRequest)
+            }
+        }
+        let huge = try verifier.verify(
+            try signed { $0["events"] = .string(#"{"type":"consent-revoked","sub":"s","event_time":1e300}"#) }, keys: Self.keys, now: Self.now)
+        #expect(huge.decoding.event?.eventTimeMillis == Int64(Self.now.timeIntervalSince1970) * 1000)
     }
 
     @Test("A missing exp is accepted (Apple's own examples omit it)")

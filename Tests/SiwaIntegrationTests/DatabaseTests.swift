@@ -118,6 +118,22 @@ struct DatabaseTests {
         }
     }
 
+    @Test("With SIWA_MIGRATE_ON_START=false the server refuses to start while the schema is behind, naming `siwa-events migrate`")
+    func refusesToStartBehind() async throws {
+        let database = try await TestCluster.shared.makeEmptyDatabase()
+        do {
+            let h = try await Harness.start(database: database) { $0.migrateOnStart = false }
+            await h.stop()
+            Issue.record("the server started on an unmigrated database")
+        } catch let error as MigrationError {
+            #expect(error.description.contains("siwa-events migrate"))
+        }
+        // With migrations on start (the default) the same database is brought up to date.
+        let h = try await Harness.start(database: database)
+        #expect(try await h.server.post(jws: try h.notification()).status == 200)
+        await h.stop()
+    }
+
     @Test("Every file in sql/ is built into the binary, in order")
     func embeddedMigrationsMatchDirectory() throws {
         var root = URL(fileURLWithPath: #filePath)

@@ -292,3 +292,50 @@ struct ReceiverTests {
         await h.stop()
     }
 }
+
+@Suite("POST /apple/notifications: hostile input")
+struct HostileInputTests {
+    @Test("An identity token for our own app is refused (400), not stored as a notification")
+    func identityTokenRefused() async throws {
+        let h = try await Harness.start()
+        let idToken = try h.signer.sign(
+            header: .object(["kid": .string(h.signer.kid), "alg": .string("RS256")]),
+            claims: .object([
+                "iss": .string(NotificationVerifier.appleIssuer), "aud": .string(Harness.aud), "sub": .string("001.user.1"),
+                "iat": .number(Date().timeIntervalSince1970.rounded(.down)), "exp": .number(Date().timeIntervalSince1970.rounded(.down) + 600),
+                "email": .string("user@example.com"), "nonce_supported": .bool(true),
+            ]))
+        let answer = try await h.server.post(jws: idToken)
+        #expect(answer.status == 400)
+        #expect(try await h.count("SELECT count(*) FROM notifications") == 0)
+        await h.stop()
+    }
+
+    @Test("Replaying one genuine token for another app keeps it once; identity tokens for other apps are never kept whole")
+    func genuineTokenKeptOnce() async throws {
+        let h = try await Harness.start()
+        let other = try h.signer.notification(aud: "com.example.elsewhere", type: "consent-revoked", sub: "s", jti: "elsewhere-1")
+        for _ in 0..<20 { _ = try await h.server.post(jws: other) }
+        let idToken = try h.signer.sign(
+            header: .object(["kid": .string(h.signer.kid), "alg": .string("RS256")]),
+            claims: .object(["iss": .string(NotificationVerifier.appleIssuer), "aud": .string("com.example.elsewhere"), "sub": .string("u"),
+                             "iat": .number(Date().timeIntervalSince1970.rounded(.down))]))
+        for _ in 0..<20 { _ = try await h.server.post(jws: idToken) }
+        await h.flushRejections()
+        #expect(try await h.count("SELECT count(*) FROM rejections WHERE token IS NOT NULL") == 1)
+        await h.stop()
+    }
+
+    @Test("A NUL character in a refused token does not block rejection records")
+    func nulCharacters() async throws {
+        let h = try await Harness.start()
+        let header = Base64URL.encode(Data(#"{"alg":"\u0000","kid":"\u0000x"}"#.utf8))
+        let payload = Base64URL.encode(Data(#"{"aud":"\u0000"}"#.utf8))
+        let answer = try await h.server.request(body: AppleStyleSigner.body("\(header).\(payload).c2ln"))
+        #expect(answer.status == 401)
+        _ = try await h.server.request(body: "not json")
+        await h.flushRejections()
+        #expect(try await h.count("SELECT count(*) FROM rejections") == 2)
+        await h.stop()
+    }
+}

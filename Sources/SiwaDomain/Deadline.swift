@@ -3,14 +3,14 @@ import Synchronization
 /// Thrown when an operation did not finish within its deadline.
 package struct DeadlineExceeded: Error, CustomStringConvertible {
     package let limit: Duration
-    package var description: String { "no answer from the database within \(limit)" }
+    package var description: String { "no answer within \(DurationSyntax.format(limit))" }
 }
 
 /// Runs `operation` but answers by `limit` at the latest. The operation is not abandoned half-way:
 /// it goes on in its own task (a database commit that lands late only makes Apple's retry a
 /// duplicate), so a caller never claims success it has not seen and never waits longer than
 /// `limit` — while PostgreSQL is down, postgres-nio's pool would otherwise hold requests for up
-/// to a minute before failing them.
+/// to a minute before failing them, and a trickling JWKS download would hold a key refresh.
 package func withDeadline<T: Sendable>(_ limit: Duration, _ operation: @escaping @Sendable () async throws -> T) async throws -> T {
     let race = Race<T>()
     return try await withCheckedThrowingContinuation { (continuation: CheckedContinuation<T, any Error>) in
