@@ -14,12 +14,15 @@ package struct CompactJWS: Sendable {
     package var signingInput: Substring { raw[raw.startIndex..<signingInputEnd] }
     private let signingInputEnd: String.Index
 
+    private static func isSpace(_ byte: UInt8) -> Bool { byte == 0x20 || byte == 0x0A || byte == 0x0D || byte == 0x09 }
+
     package var algorithm: String? { header["alg"]?.stringValue }
     package var kid: String? { header["kid"]?.stringValue }
 
     package init(_ text: String) throws(VerificationError) {
-        let raw = text.trimmingCharacters(in: .whitespacesAndNewlines)
-        let parts = raw.split(separator: ".", omittingEmptySubsequences: false)
+        let raw = text.utf8.first.map(Self.isSpace) == true || text.utf8.last.map(Self.isSpace) == true
+            ? text.trimmingCharacters(in: .whitespacesAndNewlines) : text
+        let parts = raw.utf8.split(separator: UInt8(ascii: "."), maxSplits: 3, omittingEmptySubsequences: false).map { Substring($0) }
         guard parts.count == 3 else {
             throw .malformed("payload is not a compact JWS: expected three base64url segments separated by dots, found \(parts.count)")
         }

@@ -45,9 +45,10 @@ package enum JSONValue: Sendable, Equatable, Codable {
         }
     }
 
-    /// Parses `data` as JSON; nil when it is not JSON.
+    /// Parses `data` as JSON (strict RFC 8259, nesting bounded, duplicate keys refused); nil when
+    /// it is not JSON.
     package static func parse(_ data: some DataProtocol) -> JSONValue? {
-        try? JSONDecoder().decode(JSONValue.self, from: Data(data))
+        JSONParser.parse(data)
     }
 
     package subscript(key: String) -> JSONValue? {
@@ -70,10 +71,59 @@ package enum JSONValue: Sendable, Equatable, Codable {
         return nil
     }
 
-    /// Compact JSON text of this value (keys sorted, so equal values give equal text).
+    /// Compact JSON text of this value (keys sorted, so equal values give equal text; `/` unescaped).
     package var jsonText: String {
-        let encoder = JSONEncoder()
-        encoder.outputFormatting = [.sortedKeys, .withoutEscapingSlashes]
-        return String(decoding: (try? encoder.encode(self)) ?? Data("null".utf8), as: UTF8.self)
+        var output: [UInt8] = []
+        output.reserveCapacity(128)
+        write(into: &output)
+        return String(decoding: output, as: UTF8.self)
+    }
+
+    private func write(into output: inout [UInt8]) {
+        switch self {
+        case .null: output.append(contentsOf: "null".utf8)
+        case .bool(let value): output.append(contentsOf: (value ? "true" : "false").utf8)
+        case .number(let value):
+            if value.rounded() == value, abs(value) < 9e15 {
+                output.append(contentsOf: String(Int64(value)).utf8)
+            } else {
+                output.append(contentsOf: "\(value)".utf8)
+            }
+        case .string(let value): Self.write(string: value, into: &output)
+        case .array(let values):
+            output.append(UInt8(ascii: "["))
+            for (index, value) in values.enumerated() {
+                if index > 0 { output.append(UInt8(ascii: ",")) }
+                value.write(into: &output)
+            }
+            output.append(UInt8(ascii: "]"))
+        case .object(let members):
+            output.append(UInt8(ascii: "{"))
+            for (index, key) in members.keys.sorted().enumerated() {
+                if index > 0 { output.append(UInt8(ascii: ",")) }
+                Self.write(string: key, into: &output)
+                output.append(UInt8(ascii: ":"))
+                members[key]!.write(into: &output)
+            }
+            output.append(UInt8(ascii: "}"))
+        }
+    }
+
+    private static func write(string: String, into output: inout [UInt8]) {
+        output.append(UInt8(ascii: "\""))
+        for byte in string.utf8 {
+            switch byte {
+            case UInt8(ascii: "\""): output.append(contentsOf: "\\\"".utf8)
+            case UInt8(ascii: "\\"): output.append(contentsOf: "\\\\".utf8)
+            case 0x0A: output.append(contentsOf: "\\n".utf8)
+            case 0x0D: output.append(contentsOf: "\\r".utf8)
+            case 0x09: output.append(contentsOf: "\\t".utf8)
+            case 0..<0x20:
+                let hex = String(byte, radix: 16)
+                output.append(contentsOf: ("\\u" + String(repeating: "0", count: 4 - hex.count) + hex).utf8)
+            default: output.append(byte)
+            }
+        }
+        output.append(UInt8(ascii: "\""))
     }
 }

@@ -90,7 +90,7 @@ package struct NotificationVerifier: Sendable {
         if claims["events"] == nil, claims["sub"] != nil {
             throw .malformed("this is a Sign in with Apple identity token (id_token), not a server-to-server notification: it has no events claim")
         }
-        if jws.payload.contains(0) || String(decoding: jws.payload, as: UTF8.self).contains("\\u0000") {
+        if jws.payload.contains(0) || jws.payload.containsSequence(Array("\\u0000".utf8)) {
             throw .malformed("the claims contain a NUL character, which cannot be stored")
         }
         let skew = clockSkew.timeInterval
@@ -147,5 +147,25 @@ package struct NotificationVerifier: Sendable {
 
     private static func iso(_ seconds: Double) -> String {
         Date(timeIntervalSince1970: seconds).formatted(.iso8601)
+    }
+}
+
+extension Data {
+    /// Byte-sequence search, without bridging to strings.
+    fileprivate func containsSequence(_ needle: [UInt8]) -> Bool {
+        guard !needle.isEmpty, count >= needle.count else { return false }
+        return withUnsafeBytes { haystack in
+            let last = haystack.count - needle.count
+            var index = 0
+            while index <= last {
+                if haystack[index] == needle[0] {
+                    var offset = 1
+                    while offset < needle.count && haystack[index + offset] == needle[offset] { offset += 1 }
+                    if offset == needle.count { return true }
+                }
+                index += 1
+            }
+            return false
+        }
     }
 }

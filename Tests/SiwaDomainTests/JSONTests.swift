@@ -1,0 +1,57 @@
+import Foundation
+import SiwaDomain
+import Testing
+
+@Suite("JSON and base64url on the hot path")
+struct JSONTests {
+    func parse(_ text: String) -> JSONValue? { JSONValue.parse(Data(text.utf8)) }
+
+    @Test("Parses what Foundation parses: nesting, escapes, surrogate pairs, numbers")
+    func parsesValidJSON() {
+        #expect(parse(#" {"a": [1, -2.5, 3e2, true, false, null], "b": "x\"y\\z\/\n\u00e9\ud83d\ude00"} "#) == .object([
+            "a": .array([.number(1), .number(-2.5), .number(300), .bool(true), .bool(false), .null]),
+            "b": .string("x\"y\\z/\né😀"),
+        ]))
+        #expect(parse("1670016125295") == .number(1_670_016_125_295))
+        #expect(parse(#""plain""#) == .string("plain"))
+        #expect(parse("[]") == .array([]))
+        #expect(parse("{}") == .object([:]))
+    }
+
+    @Test("Refuses what is not strict JSON", arguments: [
+        "", "{", "[1,]", "{\"a\":1,}", "01", "1.", ".5", "+1", "1e", "tru", "nul", "\"unterminated", "\"bad \\x escape\"",
+        "\"\\ud83d\"", "{\"a\":1} x", "{a:1}", "'a'", "{\"a\":1,\"a\":2}", "1e400", "\"tab\there\"",
+    ])
+    func refusesInvalidJSON(text: String) {
+        #expect(parse(text) == nil)
+    }
+
+    @Test("Nesting is bounded, so a hostile body cannot exhaust the stack")
+    func boundedNesting() {
+        #expect(parse(String(repeating: "[", count: 60) + String(repeating: "]", count: 60)) != nil)
+        #expect(parse(String(repeating: "[", count: 100_000)) == nil)
+    }
+
+    @Test("jsonText round-trips through the parser with sorted keys")
+    func roundTrip() {
+        let value: JSONValue = .object(["b": .string("q\"\\\n\u{1}é"), "a": .array([.number(1.5), .number(-3), .null, .bool(true)])])
+        #expect(value.jsonText == #"{"a":[1.5,-3,null,true],"b":"q\"\\\n\u0001é"}"#)
+        #expect(parse(value.jsonText) == value)
+    }
+
+    @Test("base64url round-trips every length and refuses padding, the standard alphabet and non-canonical bits")
+    func base64url() {
+        for length in 0..<40 {
+            let bytes = Data((0..<length).map { UInt8(truncatingIfNeeded: $0 * 37 + 11) })
+            let text = Base64URL.encode(bytes)
+            #expect(!text.contains("=") && !text.contains("+") && !text.contains("/"))
+            #expect(Base64URL.decode(text) == bytes)
+            #expect(text == bytes.base64EncodedString().replacingOccurrences(of: "+", with: "-").replacingOccurrences(of: "/", with: "_").replacingOccurrences(of: "=", with: ""))
+        }
+        #expect(Base64URL.decode("QQ") == Data([0x41]))
+        #expect(Base64URL.decode("QR") == nil)
+        #expect(Base64URL.decode("QQ==") == nil)
+        #expect(Base64URL.decode("a+b/") == nil)
+        #expect(Base64URL.decode("A") == nil)
+    }
+}
