@@ -31,7 +31,8 @@ package struct Receiver: Sendable {
             fetcher: keyFetcher, persistence: store, logger: logger)
         let rejections = RejectionRecorder(store: rejectionStore, limitPerMinute: config.rejectionsPerMinute, metrics: metrics, logger: logger)
         self.notifications = NotificationsController(
-            verifier: NotificationVerifier(audiences: Set(config.bundleIDs), clockSkew: config.clockSkew), keys: keys, store: store,
+            verifier: NotificationVerifier(audiences: Set(config.bundleIDs), clockSkew: config.clockSkew), keys: keys,
+            committer: GroupCommitter(store: store, logger: logger),
             rejections: rejections, metrics: metrics, trustedProxies: config.trustedProxies, databaseTimeout: config.databaseTimeout, logger: logger)
         self.health = HealthController(store: store, keys: keys, databaseTimeout: config.databaseTimeout)
         self.store = store

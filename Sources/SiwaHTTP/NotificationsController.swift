@@ -19,7 +19,7 @@ package struct NotificationsController: Sendable {
 
     let verifier: NotificationVerifier
     let keys: AppleKeyCache
-    let store: NotificationStore
+    let committer: GroupCommitter
     let rejections: RejectionRecorder
     let metrics: ReceiverMetrics
     let trustedProxies: TrustedProxies
@@ -27,13 +27,13 @@ package struct NotificationsController: Sendable {
     let logger: Logger
 
     package init(
-        verifier: NotificationVerifier, keys: AppleKeyCache, store: NotificationStore, rejections: RejectionRecorder,
+        verifier: NotificationVerifier, keys: AppleKeyCache, committer: GroupCommitter, rejections: RejectionRecorder,
         metrics: ReceiverMetrics, trustedProxies: TrustedProxies, databaseTimeout: Duration, logger: Logger
     ) {
         self.databaseTimeout = databaseTimeout
         self.verifier = verifier
         self.keys = keys
-        self.store = store
+        self.committer = committer
         self.rejections = rejections
         self.metrics = metrics
         self.trustedProxies = trustedProxies
@@ -169,10 +169,9 @@ package struct NotificationsController: Sendable {
             return rejected(error, body: body, size: size, kid: kid, jws: jws, keepWith: keep ? key : nil)
         }
         do {
-            let store = self.store
-            let outcome = try await withDeadline(databaseTimeout) {
-                try await store.record(notification, rawJWS: jws.raw, receivedAt: receivedAt, remoteAddress: remote)
-            }
+            let committer = self.committer
+            let incoming = NotificationStore.Incoming(notification: notification, rawJWS: jws.raw, receivedAt: receivedAt, remoteAddress: remote)
+            let outcome = try await withDeadline(databaseTimeout) { try await committer.record(incoming) }
             return .stored(outcome, notification)
         } catch {
             return .unavailable(

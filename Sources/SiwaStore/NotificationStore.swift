@@ -52,75 +52,146 @@ package struct NotificationStore: Sendable {
 
     // MARK: NotificationsRecord
 
-    /// Stores a verified notification and enqueues its job, in one statement inside an explicit
-    /// transaction, or counts a delivery of the stored one when it is a duplicate. Returns only
-    /// after `COMMIT` has answered: with the extended protocol a statement's rows arrive before the
-    /// implicit commit at Sync, so they are no proof of durability; COMMIT's completion is (it is
-    /// sent after the commit record is flushed, synchronous_commit being on).
-    ///
-    /// Concurrent copies: `ON CONFLICT DO NOTHING` waits for the copy being inserted and skips;
-    /// the duplicate branch may then not see that row in this statement's snapshot, so an empty
-    /// result is retried once, when it is visible.
-    package func record(_ notification: VerifiedNotification, rawJWS: String, receivedAt: Date, remoteAddress: String?) async throws -> RecordOutcome {
-        for _ in 0..<3 {
-            if let outcome = try await recordOnce(notification, rawJWS: rawJWS, receivedAt: receivedAt, remoteAddress: remoteAddress) {
-                return outcome
-            }
+    /// A verified notification ready to be recorded.
+    package struct Incoming: Sendable {
+        package var notification: VerifiedNotification
+        package var rawJWS: String
+        package var receivedAt: Date
+        package var remoteAddress: String?
+
+        package init(notification: VerifiedNotification, rawJWS: String, receivedAt: Date, remoteAddress: String?) {
+            self.notification = notification
+            self.rawJWS = rawJWS
+            self.receivedAt = receivedAt
+            self.remoteAddress = remoteAddress
         }
-        throw StoreError.conflictUnresolved(jti: notification.jti)
     }
 
-    private func recordOnce(_ n: VerifiedNotification, rawJWS: String, receivedAt: Date, remoteAddress: String?) async throws -> RecordOutcome? {
+    /// Records one notification (a batch of one). The receiver goes through `GroupCommitter`.
+    package func record(_ notification: VerifiedNotification, rawJWS: String, receivedAt: Date, remoteAddress: String?) async throws -> RecordOutcome {
+        let outcomes = try await record([Incoming(notification: notification, rawJWS: rawJWS, receivedAt: receivedAt, remoteAddress: remoteAddress)])
+        guard let outcome = outcomes[0] else { throw StoreError.conflictUnresolved(jti: notification.jti) }
+        return outcome
+    }
+
+    /// Stores a batch of verified notifications and enqueues their jobs in one transaction — one
+    /// multi-row insert, one duplicate-count update, one commit (so one WAL flush) for all — and
+    /// returns after `COMMIT` has answered. With the extended protocol a statement's rows arrive
+    /// before the implicit commit at Sync, so they prove nothing; COMMIT's completion is sent only
+    /// after the commit record is flushed (synchronous_commit on).
+    ///
+    /// Each outcome is `accepted` (inserted now), `duplicate` (same jti, or the same
+    /// aud/sub/type/event_time under another jti, already stored — its deliveries are counted), or
+    /// nil when neither could be decided in this snapshot (a copy committed concurrently by another
+    /// process): the caller submits it again.
+    package func record(_ batch: [Incoming]) async throws -> [RecordOutcome?] {
+        guard !batch.isEmpty else { return [] }
+        let rows = JSONValue.array(batch.enumerated().map { index, item in Self.row(index: index, item) }).jsonText
+        let lastDelivery = batch.map(\.receivedAt).max()!
+        let logger = self.logger
+        return try await client.withTransaction(logger: logger) { connection -> [RecordOutcome?] in
+            var outcomes = [RecordOutcome?](repeating: nil, count: batch.count)
+            var firstIndexOfJTI: [String: Int] = [:]
+            for (index, item) in batch.enumerated() where firstIndexOfJTI[item.notification.jti] == nil {
+                firstIndexOfJTI[item.notification.jti] = index
+            }
+            // NotificationsInsertBatch: input order decides which of two copies in one batch is
+            // inserted; ON CONFLICT DO NOTHING skips the rest (and any already stored).
+            for try await (jti, status) in try await connection.query(
+                """
+                WITH input AS (\(Self.inputRows)),
+                ins AS (
+                    INSERT INTO notifications (
+                        jti, jti_derived, aud, sub, type, raw_type, event_time, email, is_private_email, status, skip_reason,
+                        skip_detail, kid, issued_at, expires_at, raw_jws, header, claims, received_at, remote_addr, last_delivery_at)
+                    SELECT jti, jti_derived, aud, sub, type, raw_type, event_time, email, is_private_email, status, skip_reason,
+                        skip_detail, kid, issued_at, expires_at, raw_jws, header, claims, received_at, remote_addr, received_at
+                    FROM input ORDER BY idx
+                    ON CONFLICT DO NOTHING
+                    RETURNING id, jti, status
+                ), job AS (
+                    INSERT INTO jobs (notification_id, run_at) SELECT id, now() FROM ins WHERE status = 'pending'
+                )
+                SELECT jti, status::text FROM ins
+                """.bound(rows), logger: logger
+            ).decode((String, String).self) {
+                if let index = firstIndexOfJTI[jti] {
+                    outcomes[index] = .accepted(jti: jti, status: ProcessingStatus(rawValue: status) ?? .pending)
+                }
+            }
+            let rest = batch.indices.filter { outcomes[$0] == nil }
+            guard !rest.isEmpty else { return outcomes }
+            // NotificationsCountDuplicates: a fresh snapshot sees copies committed meanwhile.
+            let restRows = JSONValue.array(rest.map { Self.row(index: $0, batch[$0]) }).jsonText
+            for try await (index, jti) in try await connection.query(
+                """
+                WITH input AS (\(Self.inputRows)),
+                matched AS (
+                    SELECT input.idx, coalesce(
+                        (SELECT n.id FROM notifications n WHERE n.jti = input.jti),
+                        (SELECT n.id FROM notifications n
+                         WHERE n.aud = input.aud AND n.sub = input.sub AND n.type = input.type AND n.event_time = input.event_time)
+                    ) AS id
+                    FROM input
+                ), counted AS (
+                    UPDATE notifications n SET deliveries = n.deliveries + c.copies, last_delivery_at = $2
+                    FROM (SELECT id, count(*) AS copies FROM matched WHERE id IS NOT NULL GROUP BY id) c
+                    WHERE n.id = c.id
+                    RETURNING n.id, n.jti
+                )
+                SELECT matched.idx, counted.jti FROM matched JOIN counted ON counted.id = matched.id
+                """.bound(restRows, lastDelivery), logger: logger
+            ).decode((Int, String).self) {
+                outcomes[index] = .duplicate(jti: jti)
+            }
+            return outcomes
+        }
+    }
+
+    /// The batch as one jsonb parameter (`$1`), expanded into typed rows by PostgreSQL: one bind
+    /// for any batch size, NULLs included. Times travel as integers (exact) and become timestamptz.
+    private static let inputRows = """
+        SELECT r.idx, r.jti, r.jti_derived, r.aud, r.sub, r.type, r.raw_type,
+            CASE WHEN r.event_time_ms IS NULL THEN NULL ELSE timestamptz 'epoch' + r.event_time_ms * interval '1 millisecond' END AS event_time,
+            r.email, r.is_private_email, r.status::notification_status AS status, r.skip_reason, r.skip_detail, r.kid,
+            timestamptz 'epoch' + r.issued_at * interval '1 second' AS issued_at,
+            CASE WHEN r.expires_at IS NULL THEN NULL ELSE timestamptz 'epoch' + r.expires_at * interval '1 second' END AS expires_at,
+            r.raw_jws, r.header, r.claims,
+            timestamptz 'epoch' + r.received_at_us * interval '1 microsecond' AS received_at, r.remote_addr
+        FROM jsonb_to_recordset($1::jsonb) AS r(
+            idx int, jti text, jti_derived boolean, aud text, sub text, type text, raw_type text, event_time_ms bigint,
+            email text, is_private_email boolean, status text, skip_reason text, skip_detail text, kid text, issued_at bigint,
+            expires_at bigint, raw_jws text, header jsonb, claims jsonb, received_at_us bigint, remote_addr text)
+        """
+
+    private static func row(index: Int, _ item: Incoming) -> JSONValue {
+        let n = item.notification
         let event = n.decoding.event
-        let status: ProcessingStatus
-        let skipReason: String?
-        let skipDetail: String?
+        var row: [String: JSONValue] = [
+            "idx": .number(Double(index)), "jti": .string(n.jti), "jti_derived": .bool(n.jtiDerived), "aud": .string(n.aud),
+            "kid": .string(n.kid), "issued_at": .number(Double(n.issuedAt)), "raw_jws": .string(item.rawJWS),
+            "header": JSONValue.parse(Data(n.headerJSON.utf8)) ?? .null, "claims": n.claims,
+            "received_at_us": .number((item.receivedAt.timeIntervalSince1970 * 1_000_000).rounded()),
+        ]
+        if let expiresAt = n.expiresAt { row["expires_at"] = .number(Double(expiresAt)) }
+        if let remote = item.remoteAddress { row["remote_addr"] = .string(remote) }
+        if let event {
+            row["sub"] = .string(event.sub)
+            row["type"] = .string(event.type?.rawValue ?? event.rawType)
+            row["raw_type"] = .string(event.rawType)
+            row["event_time_ms"] = .number(Double(event.eventTimeMillis))
+            if let email = event.email { row["email"] = .string(email) }
+            if let isPrivate = event.isPrivateEmail { row["is_private_email"] = .bool(isPrivate) }
+        }
         switch n.decoding {
         case .event:
-            (status, skipReason, skipDetail) = (.pending, nil, nil)
+            row["status"] = .string(ProcessingStatus.pending.rawValue)
         case .skipped(let reason, let detail, _):
-            (status, skipReason, skipDetail) = (.skipped, reason.rawValue, detail)
+            row["status"] = .string(ProcessingStatus.skipped.rawValue)
+            row["skip_reason"] = .string(reason.rawValue)
+            row["skip_detail"] = .string(detail)
         }
-        let type = event.map { $0.type?.rawValue ?? $0.rawType }
-        let issuedAt = Date(timeIntervalSince1970: Double(n.issuedAt))
-        let expiresAt = n.expiresAt.map { Date(timeIntervalSince1970: Double($0)) }
-        let query: PostgresQuery = """
-            WITH ins AS (
-                INSERT INTO notifications (
-                    jti, jti_derived, aud, sub, type, raw_type, event_time, email, is_private_email,
-                    status, skip_reason, skip_detail, kid, issued_at, expires_at, raw_jws, header, claims,
-                    received_at, remote_addr, last_delivery_at)
-                VALUES (
-                    \(n.jti), \(n.jtiDerived), \(n.aud), \(event?.sub), \(type), \(event?.rawType), \(event?.eventTime),
-                    \(event?.email), \(event?.isPrivateEmail), \(status.rawValue)::notification_status, \(skipReason),
-                    \(skipDetail), \(n.kid), \(issuedAt), \(expiresAt), \(rawJWS), \(n.headerJSON)::jsonb,
-                    \(n.claimsJSON)::jsonb, \(receivedAt), \(remoteAddress), \(receivedAt))
-                ON CONFLICT DO NOTHING
-                RETURNING id, jti, status
-            ), job AS (
-                INSERT INTO jobs (notification_id, run_at)
-                SELECT id, \(receivedAt) FROM ins WHERE status = 'pending'
-            ), existing AS (
-                SELECT id FROM notifications WHERE jti = \(n.jti)
-                UNION ALL
-                SELECT id FROM notifications
-                WHERE aud = \(n.aud) AND sub = \(event?.sub) AND type = \(type) AND event_time = \(event?.eventTime)
-                LIMIT 1
-            ), dup AS (
-                UPDATE notifications SET deliveries = deliveries + 1, last_delivery_at = \(receivedAt)
-                WHERE NOT EXISTS (SELECT 1 FROM ins) AND id = (SELECT id FROM existing)
-                RETURNING jti
-            )
-            SELECT true, jti FROM ins UNION ALL SELECT false, jti FROM dup
-            """
-        let logger = self.logger
-        return try await client.withTransaction(logger: logger) { connection -> RecordOutcome? in
-            var outcome: RecordOutcome?
-            for try await (inserted, jti) in try await connection.query(query, logger: logger).decode((Bool, String).self) {
-                outcome = inserted ? .accepted(jti: jti, status: status) : .duplicate(jti: jti)
-            }
-            return outcome
-        }
+        return .object(row)
     }
 
     // MARK: NotificationsList
@@ -186,6 +257,16 @@ package enum StoreError: Error, CustomStringConvertible {
 }
 
 /// Builds a statement with optional filters; every value is bound, never spliced into the text.
+extension String {
+    /// This text as a statement whose `$1` is `json` (and `$2` a time), bound, never spliced.
+    fileprivate func bound(_ json: String, _ time: Date? = nil) -> PostgresQuery {
+        var bindings = PostgresBindings()
+        bindings.append(json)
+        if let time { bindings.append(time) }
+        return PostgresQuery(unsafeSQL: self, binds: bindings)
+    }
+}
+
 package struct SQLBuilder {
     private var text: String
     private var bindings = PostgresBindings()

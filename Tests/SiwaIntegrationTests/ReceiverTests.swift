@@ -78,6 +78,42 @@ struct ReceiverTests {
         await h.stop()
     }
 
+    @Test("Concurrent deliveries share commits yet each gets its own answer: 300 distinct, their copies, and same-event twins")
+    func groupCommit() async throws {
+        let h = try await Harness.start()
+        let time = Date(timeIntervalSince1970: (Date().timeIntervalSince1970).rounded(.down))
+        var bodies: [(expected: String, jws: String)] = []
+        for index in 0..<300 {
+            bodies.append(("accepted:g\(index)", try h.notification(sub: "001.group.\(index)", eventTime: time, jti: "g\(index)")))
+        }
+        let answers = try await withThrowingTaskGroup(of: (String, String).self) { group in
+            for (expected, jws) in bodies {
+                group.addTask {
+                    let json = try await h.server.post(jws: jws).json
+                    return (expected, "\(json?["status"]?.stringValue ?? "?"):\(json?["id"]?.stringValue ?? "?")")
+                }
+            }
+            return try await group.reduce(into: [(String, String)]()) { $0.append($1) }
+        }
+        #expect(answers.allSatisfy { $0.0 == $0.1 })
+        // Copies and twins (same event, other jti) of stored ones, concurrently.
+        let again = try await withThrowingTaskGroup(of: String?.self) { group in
+            for index in 0..<100 {
+                let copy = bodies[index].jws
+                let twin = try h.notification(sub: "001.group.\(index)", eventTime: time, jti: "twin\(index)")
+                group.addTask { try await h.server.post(jws: copy).json?["status"]?.stringValue }
+                group.addTask { try await h.server.post(jws: twin).json?["id"]?.stringValue }
+            }
+            return try await group.reduce(into: [String?]()) { $0.append($1) }
+        }
+        #expect(again.filter { $0 == "duplicate" }.count == 100)
+        #expect(again.filter { $0?.hasPrefix("g") == true }.count == 100)
+        #expect(try await h.count("SELECT count(*) FROM notifications") == 300)
+        #expect(try await h.count("SELECT count(*) FROM jobs") == 300)
+        #expect(try await h.count("SELECT sum(deliveries)::bigint FROM notifications") == 500)
+        await h.stop()
+    }
+
     @Test("A genuine token whose events can't be read is stored as skipped (unreadable_event), answered 200, with no job")
     func unreadableEventStored() async throws {
         let h = try await Harness.start()
