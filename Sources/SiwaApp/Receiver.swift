@@ -32,7 +32,7 @@ package struct Receiver: Sendable {
         let rejections = RejectionRecorder(store: rejectionStore, limitPerMinute: config.rejectionsPerMinute, metrics: metrics, logger: logger)
         self.notifications = NotificationsController(
             verifier: NotificationVerifier(audiences: Set(config.bundleIDs), clockSkew: config.clockSkew), keys: keys,
-            committer: GroupCommitter(store: store, logger: logger),
+            committer: GroupCommitter(store: store, logger: logger) { metrics.batchSize.record(Double($0)) },
             rejections: rejections, metrics: metrics, trustedProxies: config.trustedProxies, databaseTimeout: config.databaseTimeout, logger: logger)
         self.health = HealthController(store: store, keys: keys, databaseTimeout: config.databaseTimeout)
         self.store = store

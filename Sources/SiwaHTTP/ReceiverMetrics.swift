@@ -8,6 +8,7 @@ package struct ReceiverMetrics: Sendable {
     let rejected: [RejectionReason: Counter]
     let sampledOut: [RejectionReason: Counter]
     let duration: DurationHistogram
+    package let batchSize: ValueHistogram
 
     package init(registry: PrometheusCollectorRegistry) {
         received = Dictionary(uniqueKeysWithValues: ["accepted", "duplicate", "rejected", "unavailable"].map {
@@ -34,6 +35,9 @@ package struct ReceiverMetrics: Sendable {
             name: "siwa_delivery_duration_seconds",
             buckets: [.milliseconds(1), .milliseconds(2), .milliseconds(5), .milliseconds(10), .milliseconds(25), .milliseconds(50), .milliseconds(100), .milliseconds(250), .milliseconds(500), .seconds(1), .seconds(5)],
             help: "Time from request to answer on POST /apple/notifications")
+        batchSize = registry.makeValueHistogram(
+            name: "siwa_commit_batch_size", buckets: [1, 2, 4, 8, 16, 32, 64, 128, 256, 512],
+            help: "Notifications per group-commit transaction")
     }
 
     func count(outcome: String) { received[outcome]?.increment() }

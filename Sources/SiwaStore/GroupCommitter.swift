@@ -28,13 +28,16 @@ package final class GroupCommitter: Sendable {
     private let maximumBatch: Int
     private let maximumInFlight: Int
     private let logger: Logger
+    private let onBatch: @Sendable (Int) -> Void
     private let state = Mutex(State())
 
-    package init(store: NotificationStore, maximumBatch: Int = 512, maximumInFlight: Int = 4, logger: Logger) {
+    /// `onBatch` is told each batch's size (for the `siwa_commit_batch_size` histogram).
+    package init(store: NotificationStore, maximumBatch: Int = 512, maximumInFlight: Int = 4, logger: Logger, onBatch: @escaping @Sendable (Int) -> Void = { _ in }) {
         self.store = store
         self.maximumBatch = maximumBatch
         self.maximumInFlight = maximumInFlight
         self.logger = logger
+        self.onBatch = onBatch
     }
 
     /// Records `item`; returns once the transaction holding it has committed.
@@ -67,6 +70,7 @@ package final class GroupCommitter: Sendable {
     }
 
     private func commit(_ batch: [Pending]) async {
+        onBatch(batch.count)
         var unresolved: [Pending] = []
         do {
             let outcomes = try await store.record(batch.map(\.item))

@@ -43,27 +43,22 @@ package actor TestCluster {
 
     /// A new database, migrated (copied from the template), for one test.
     package func makeDatabase() async throws -> PostgresClient.Configuration {
-        let connection = try await started()
-        counter += 1
-        let name = "t\(counter)"
-        let admin = PostgresClient(configuration: Self.configuration(connection, database: "postgres"))
-        try await withThrowingTaskGroup(of: Void.self) { group in
-            group.addTask { await admin.run() }
-            try await admin.query(PostgresQuery(unsafeSQL: "CREATE DATABASE \(name) TEMPLATE siwa_template"))
-            group.cancelAll()
-        }
-        return Self.configuration(connection, database: name)
+        try await createDatabase(prefix: "t", template: "siwa_template")
     }
 
     /// A new, empty database (no migrations applied), for migration tests.
     package func makeEmptyDatabase() async throws -> PostgresClient.Configuration {
+        try await createDatabase(prefix: "e", template: "template0")
+    }
+
+    private func createDatabase(prefix: String, template: String) async throws -> PostgresClient.Configuration {
         let connection = try await started()
         counter += 1
-        let name = "e\(counter)"
+        let name = "\(prefix)\(counter)"
         let admin = PostgresClient(configuration: Self.configuration(connection, database: "postgres"))
         try await withThrowingTaskGroup(of: Void.self) { group in
             group.addTask { await admin.run() }
-            try await admin.query(PostgresQuery(unsafeSQL: "CREATE DATABASE \(name) TEMPLATE template0"))
+            try await admin.query(PostgresQuery(unsafeSQL: "CREATE DATABASE \(name) TEMPLATE \(template)"))
             group.cancelAll()
         }
         return Self.configuration(connection, database: name)

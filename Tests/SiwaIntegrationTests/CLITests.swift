@@ -14,7 +14,17 @@ struct CLITests {
         var stderr: String
     }
 
-    static func run(_ arguments: [String], environment: [String: String] = [:], directory: String) throws -> Run {
+    /// Runs the binary to completion on a thread of its own: waiting on a child process must not
+    /// block the two threads of Swift's cooperative pool, which every other test shares.
+    static func run(_ arguments: [String], environment: [String: String] = [:], directory: String) async throws -> Run {
+        try await withCheckedThrowingContinuation { continuation in
+            Thread {
+                continuation.resume(with: Result { try runBlocking(arguments, environment: environment, directory: directory) })
+            }.start()
+        }
+    }
+
+    private static func runBlocking(_ arguments: [String], environment: [String: String], directory: String) throws -> Run {
         let process = Process()
         process.executableURL = binary
         process.arguments = arguments
@@ -38,7 +48,7 @@ struct CLITests {
         let directory = "/tmp/siwa-cli-\(UUID().uuidString.prefix(6).lowercased())"
         try FileManager.default.createDirectory(atPath: directory, withIntermediateDirectories: true, attributes: [.posixPermissions: 0o755])
         defer { try? FileManager.default.removeItem(atPath: directory) }
-        #expect(try Self.run(["keys", "generate", "--dir", "keys"], directory: directory).status == 0)
+        #expect(try await Self.run(["keys", "generate", "--dir", "keys"], directory: directory).status == 0)
         let port = Self.freePort()
         let environment = [
             "SIWA_APPLE_BUNDLE_IDS": "com.example.cli", "SIWA_APPLE_JWKS_URL": "file://\(directory)/keys/jwks.json", "SIWA_PORT": "\(port)",
@@ -54,7 +64,7 @@ struct CLITests {
         try server.run()
         var sent: Run?
         for _ in 0..<120 {
-            let attempt = try Self.run(
+            let attempt = try await Self.run(
                 ["send", "consent-revoked", "--sub", "001.cli.1", "--keys", "keys", "--aud", "com.example.cli", "--url", "http://127.0.0.1:\(port)", "--jti", "cli-1"],
                 directory: directory)
             if attempt.status != 2 {
@@ -65,17 +75,17 @@ struct CLITests {
         }
         #expect(sent?.status == 0)
         #expect(sent?.stdout.contains(#""status":"accepted""#) == true)
-        let wrong = try Self.run(
+        let wrong = try await Self.run(
             ["send", "consent-revoked", "--sub", "x", "--keys", "keys", "--aud", "com.example.typo", "--url", "http://127.0.0.1:\(port)"],
             directory: directory)
         #expect(wrong.status == 1)
         #expect(wrong.stdout.contains("wrong_audience"))
         server.terminate()  // SIGTERM
-        server.waitUntilExit()
+        await withCheckedContinuation { continuation in Thread { server.waitUntilExit(); continuation.resume() }.start() }
         #expect(server.terminationStatus == 0)
         #expect(!FileManager.default.fileExists(atPath: "\(directory)/.siwa/pgdata/postmaster.pid"))
 
-        let listed = try Self.run(["notifications", "list", "--json"], directory: directory)
+        let listed = try await Self.run(["notifications", "list", "--json"], directory: directory)
         #expect(listed.status == 0)
         let rows = listed.stdout.split(separator: "\n").compactMap { JSONValue.parse(Data($0.utf8)) }
         #expect(rows.map { $0["jti"]?.stringValue } == ["cli-1"])
@@ -84,33 +94,33 @@ struct CLITests {
         #expect(rows.first?["received_at"]?.stringValue?.hasSuffix("Z") == true)
         #expect(!FileManager.default.fileExists(atPath: "\(directory)/.siwa/pgdata/postmaster.pid"))
 
-        let replay = try Self.run(["rejections", "replay"], environment: ["SIWA_APPLE_BUNDLE_IDS": "com.example.cli,com.example.typo"], directory: directory)
+        let replay = try await Self.run(["rejections", "replay"], environment: ["SIWA_APPLE_BUNDLE_IDS": "com.example.cli,com.example.typo"], directory: directory)
         #expect(replay.status == 0)
         #expect(replay.stdout.contains("recorded 1"))
     }
 
     @Test("verify: a real Apple notification is valid at its time (exit 0) and expired now (exit 1); an unreadable file is exit 2")
-    func verify() throws {
+    func verify() async throws {
         let fixtures = URL(fileURLWithPath: #filePath).deletingLastPathComponent().deletingLastPathComponent().deletingLastPathComponent()
             .deletingLastPathComponent().appendingPathComponent("shared/fixtures/apple-real").path
-        let atTime = try Self.run(
+        let atTime = try await Self.run(
             ["verify", "@\(fixtures)/consent-revoked.json", "--jwks", "\(fixtures)/jwks.json", "--at", "2022-12-02T21:22:12Z",
              "--aud", "com.fullqueuedeveloper.FQAuthSampleiOSApp"], directory: "/tmp")
         #expect(atTime.status == 0)
         let result = JSONValue.parse(Data(atTime.stdout.utf8))
         #expect(result?["valid"] == .bool(true))
         #expect(result?["event"]?["type"] == .string("consent-revoked"))
-        let now = try Self.run(["verify", "@\(fixtures)/consent-revoked.json", "--jwks", "\(fixtures)/jwks.json"], directory: "/tmp")
+        let now = try await Self.run(["verify", "@\(fixtures)/consent-revoked.json", "--jwks", "\(fixtures)/jwks.json"], directory: "/tmp")
         #expect(now.status == 1)
         #expect(JSONValue.parse(Data(now.stdout.utf8))?["reason"] == .string("expired"))
-        let missing = try Self.run(["verify", "@/nonexistent.json", "--jwks", "\(fixtures)/jwks.json"], directory: "/tmp")
+        let missing = try await Self.run(["verify", "@/nonexistent.json", "--jwks", "\(fixtures)/jwks.json"], directory: "/tmp")
         #expect(missing.status == 2)
         #expect(missing.stderr.contains("/nonexistent.json"))
     }
 
     @Test("A missing SIWA_APPLE_BUNDLE_IDS stops serve with a message naming the variable")
-    func missingBundleIDs() throws {
-        let run = try Self.run(["serve"], environment: ["SIWA_APPLE_BUNDLE_IDS": ""], directory: "/tmp")
+    func missingBundleIDs() async throws {
+        let run = try await Self.run(["serve"], environment: ["SIWA_APPLE_BUNDLE_IDS": ""], directory: "/tmp")
         #expect(run.status != 0)
         #expect(run.stderr.contains("SIWA_APPLE_BUNDLE_IDS"))
     }
