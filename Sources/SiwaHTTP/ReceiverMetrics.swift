@@ -13,31 +13,35 @@ package struct ReceiverMetrics: Sendable {
     package init(registry: PrometheusCollectorRegistry) {
         received = Dictionary(uniqueKeysWithValues: ["accepted", "duplicate", "rejected", "unavailable"].map {
             ($0, registry.makeCounter(
-                name: "siwa_notifications_received_total", labels: [("outcome", $0)],
-                help: "Deliveries to POST /apple/notifications by outcome"))
+                descriptor: Self.name("notifications_received", "total", "Deliveries to POST /apple/notifications by outcome"),
+                labels: [("outcome", $0)]))
         })
         skipped = Dictionary(uniqueKeysWithValues: [SkipReason.unreadableEvent, .unknownType].map {
             ($0, registry.makeCounter(
-                name: "siwa_notifications_skipped_total", labels: [("reason", $0.rawValue)],
-                help: "Genuine notifications stored with nothing to apply, by reason"))
+                descriptor: Self.name("notifications_skipped", "total", "Genuine notifications stored with nothing to apply, by reason"),
+                labels: [("reason", $0.rawValue)]))
         })
         rejected = Dictionary(uniqueKeysWithValues: RejectionReason.allCases.map {
             ($0, registry.makeCounter(
-                name: "siwa_rejections_total", labels: [("reason", $0.rawValue)],
-                help: "Refused deliveries by reason"))
+                descriptor: Self.name("rejections", "total", "Refused deliveries by reason"), labels: [("reason", $0.rawValue)]))
         })
         sampledOut = Dictionary(uniqueKeysWithValues: RejectionReason.allCases.map {
             ($0, registry.makeCounter(
-                name: "siwa_rejections_sampled_out_total", labels: [("reason", $0.rawValue)],
-                help: "Refused deliveries counted but not recorded because of the per-minute sampling limit"))
+                descriptor: Self.name(
+                    "rejections_sampled_out", "total", "Refused deliveries counted but not recorded because of the per-minute sampling limit"),
+                labels: [("reason", $0.rawValue)]))
         })
         duration = registry.makeDurationHistogram(
-            name: "siwa_delivery_duration_seconds",
-            buckets: [.milliseconds(1), .milliseconds(2), .milliseconds(5), .milliseconds(10), .milliseconds(25), .milliseconds(50), .milliseconds(100), .milliseconds(250), .milliseconds(500), .seconds(1), .seconds(5)],
-            help: "Time from request to answer on POST /apple/notifications")
+            descriptor: Self.name("delivery_duration", "seconds", "Time from request to answer on POST /apple/notifications"),
+            buckets: [.milliseconds(1), .milliseconds(2), .milliseconds(5), .milliseconds(10), .milliseconds(25), .milliseconds(50), .milliseconds(100), .milliseconds(250), .milliseconds(500), .seconds(1), .seconds(5)])
         batchSize = registry.makeValueHistogram(
-            name: "siwa_commit_batch_size", buckets: [1, 2, 4, 8, 16, 32, 64, 128, 256, 512],
-            help: "Notifications per group-commit transaction")
+            descriptor: Self.name("commit_batch", "size", "Notifications per group-commit transaction"),
+            buckets: [1, 2, 4, 8, 16, 32, 64, 128, 256, 512])
+    }
+
+    /// `siwa_<metric>_<unit>`, with the help text promtool wants.
+    static func name(_ metric: String, _ unit: String, _ help: String) -> MetricNameDescriptor {
+        MetricNameDescriptor(namespace: "siwa", metricName: metric, unitName: unit, helpText: help)
     }
 
     func count(outcome: String) { received[outcome]?.increment() }
