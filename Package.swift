@@ -72,6 +72,17 @@ let package = Package(
             ],
             swiftSettings: swiftSettings
         ),
+        // Effect workers, queue maintenance (Services with runOnce).
+        .target(
+            name: "SiwaWorkers",
+            dependencies: [
+                "SiwaDomain", "SiwaStore",
+                .product(name: "PostgresNIO", package: "postgres-nio"),
+                .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
+                .product(name: "Logging", package: "swift-log"),
+            ],
+            swiftSettings: swiftSettings
+        ),
         // Hummingbird routes, error -> JSON mapping, the receiver.
         .target(
             name: "SiwaHTTP",
@@ -86,7 +97,7 @@ let package = Package(
         .target(
             name: "SiwaApp",
             dependencies: [
-                "SiwaDomain", "SiwaStore", "SiwaKeys", "SiwaHTTP", "SiwaEmbeddedPostgres",
+                "SiwaDomain", "SiwaStore", "SiwaKeys", "SiwaHTTP", "SiwaEmbeddedPostgres", "SiwaWorkers",
                 .product(name: "Hummingbird", package: "hummingbird"),
                 .product(name: "PostgresNIO", package: "postgres-nio"),
                 .product(name: "Prometheus", package: "swift-prometheus"),
@@ -141,7 +152,7 @@ let package = Package(
         .testTarget(
             name: "SiwaIntegrationTests",
             dependencies: [
-                "SiwaApp", "SiwaTestSupport", "SiwaDomain", "SiwaStore", "SiwaKeys", "SiwaEmbeddedPostgres", "SiwaHTTP",
+                "SiwaApp", "SiwaTestSupport", "SiwaDomain", "SiwaStore", "SiwaKeys", "SiwaEmbeddedPostgres", "SiwaHTTP", "SiwaWorkers",
                 .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
                 .product(name: "Hummingbird", package: "hummingbird"),
                 .product(name: "AsyncHTTPClient", package: "async-http-client"),

@@ -28,6 +28,20 @@ package struct Configuration: Sendable {
     package var rejectionsPerMinute = 60
     package var databasePoolSize = 32
     package var databaseTimeout: Duration = .seconds(5)
+    package enum Role: String, Sendable, CaseIterable { case all, receiver, worker }
+    package var role = Role.all
+    package var workers = 4
+    package var jobLease: Duration = .seconds(15)
+    package var jobMaxAttempts = 25
+    package var jobRetention: Duration = .seconds(7 * 86_400)
+    package var jobPollInterval: Duration = .milliseconds(100)
+    package var jobNotify = true
+    package var eraseOnDelete = true
+
+    /// The receiving process's HTTP routes and key cache are needed (roles all, receiver).
+    package var receives: Bool { role != .worker }
+    /// This process runs effect workers (roles all, worker).
+    package var works: Bool { role != .receiver }
 
     package init(bundleIDs: [String]) {
         self.bundleIDs = bundleIDs
@@ -50,6 +64,14 @@ package struct Configuration: Sendable {
         ("SIWA_REJECTIONS_PER_MINUTE", "--rejections-per-minute", "rejection rows kept per reason per minute"),
         ("SIWA_DATABASE_POOL_SIZE", "--database-pool-size", "maximum PostgreSQL connections"),
         ("SIWA_DATABASE_TIMEOUT", "--database-timeout", "longest wait for the database before answering 503"),
+        ("SIWA_ROLE", "--role", "all|receiver|worker: what this process runs"),
+        ("SIWA_WORKERS", "--workers", "effect worker loops in this process"),
+        ("SIWA_JOB_LEASE", "--job-lease", "how long a claimed job stays held without a heartbeat"),
+        ("SIWA_JOB_MAX_ATTEMPTS", "--job-max-attempts", "attempts before a job is discarded"),
+        ("SIWA_JOB_RETENTION", "--job-retention", "how long finished jobs are kept"),
+        ("SIWA_JOB_POLL_INTERVAL", "--job-poll-interval", "idle workers look for jobs this often (NOTIFY wakes them sooner)"),
+        ("SIWA_JOB_NOTIFY", "--job-notify", "on|off: LISTEN for enqueue notifications"),
+        ("SIWA_ERASE_ON_DELETE", "--erase-on-delete", "true|false: erase a deleted account's email everywhere"),
     ]
 
     /// Builds the configuration from `environment`, with `overrides` (flag values keyed by variable
@@ -88,7 +110,8 @@ package struct Configuration: Sendable {
         }
 
         let bundleIDs = (value("SIWA_APPLE_BUNDLE_IDS") ?? "").split(separator: ",").map { $0.trimmingCharacters(in: .whitespaces) }.filter { !$0.isEmpty }
-        if requireBundleIDs && bundleIDs.isEmpty {
+        let receiving = (value("SIWA_ROLE")?.lowercased() ?? "all") != "worker"
+        if requireBundleIDs && receiving && bundleIDs.isEmpty {
             throw ConfigurationError(
                 variable: flag("SIWA_APPLE_BUNDLE_IDS"),
                 message: "is required: the comma-separated bundle IDs of your apps (Apple's aud), e.g. SIWA_APPLE_BUNDLE_IDS=com.example.app")
@@ -121,6 +144,19 @@ package struct Configuration: Sendable {
         config.rejectionsPerMinute = try integer("SIWA_REJECTIONS_PER_MINUTE", 0...1_000_000, default: config.rejectionsPerMinute)
         config.databasePoolSize = try integer("SIWA_DATABASE_POOL_SIZE", 1...1000, default: config.databasePoolSize)
         config.databaseTimeout = try duration("SIWA_DATABASE_TIMEOUT", default: config.databaseTimeout)
+        if let text = value("SIWA_ROLE") {
+            guard let role = Role(rawValue: text.lowercased()) else {
+                throw ConfigurationError(variable: flag("SIWA_ROLE"), message: "must be all, receiver or worker (got \"\(text)\")")
+            }
+            config.role = role
+        }
+        config.workers = try integer("SIWA_WORKERS", 1...64, default: config.workers)
+        config.jobLease = try duration("SIWA_JOB_LEASE", default: config.jobLease)
+        config.jobMaxAttempts = try integer("SIWA_JOB_MAX_ATTEMPTS", 1...1000, default: config.jobMaxAttempts)
+        config.jobRetention = try duration("SIWA_JOB_RETENTION", default: config.jobRetention)
+        config.jobPollInterval = try duration("SIWA_JOB_POLL_INTERVAL", default: config.jobPollInterval)
+        config.jobNotify = try boolean("SIWA_JOB_NOTIFY", default: true)
+        config.eraseOnDelete = try boolean("SIWA_ERASE_ON_DELETE", default: true)
         if config.databaseURL == nil && !config.embeddedDatabase {
             throw ConfigurationError(
                 variable: "DATABASE_URL",

@@ -9,17 +9,21 @@ import SiwaDomain
 import SiwaHTTP
 import SiwaKeys
 import SiwaStore
+import SiwaWorkers
 
-/// The composition root of the receiving process: every component built once, in dependency
-/// order, and one Hummingbird application whose service group runs them. Tests build it too.
+/// The composition root of a serving process: every component built once, in dependency order,
+/// and one Hummingbird application whose service group runs them — the receiver (role all or
+/// receiver) and the effect workers (role all or worker). Tests build it too.
 package struct Receiver: Sendable {
     package let store: NotificationStore
     package let rejectionStore: RejectionStore
     package let keys: AppleKeyCache
     package let rejections: RejectionRecorder
     package let registry: PrometheusCollectorRegistry
-    let notifications: NotificationsController
+    let notifications: NotificationsController?
     let health: HealthController
+    package let workers: EffectWorkers?
+    package let effects: EffectStore
 
     package init(config: Configuration, client: PostgresClient, logger: Logger, keyFetcher: any KeySetFetcher = DefaultKeySetFetcher()) {
         let registry = PrometheusCollectorRegistry()
@@ -30,11 +34,14 @@ package struct Receiver: Sendable {
             configuration: .init(sourceURL: config.jwksURL, refreshInterval: config.jwksRefreshInterval, unknownKidCooldown: config.unknownKidCooldown),
             fetcher: keyFetcher, persistence: store, logger: logger)
         let rejections = RejectionRecorder(store: rejectionStore, limitPerMinute: config.rejectionsPerMinute, metrics: metrics, logger: logger)
-        self.notifications = NotificationsController(
+        self.notifications = !config.receives ? nil : NotificationsController(
             verifier: NotificationVerifier(audiences: Set(config.bundleIDs), clockSkew: config.clockSkew), keys: keys,
             committer: GroupCommitter(store: store, logger: logger) { metrics.batchSize.record(Double($0)) },
             rejections: rejections, metrics: metrics, trustedProxies: config.trustedProxies, databaseTimeout: config.databaseTimeout, logger: logger)
-        self.health = HealthController(store: store, keys: keys, databaseTimeout: config.databaseTimeout)
+        self.health = HealthController(store: store, keys: config.receives ? keys : nil, databaseTimeout: config.databaseTimeout)
+        let effects = EffectStore(client: client, logger: logger)
+        self.effects = effects
+        self.workers = !config.works ? nil : EffectWorkers(configuration: config.workerConfiguration, store: effects, logger: logger)
         self.store = store
         self.rejectionStore = rejectionStore
         self.keys = keys
@@ -45,7 +52,7 @@ package struct Receiver: Sendable {
     /// Every route of the receiving process.
     package func router() -> Router<SiwaRequestContext> {
         let router = Router(context: SiwaRequestContext.self)
-        notifications.register(on: router)
+        notifications?.register(on: router)
         health.register(on: router)
         let registry = self.registry
         router.get("/metrics") { _, _ in
@@ -68,7 +75,7 @@ package struct Receiver: Sendable {
         var app = Application(
             router: router(),
             configuration: .init(address: .hostname(config.host, port: config.port), serverName: nil),
-            services: [client, keys, rejections],
+            services: [client] + (config.receives ? [keys, rejections] : []) + (workers.map { [$0] } ?? []),
             onServerRunning: onServerRunning,
             logger: logger)
         let keys = self.keys
@@ -79,7 +86,7 @@ package struct Receiver: Sendable {
             } else {
                 try await migrator.checkUpToDate()
             }
-            await keys.load()
+            if config.receives { await keys.load() }
         }
         return app
     }
@@ -105,5 +112,19 @@ package enum Server {
             throw error
         }
         await database.close()
+    }
+}
+
+extension Configuration {
+    package var workerConfiguration: EffectWorkers.Configuration {
+        var workers = EffectWorkers.Configuration()
+        workers.workers = self.workers
+        workers.lease = jobLease
+        workers.maxAttempts = jobMaxAttempts
+        workers.retention = jobRetention
+        workers.pollInterval = jobPollInterval
+        workers.listen = jobNotify
+        workers.eraseOnDelete = eraseOnDelete
+        return workers
     }
 }

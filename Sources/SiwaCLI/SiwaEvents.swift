@@ -47,6 +47,22 @@ struct ConfigOptions: ParsableArguments {
     var databasePoolSize: String?
     @Option(name: .customLong("database-timeout"), help: "Longest wait for the database before answering 503, e.g. 5s (SIWA_DATABASE_TIMEOUT).")
     var databaseTimeout: String?
+    @Option(help: "all|receiver|worker: what this process runs (SIWA_ROLE, default all).")
+    var role: String?
+    @Option(help: "Effect worker loops in this process (SIWA_WORKERS, default 4).")
+    var workers: String?
+    @Option(name: .customLong("job-lease"), help: "Lease of a claimed job, renewed by heartbeat, e.g. 15s (SIWA_JOB_LEASE).")
+    var jobLease: String?
+    @Option(name: .customLong("job-max-attempts"), help: "Attempts before a job is discarded (SIWA_JOB_MAX_ATTEMPTS, default 25).")
+    var jobMaxAttempts: String?
+    @Option(name: .customLong("job-retention"), help: "How long finished jobs are kept, e.g. 7d (SIWA_JOB_RETENTION).")
+    var jobRetention: String?
+    @Option(name: .customLong("job-poll-interval"), help: "Idle workers look for jobs this often, e.g. 100ms (SIWA_JOB_POLL_INTERVAL).")
+    var jobPollInterval: String?
+    @Option(name: .customLong("job-notify"), help: "on|off: LISTEN for enqueue notifications (SIWA_JOB_NOTIFY, default on).")
+    var jobNotify: String?
+    @Option(name: .customLong("erase-on-delete"), help: "true|false: erase a deleted account's email everywhere (SIWA_ERASE_ON_DELETE, default true).")
+    var eraseOnDelete: String?
 
     func load(requireBundleIDs: Bool) throws -> Configuration {
         let overrides: [String: String?] = [
@@ -55,7 +71,9 @@ struct ConfigOptions: ParsableArguments {
             "SIWA_MIGRATE_ON_START": migrateOnStart, "SIWA_TRUSTED_PROXIES": trustedProxies,
             "SIWA_JWKS_REFRESH_INTERVAL": jwksRefreshInterval, "SIWA_JWKS_UNKNOWN_KID_COOLDOWN": unknownKidCooldown,
             "SIWA_CLOCK_SKEW": clockSkew, "SIWA_REJECTIONS_PER_MINUTE": rejectionsPerMinute, "SIWA_DATABASE_POOL_SIZE": databasePoolSize,
-            "SIWA_DATABASE_TIMEOUT": databaseTimeout,
+            "SIWA_DATABASE_TIMEOUT": databaseTimeout, "SIWA_ROLE": role, "SIWA_WORKERS": workers, "SIWA_JOB_LEASE": jobLease,
+            "SIWA_JOB_MAX_ATTEMPTS": jobMaxAttempts, "SIWA_JOB_RETENTION": jobRetention, "SIWA_JOB_POLL_INTERVAL": jobPollInterval,
+            "SIWA_JOB_NOTIFY": jobNotify, "SIWA_ERASE_ON_DELETE": eraseOnDelete,
         ]
         do {
             return try Configuration.load(

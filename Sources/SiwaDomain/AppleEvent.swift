@@ -45,6 +45,15 @@ package struct AppleEvent: Sendable, Equatable {
     package var email: String?
     package var isPrivateEmail: Bool?
 
+    package init(rawType: String, type: EventType?, sub: String, eventTimeMillis: Int64, email: String? = nil, isPrivateEmail: Bool? = nil) {
+        self.rawType = rawType
+        self.type = type
+        self.sub = sub
+        self.eventTimeMillis = eventTimeMillis
+        self.email = email
+        self.isPrivateEmail = isPrivateEmail
+    }
+
     package var eventTime: Date { Date(timeIntervalSince1970: Double(eventTimeMillis) / 1000) }
 }
 

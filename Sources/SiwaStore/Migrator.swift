@@ -7,6 +7,7 @@ import PostgresNIO
 /// SwiftPM turns `001_receiver.sql` into `_01_receiver_sql`; a test checks this list against `sql/`.
 let embedded: [(file: String, bytes: [UInt8])] = [
     ("001_receiver.sql", PackageResources._01_receiver_sql),
+    ("002_effects.sql", PackageResources._02_effects_sql),
 ]
 
 /// A numbered SQL migration from `sql/` (built into the binary, so it runs from any directory).

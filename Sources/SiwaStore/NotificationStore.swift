@@ -97,7 +97,8 @@ package struct NotificationStore: Sendable {
             }
             // NotificationsInsertBatch: input order decides which of two copies in one batch is
             // inserted; ON CONFLICT DO NOTHING skips the rest (and any already stored).
-            for try await (jti, status) in try await connection.query(
+            var jobsEnqueued = 0
+            for try await (jti, status, jobs) in try await connection.query(
                 """
                 WITH input AS (\(Self.inputRows)),
                 ins AS (
@@ -108,16 +109,24 @@ package struct NotificationStore: Sendable {
                         skip_detail, kid, issued_at, expires_at, raw_jws, header, claims, received_at, remote_addr, received_at
                     FROM input ORDER BY idx
                     ON CONFLICT DO NOTHING
-                    RETURNING id, jti, status
+                    RETURNING id, jti, status, aud, sub, event_time
                 ), job AS (
-                    INSERT INTO jobs (notification_id, run_at) SELECT id, now() FROM ins WHERE status = 'pending'
+                    INSERT INTO jobs (notification_id, run_at, aud, sub, event_time)
+                    SELECT id, now(), aud, sub, event_time FROM ins WHERE status = 'pending'
+                    RETURNING id
                 )
-                SELECT jti, status::text FROM ins
+                SELECT jti, status::text, (SELECT count(*) FROM job) FROM ins
                 """.bound(rows), logger: logger
-            ).decode((String, String).self) {
+            ).decode((String, String, Int).self) {
                 if let index = firstIndexOfJTI[jti] {
                     outcomes[index] = .accepted(jti: jti, status: ProcessingStatus(rawValue: status) ?? .pending)
                 }
+                jobsEnqueued = jobs
+            }
+            if jobsEnqueued > 0 {
+                // A hint for idle workers, delivered at COMMIT; they poll as well (NOTIFY is lost
+                // when nobody listens, and poolers drop it).
+                try await connection.query("SELECT pg_notify('siwa_jobs', '')", logger: logger)
             }
             let rest = batch.indices.filter { outcomes[$0] == nil }
             guard !rest.isEmpty else { return outcomes }

@@ -80,6 +80,15 @@ struct CLITests {
             directory: directory)
         #expect(wrong.status == 1)
         #expect(wrong.stdout.contains("wrong_audience"))
+        // The worker in the same process (role all) applies the effect within moments; the CLI
+        // attaches to the running embedded cluster to see it.
+        var status: JSONValue?
+        for _ in 0..<50 where status != .string("applied") {
+            let listed = try await Self.run(["notifications", "list", "--json"], directory: directory)
+            status = listed.stdout.split(separator: "\n").compactMap { JSONValue.parse(Data($0.utf8)) }.first?["status"]
+            if status != .string("applied") { try await Task.sleep(for: .milliseconds(200)) }
+        }
+        #expect(status == .string("applied"))
         server.terminate()  // SIGTERM
         await withCheckedContinuation { continuation in Thread { server.waitUntilExit(); continuation.resume() }.start() }
         #expect(server.terminationStatus == 0)
@@ -90,7 +99,7 @@ struct CLITests {
         let rows = listed.stdout.split(separator: "\n").compactMap { JSONValue.parse(Data($0.utf8)) }
         #expect(rows.map { $0["jti"]?.stringValue } == ["cli-1"])
         #expect(rows.first?["type"] == .string("consent-revoked"))
-        #expect(rows.first?["status"] == .string("pending"))
+        #expect(rows.first?["status"] == .string("applied"))
         #expect(rows.first?["received_at"]?.stringValue?.hasSuffix("Z") == true)
         #expect(!FileManager.default.fileExists(atPath: "\(directory)/.siwa/pgdata/postmaster.pid"))
 

@@ -103,8 +103,8 @@ struct DatabaseTests {
             group.addTask { await client.run() }
             // The test database is a copy of the migrated template: nothing pending.
             #expect(try await Migrator(client: client, logger: logger).migrate() == [])
-            try await client.query("DROP TABLE jwks_cache, rejection_counts, rejections, jobs, notifications, schema_migrations CASCADE; ")
-            try await client.query("DROP TYPE job_state, notification_status")
+            try await client.query("DROP SCHEMA public CASCADE")
+            try await client.query("CREATE SCHEMA public")
             let applied = try await withThrowingTaskGroup(of: [Int].self) { starters in
                 for _ in 0..<4 { starters.addTask { try await Migrator(client: client, logger: logger).migrate() } }
                 return try await starters.reduce(into: [Int]()) { $0 += $1 }

@@ -25,6 +25,7 @@ struct Harness {
         let signer = try signer ?? AppleStyleSigner.generate()
         var config = Configuration(bundleIDs: [aud])
         config.port = 0
+        config.role = .receiver  // the effect tests run workers themselves
         if let jwksURL {
             config.jwksURL = jwksURL
         } else {

@@ -1,0 +1,382 @@
+import Foundation
+import Logging
+import PostgresNIO
+import SiwaDomain
+
+/// An effect job held by a worker, with the event it applies.
+package struct ClaimedJob: Sendable {
+    package var id: Int
+    package var attempt: Int
+    package var notificationID: Int
+    package var jti: String
+    package var aud: String
+    package var event: AppleEvent
+    package var claimedAt: Date
+}
+
+/// What applying one job did (for logs, NOTIFY and callbacks).
+package struct AppliedEffect: Sendable, Equatable {
+    package var jobID: Int
+    package var jti: String
+    package var aud: String
+    package var sub: String
+    package var type: String
+    package var eventTimeMillis: Int64
+    package var effect: String
+    package var revokedSessions: Int
+}
+
+/// Every SQL statement of the effect queue: claim, apply + complete, fail, rescue, heartbeat,
+/// release, prune, and the operator's views. The rules themselves are `EffectRules` (pure).
+package struct EffectStore: Sendable {
+    package let client: PostgresClient
+    let logger: Logger
+
+    package init(client: PostgresClient, logger: Logger) {
+        self.client = client
+        self.logger = logger
+    }
+
+    // MARK: JobsClaim
+
+    /// Claims up to `limit` ready effect jobs in one statement. Per-user order: a job is eligible
+    /// only when no earlier (event_time, id) job of the same user is unfinished, so one user never
+    /// has two effect jobs in flight, while many users run in parallel. Races between workers are
+    /// settled by row locks (`SKIP LOCKED`): the gate is the earlier job's row, which only its
+    /// committed completion removes.
+    package func claim(worker: String, limit: Int, lease: Duration) async throws -> [ClaimedJob] {
+        let leaseMillis = Int(lease.components.seconds * 1000 + lease.components.attoseconds / 1_000_000_000_000_000)
+        let rows = try await client.query(
+            """
+            WITH candidates AS (
+                SELECT j.id FROM jobs j
+                WHERE j.lane = 'effects' AND j.state IN ('available', 'retryable') AND j.run_at <= now()
+                  AND NOT EXISTS (
+                      SELECT 1 FROM jobs e
+                      WHERE e.aud = j.aud AND e.sub = j.sub AND e.lane = 'effects'
+                        AND e.state IN ('available', 'retryable', 'running')
+                        AND (e.event_time, e.id) < (j.event_time, j.id))
+                ORDER BY j.run_at, j.id
+                LIMIT \(limit)
+                FOR UPDATE OF j SKIP LOCKED
+            )
+            UPDATE jobs SET state = 'running', attempt = jobs.attempt + 1, attempted_at = now(), locked_by = \(worker),
+                lease_expires_at = now() + \(leaseMillis) * interval '1 millisecond'
+            FROM candidates, notifications n
+            WHERE jobs.id = candidates.id AND n.id = jobs.notification_id
+            RETURNING jobs.id, jobs.attempt, n.id, n.jti, n.aud, n.sub, n.type, n.raw_type,
+                (extract(epoch FROM n.event_time) * 1000)::bigint, n.email, n.is_private_email, jobs.attempted_at
+            """, logger: logger)
+        var jobs: [ClaimedJob] = []
+        for try await row in rows.decode((Int, Int, Int, String, String, String, String, String, Int64, String?, Bool?, Date).self) {
+            jobs.append(
+                ClaimedJob(
+                    id: row.0, attempt: row.1, notificationID: row.2, jti: row.3, aud: row.4,
+                    event: AppleEvent(rawType: row.7, type: EventType(apple: row.6), sub: row.5, eventTimeMillis: row.8, email: row.9, isPrivateEmail: row.10),
+                    claimedAt: row.11))
+        }
+        return jobs
+    }
+
+    // MARK: EffectsApply
+
+    /// Applies the effects of `jobs` and completes them in one transaction. A job is completed only
+    /// if it is still running and still held by `worker` (a job the rescuer handed to another worker
+    /// is not applied twice); its effect is applied only then. Returns what was applied.
+    package func apply(_ jobs: [ClaimedJob], worker: String, eraseOnDelete: Bool) async throws -> [AppliedEffect] {
+        guard !jobs.isEmpty else { return [] }
+        let logger = self.logger
+        return try await client.withTransaction(logger: logger) { connection -> [AppliedEffect] in
+            // JobsComplete (guarded).
+            var confirmed = Set<Int>()
+            for try await (id,) in try await connection.query(
+                """
+                UPDATE jobs j SET state = 'completed', finished_at = now(), locked_by = NULL, lease_expires_at = NULL
+                FROM unnest(\(jobs.map(\.id))::bigint[], \(jobs.map(\.attempt))::bigint[]) AS c(id, attempt)
+                WHERE j.id = c.id AND j.attempt = c.attempt AND j.state = 'running' AND j.locked_by = \(worker)
+                RETURNING j.id
+                """, logger: logger
+            ).decode((Int,).self) {
+                confirmed.insert(id)
+            }
+            let held = jobs.filter { confirmed.contains($0.id) }.sorted { ($0.event.eventTimeMillis, $0.id) < ($1.event.eventTimeMillis, $1.id) }
+            guard !held.isEmpty else { return [] }
+
+            // AccountsLock: the users' current state.
+            struct User: Hashable { var aud: String; var sub: String }
+            var states: [User: AccountState] = [:]
+            let users = Array(Set(held.map { User(aud: $0.aud, sub: $0.event.sub) }))
+            for try await row in try await connection.query(
+                """
+                SELECT aud, sub, email, is_private_email, email_forwarding::text,
+                    (extract(epoch FROM email_event_time) * 1000)::bigint, (extract(epoch FROM consent_revoked_at) * 1000)::bigint,
+                    (extract(epoch FROM deleted_at) * 1000)::bigint, (extract(epoch FROM consent_event_time) * 1000)::bigint
+                FROM accounts a
+                WHERE (a.aud, a.sub) IN (SELECT * FROM unnest(\(users.map(\.aud))::text[], \(users.map(\.sub))::text[]))
+                FOR UPDATE
+                """, logger: logger
+            ).decode((String, String, String?, Bool?, String?, Int64?, Int64?, Int64?, Int64?).self) {
+                states[User(aud: row.0, sub: row.1)] = AccountState(
+                    email: row.2, isPrivateEmail: row.3, forwarding: row.4.flatMap(AccountState.Forwarding.init(rawValue:)),
+                    emailEventTime: row.5, consentRevokedAt: row.6, deletedAt: row.7, consentEventTime: row.8)
+            }
+
+            // The rules decide, in event_time order per user.
+            var revocations: [JSONValue] = []
+            var erase = Set<User>()
+            var effects: [Int: (plan: EffectPlan, job: ClaimedJob)] = [:]
+            for job in held {
+                let user = User(aud: job.aud, sub: job.event.sub)
+                let plan = EffectRules.plan(job.event, on: states[user] ?? .unknown, eraseOnDelete: eraseOnDelete)
+                states[user] = plan.account
+                effects[job.id] = (plan, job)
+                if plan.erase { erase.insert(user) }
+                switch plan.revoke {
+                case .none: break
+                case .createdAtOrBefore(let cutoff, let reason):
+                    revocations.append(Self.revocation(job, cutoff: cutoff, reason: reason))
+                case .all(let reason):
+                    revocations.append(Self.revocation(job, cutoff: nil, reason: reason))
+                }
+            }
+
+            // AccountsUpsert.
+            let accountRows = JSONValue.array(users.map { user in
+                let state = states[user] ?? .unknown
+                var row: [String: JSONValue] = ["aud": .string(user.aud), "sub": .string(user.sub)]
+                row["email"] = state.email.map(JSONValue.string) ?? .null
+                row["is_private_email"] = state.isPrivateEmail.map(JSONValue.bool) ?? .null
+                row["email_forwarding"] = state.forwarding.map { .string($0.rawValue) } ?? .null
+                row["email_event_time"] = state.emailEventTime.map { .number(Double($0)) } ?? .null
+                row["consent_revoked_at"] = state.consentRevokedAt.map { .number(Double($0)) } ?? .null
+                row["deleted_at"] = state.deletedAt.map { .number(Double($0)) } ?? .null
+                row["consent_event_time"] = state.consentEventTime.map { .number(Double($0)) } ?? .null
+                return .object(row)
+            }).jsonText
+            try await connection.query(
+                """
+                INSERT INTO accounts (aud, sub, email, is_private_email, email_forwarding, email_event_time, consent_revoked_at, deleted_at, consent_event_time)
+                SELECT r.aud, r.sub, r.email, r.is_private_email, r.email_forwarding::email_forwarding,
+                    timestamptz 'epoch' + r.email_event_time * interval '1 millisecond',
+                    timestamptz 'epoch' + r.consent_revoked_at * interval '1 millisecond',
+                    timestamptz 'epoch' + r.deleted_at * interval '1 millisecond',
+                    timestamptz 'epoch' + r.consent_event_time * interval '1 millisecond'
+                FROM jsonb_to_recordset(\(accountRows)::jsonb) AS r(aud text, sub text, email text, is_private_email boolean,
+                    email_forwarding text, email_event_time bigint, consent_revoked_at bigint, deleted_at bigint, consent_event_time bigint)
+                ON CONFLICT (aud, sub) DO UPDATE SET
+                    email = excluded.email, is_private_email = excluded.is_private_email, email_forwarding = excluded.email_forwarding,
+                    email_event_time = excluded.email_event_time, consent_revoked_at = excluded.consent_revoked_at,
+                    deleted_at = excluded.deleted_at, consent_event_time = excluded.consent_event_time, updated_at = now()
+                """, logger: logger)
+
+            // SessionsRevoke: active sessions in scope, and those attributed to a later revoking event.
+            var revoked: [String: Int] = [:]
+            if !revocations.isEmpty {
+                for try await (jti, wasActive) in try await connection.query(
+                    """
+                    WITH r AS (
+                        SELECT r.aud, r.sub, r.reason, r.jti,
+                            timestamptz 'epoch' + r.cutoff_ms * interval '1 millisecond' AS cutoff,
+                            timestamptz 'epoch' + r.event_ms * interval '1 millisecond' AS event_time
+                        FROM jsonb_to_recordset(\(JSONValue.array(revocations).jsonText)::jsonb)
+                            AS r(aud text, sub text, reason text, jti text, cutoff_ms bigint, event_ms bigint)
+                    ), target AS (
+                        SELECT s.id, s.revoked_at IS NULL AS was_active, r.reason, r.jti, r.event_time
+                        FROM sessions s JOIN r ON s.aud = r.aud AND s.sub = r.sub
+                        WHERE (r.cutoff IS NULL OR s.created_at <= r.cutoff)
+                          AND (s.revoked_at IS NULL
+                               OR (s.revoked_reason IN ('consent-revoked', 'account-delete') AND s.revoked_event_time > r.event_time))
+                        FOR UPDATE OF s
+                    )
+                    UPDATE sessions s SET revoked_at = coalesce(s.revoked_at, now()), revoked_reason = t.reason, revoked_by = t.jti,
+                        revoked_event_time = t.event_time
+                    FROM target t WHERE s.id = t.id
+                    RETURNING t.jti, t.was_active
+                    """, logger: logger
+                ).decode((String, Bool).self) where wasActive {
+                    revoked[jti, default: 0] += 1
+                }
+            }
+
+            // Erasure: the address leaves every place we hold it.
+            if !erase.isEmpty {
+                let auds = erase.map(\.aud), subs = erase.map(\.sub)
+                try await connection.query(
+                    """
+                    UPDATE notifications n SET email = NULL, erased_at = now(),
+                        raw_jws = split_part(n.raw_jws, '.', 1) || '.erased.',
+                        claims = jsonb_set(n.claims, '{events}', to_jsonb('erased'::text))
+                    WHERE (n.aud, n.sub) IN (SELECT * FROM unnest(\(auds)::text[], \(subs)::text[]))
+                      AND n.erased_at IS NULL AND (n.email IS NOT NULL OR n.type IN ('email-disabled', 'email-enabled'))
+                    """, logger: logger)
+                try await connection.query(
+                    """
+                    UPDATE rejections SET token = NULL, key_jwk = NULL, body_prefix = ''::bytea
+                    WHERE sub = ANY(\(subs)::text[]) AND (token IS NOT NULL OR length(body_prefix) > 0)
+                    """, logger: logger)
+            }
+
+            // NotificationsApplied, JobAttemptsInsert, NOTIFY.
+            let applied = held.map { job -> AppliedEffect in
+                let plan = effects[job.id]!.plan
+                return AppliedEffect(
+                    jobID: job.id, jti: job.jti, aud: job.aud, sub: job.event.sub, type: job.event.type?.rawValue ?? job.event.rawType,
+                    eventTimeMillis: job.event.eventTimeMillis, effect: plan.effect, revokedSessions: revoked[job.jti] ?? 0)
+            }
+            try await connection.query(
+                "UPDATE notifications SET status = 'applied' WHERE id = ANY(\(held.map(\.notificationID))::bigint[])", logger: logger)
+            let attempts = JSONValue.array(applied.enumerated().map { index, effect in
+                let job = held[index]
+                return .object([
+                    "job_id": .number(Double(job.id)), "notification_id": .number(Double(job.notificationID)), "attempt": .number(Double(job.attempt)),
+                    "started_at_us": .number((job.claimedAt.timeIntervalSince1970 * 1_000_000).rounded()),
+                    "effect": .object(["effect": .string(effect.effect), "revoked_sessions": .number(Double(effect.revokedSessions))]),
+                ])
+            }).jsonText
+            try await connection.query(
+                """
+                INSERT INTO job_attempts (job_id, notification_id, attempt, worker, started_at, outcome, effect)
+                SELECT r.job_id, r.notification_id, r.attempt, \(worker), timestamptz 'epoch' + r.started_at_us * interval '1 microsecond', 'applied', r.effect
+                FROM jsonb_to_recordset(\(attempts)::jsonb) AS r(job_id bigint, notification_id bigint, attempt int, started_at_us bigint, effect jsonb)
+                """, logger: logger)
+            let payloads = JSONValue.array(applied.map { .string(Self.notifyPayload($0)) }).jsonText
+            try await connection.query(
+                "SELECT count(pg_notify('siwa_effects', p)) FROM jsonb_array_elements_text(\(payloads)::jsonb) AS p", logger: logger)
+            return applied
+        }
+    }
+
+    static func revocation(_ job: ClaimedJob, cutoff: Int64?, reason: String) -> JSONValue {
+        .object([
+            "aud": .string(job.aud), "sub": .string(job.event.sub), "reason": .string(reason), "jti": .string(job.jti),
+            "cutoff_ms": cutoff.map { .number(Double($0)) } ?? .null, "event_ms": .number(Double(job.event.eventTimeMillis)),
+        ])
+    }
+
+    /// The `siwa_effects` NOTIFY payload: small, no email.
+    static func notifyPayload(_ effect: AppliedEffect) -> String {
+        JSONValue.object([
+            "type": .string(effect.type), "aud": .string(effect.aud), "sub": .string(effect.sub), "jti": .string(effect.jti),
+            "effect": .string(effect.effect), "revoked_sessions": .number(Double(effect.revokedSessions)),
+        ]).jsonText
+    }
+
+    // MARK: JobsFail
+
+    /// Records a failed attempt: back to `retryable` after `delay`, or `discarded` once
+    /// `maxAttempts` is reached; the notification shows `retrying` / `discarded`.
+    package func fail(_ jobs: [ClaimedJob], worker: String, error: String, maxAttempts: Int, delay: (Int) -> Duration) async throws {
+        guard !jobs.isEmpty else { return }
+        let delays = jobs.map { job -> Int in
+            let d = delay(job.attempt)
+            return Int(d.components.seconds * 1000 + d.components.attoseconds / 1_000_000_000_000_000)
+        }
+        let logger = self.logger
+        try await client.withTransaction(logger: logger) { connection in
+            try await connection.query(
+                """
+                WITH failed AS (
+                    UPDATE jobs j SET
+                        state = CASE WHEN j.attempt >= \(maxAttempts) THEN 'discarded'::job_state ELSE 'retryable'::job_state END,
+                        run_at = now() + c.delay_ms * interval '1 millisecond',
+                        finished_at = CASE WHEN j.attempt >= \(maxAttempts) THEN now() END,
+                        last_error = \(error), locked_by = NULL, lease_expires_at = NULL
+                    FROM unnest(\(jobs.map(\.id))::bigint[], \(jobs.map(\.attempt))::bigint[], \(delays)::bigint[]) AS c(id, attempt, delay_ms)
+                    WHERE j.id = c.id AND j.attempt = c.attempt AND j.state = 'running' AND j.locked_by = \(worker)
+                    RETURNING j.id, j.notification_id, j.attempt, j.attempted_at, j.state
+                ), marked AS (
+                    UPDATE notifications n SET status = CASE WHEN f.state = 'discarded' THEN 'discarded'::notification_status
+                                                             ELSE 'retrying'::notification_status END
+                    FROM failed f WHERE n.id = f.notification_id
+                )
+                INSERT INTO job_attempts (job_id, notification_id, attempt, worker, started_at, outcome, error)
+                SELECT id, notification_id, attempt, \(worker), attempted_at,
+                    CASE WHEN state = 'discarded' THEN 'discarded' ELSE 'retrying' END, \(error)
+                FROM failed
+                """, logger: logger)
+        }
+    }
+
+    // MARK: JobsRescue, JobsHeartbeat, JobsRelease, JobsPrune
+
+    /// Jobs whose lease ran out (their worker was killed, not stopped) go back to the queue, or are
+    /// discarded once out of attempts. Safe to run from every process at once.
+    @discardableResult
+    package func rescueExpiredLeases(maxAttempts: Int) async throws -> Int {
+        var count = 0
+        for try await (n,) in try await client.query(
+            """
+            WITH expired AS (
+                SELECT id, locked_by FROM jobs WHERE state = 'running' AND lease_expires_at < now()
+                FOR UPDATE SKIP LOCKED
+            ), rescued AS (
+                UPDATE jobs j SET
+                    state = CASE WHEN j.attempt >= \(maxAttempts) THEN 'discarded'::job_state ELSE 'retryable'::job_state END,
+                    finished_at = CASE WHEN j.attempt >= \(maxAttempts) THEN now() END,
+                    run_at = now(), locked_by = NULL, lease_expires_at = NULL,
+                    last_error = 'lease expired: worker ' || e.locked_by || ' stopped renewing it'
+                FROM expired e WHERE j.id = e.id
+                RETURNING j.id, j.notification_id, j.attempt, j.attempted_at, j.state, e.locked_by
+            ), marked AS (
+                UPDATE notifications n SET status = CASE WHEN r.state = 'discarded' THEN 'discarded'::notification_status
+                                                         ELSE 'retrying'::notification_status END
+                FROM rescued r WHERE n.id = r.notification_id
+            ), logged AS (
+                INSERT INTO job_attempts (job_id, notification_id, attempt, worker, started_at, outcome, error)
+                SELECT id, notification_id, attempt, locked_by, attempted_at, 'lease_expired', 'lease expired' FROM rescued
+            )
+            SELECT count(*)::bigint FROM rescued
+            """, logger: logger
+        ).decode((Int,).self) {
+            count = n
+        }
+        return count
+    }
+
+    /// Renews the leases of the jobs `worker` holds.
+    package func heartbeat(worker: String, lease: Duration) async throws {
+        let leaseMillis = Int(lease.components.seconds * 1000 + lease.components.attoseconds / 1_000_000_000_000_000)
+        try await client.query(
+            """
+            UPDATE jobs SET lease_expires_at = now() + \(leaseMillis) * interval '1 millisecond'
+            WHERE state = 'running' AND locked_by = \(worker)
+            """, logger: logger)
+    }
+
+    /// Graceful shutdown: jobs `worker` still holds go back to the queue as if never attempted.
+    @discardableResult
+    package func release(worker: String) async throws -> Int {
+        var count = 0
+        for try await (n,) in try await client.query(
+            """
+            WITH released AS (
+                UPDATE jobs SET state = 'available', run_at = now(), attempt = attempt - 1, locked_by = NULL, lease_expires_at = NULL
+                WHERE state = 'running' AND locked_by = \(worker) RETURNING id
+            ) SELECT count(*)::bigint FROM released
+            """, logger: logger
+        ).decode((Int,).self) {
+            count = n
+        }
+        return count
+    }
+
+    /// Deletes finished jobs older than `retention` (their attempts stay in job_attempts).
+    @discardableResult
+    package func prune(retention: Duration, limit: Int = 10_000) async throws -> Int {
+        var count = 0
+        for try await (n,) in try await client.query(
+            """
+            WITH pruned AS (
+                DELETE FROM jobs WHERE id IN (
+                    SELECT id FROM jobs WHERE state IN ('completed', 'discarded')
+                      AND finished_at < now() - \(Int(retention.components.seconds)) * interval '1 second'
+                    LIMIT \(limit))
+                RETURNING id
+            ) SELECT count(*)::bigint FROM pruned
+            """, logger: logger
+        ).decode((Int,).self) {
+            count = n
+        }
+        return count
+    }
+}

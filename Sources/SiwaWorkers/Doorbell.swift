@@ -1,0 +1,50 @@
+import Synchronization
+
+/// Wakes idle workers early: rung on a `siwa_jobs` NOTIFY. Workers never rely on it — they also
+/// wake every poll interval — so a lost NOTIFY (nobody listening, a pooler) costs latency only.
+package final class Doorbell: Sendable {
+    private struct State {
+        var rung = false
+        var nextID = 0
+        var waiters: [Int: CheckedContinuation<Void, Never>] = [:]
+    }
+    private let state = Mutex(State())
+
+    package init() {}
+
+    package func ring() {
+        let waiters = state.withLock { state -> [CheckedContinuation<Void, Never>] in
+            if state.waiters.isEmpty {
+                state.rung = true
+                return []
+            }
+            defer { state.waiters.removeAll() }
+            return Array(state.waiters.values)
+        }
+        for waiter in waiters { waiter.resume() }
+    }
+
+    /// Returns when rung (or already rung since the last wait), or after `timeout`.
+    package func wait(timeout: Duration) async {
+        await withCheckedContinuation { (continuation: CheckedContinuation<Void, Never>) in
+            let id: Int? = state.withLock { state in
+                if state.rung {
+                    state.rung = false
+                    return nil
+                }
+                state.nextID += 1
+                state.waiters[state.nextID] = continuation
+                return state.nextID
+            }
+            guard let id else {
+                continuation.resume()
+                return
+            }
+            Task {
+                try? await Task.sleep(for: timeout)
+                let waiter = self.state.withLock { $0.waiters.removeValue(forKey: id) }
+                waiter?.resume()
+            }
+        }
+    }
+}
