@@ -12,6 +12,7 @@ CREATE TABLE accounts (
     is_private_email     boolean,
     email_forwarding     email_forwarding,
     email_event_time     timestamptz,
+    address_event_time   timestamptz,
     consent_revoked_at   timestamptz,
     deleted_at           timestamptz,
     consent_event_time   timestamptz,

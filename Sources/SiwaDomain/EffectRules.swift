@@ -8,8 +8,10 @@ package struct AccountState: Sendable, Equatable {
     package var email: String?
     package var isPrivateEmail: Bool?
     package var forwarding: Forwarding?
-    /// event_time of the email event whose state is shown (the newest applied).
+    /// event_time of the email event whose forwarding state is shown (the newest applied).
     package var emailEventTime: Int64?
+    /// event_time of the email event that carried the address shown (the newest that carried one).
+    package var addressEventTime: Int64?
     /// Newest consent-revoked event time.
     package var consentRevokedAt: Int64?
     /// Earliest account-delete event time; once set, never cleared.
@@ -19,8 +21,9 @@ package struct AccountState: Sendable, Equatable {
 
     package init(
         email: String? = nil, isPrivateEmail: Bool? = nil, forwarding: Forwarding? = nil, emailEventTime: Int64? = nil,
-        consentRevokedAt: Int64? = nil, deletedAt: Int64? = nil, consentEventTime: Int64? = nil
+        addressEventTime: Int64? = nil, consentRevokedAt: Int64? = nil, deletedAt: Int64? = nil, consentEventTime: Int64? = nil
     ) {
+        self.addressEventTime = addressEventTime
         self.email = email
         self.isPrivateEmail = isPrivateEmail
         self.forwarding = forwarding
@@ -57,9 +60,10 @@ package struct EffectPlan: Sendable, Equatable {
 /// delivered in, and applying one twice changes nothing. Every field is a join of its events —
 /// commutative, associative, idempotent:
 ///
-/// - the email fields are a last-writer-wins register on `emailEventTime`: only a newer email event
-///   changes forwarding and address (an `email-enabled` older than the stored `email-disabled` does
-///   not re-enable);
+/// - forwarding is a last-writer-wins register on `emailEventTime`: only a newer email event changes
+///   it (an `email-enabled` older than the stored `email-disabled` does not re-enable); the address
+///   is a second register on `addressEventTime`, written by the newest event that carried one (an
+///   email event without an address leaves it, whichever order the two arrive in);
 /// - `consentRevokedAt` and `consentEventTime` only grow; `deletedAt` keeps the earliest deletion and
 ///   nothing clears it;
 /// - with erasure on (the default), a deleted account holds no email state at all — deletion clears
@@ -83,12 +87,17 @@ package enum EffectRules {
             if account.deletedAt != nil && eraseOnDelete {
                 return EffectPlan(account: account, revoke: .none, erase: true, effect: "none")
             }
+            var changed = false
+            if let email = event.email, account.addressEventTime.map({ time > $0 }) ?? true {
+                account.email = email
+                account.isPrivateEmail = event.isPrivateEmail
+                account.addressEventTime = time
+                changed = true
+            }
             guard account.emailEventTime.map({ time > $0 }) ?? true else {
-                return EffectPlan(account: account, revoke: .none, erase: false, effect: "none")
+                return EffectPlan(account: account, revoke: .none, erase: false, effect: changed ? "email_address_updated" : "none")
             }
             account.forwarding = type == .emailDisabled ? .disabled : .enabled
-            if let email = event.email { account.email = email }
-            if let isPrivate = event.isPrivateEmail { account.isPrivateEmail = isPrivate }
             account.emailEventTime = time
             return EffectPlan(
                 account: account, revoke: .none, erase: false,
@@ -111,6 +120,7 @@ package enum EffectRules {
                 account.isPrivateEmail = nil
                 account.forwarding = nil
                 account.emailEventTime = nil
+                account.addressEventTime = nil
             }
             return EffectPlan(
                 account: account, revoke: .all(reason: EventType.accountDelete.rawValue), erase: eraseOnDelete, effect: "account_deleted")

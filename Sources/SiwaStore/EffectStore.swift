@@ -110,15 +110,16 @@ package struct EffectStore: Sendable {
                 """
                 SELECT aud, sub, email, is_private_email, email_forwarding::text,
                     (extract(epoch FROM email_event_time) * 1000)::bigint, (extract(epoch FROM consent_revoked_at) * 1000)::bigint,
-                    (extract(epoch FROM deleted_at) * 1000)::bigint, (extract(epoch FROM consent_event_time) * 1000)::bigint
+                    (extract(epoch FROM deleted_at) * 1000)::bigint, (extract(epoch FROM consent_event_time) * 1000)::bigint,
+                    (extract(epoch FROM address_event_time) * 1000)::bigint
                 FROM accounts a
                 WHERE (a.aud, a.sub) IN (SELECT * FROM unnest(\(users.map(\.aud))::text[], \(users.map(\.sub))::text[]))
                 FOR UPDATE
                 """, logger: logger
-            ).decode((String, String, String?, Bool?, String?, Int64?, Int64?, Int64?, Int64?).self) {
+            ).decode((String, String, String?, Bool?, String?, Int64?, Int64?, Int64?, Int64?, Int64?).self) {
                 states[User(aud: row.0, sub: row.1)] = AccountState(
                     email: row.2, isPrivateEmail: row.3, forwarding: row.4.flatMap(AccountState.Forwarding.init(rawValue:)),
-                    emailEventTime: row.5, consentRevokedAt: row.6, deletedAt: row.7, consentEventTime: row.8)
+                    emailEventTime: row.5, addressEventTime: row.9, consentRevokedAt: row.6, deletedAt: row.7, consentEventTime: row.8)
             }
 
             // The rules decide, in event_time order per user.
@@ -148,6 +149,7 @@ package struct EffectStore: Sendable {
                 row["is_private_email"] = state.isPrivateEmail.map(JSONValue.bool) ?? .null
                 row["email_forwarding"] = state.forwarding.map { .string($0.rawValue) } ?? .null
                 row["email_event_time"] = state.emailEventTime.map { .number(Double($0)) } ?? .null
+                row["address_event_time"] = state.addressEventTime.map { .number(Double($0)) } ?? .null
                 row["consent_revoked_at"] = state.consentRevokedAt.map { .number(Double($0)) } ?? .null
                 row["deleted_at"] = state.deletedAt.map { .number(Double($0)) } ?? .null
                 row["consent_event_time"] = state.consentEventTime.map { .number(Double($0)) } ?? .null
@@ -155,18 +157,22 @@ package struct EffectStore: Sendable {
             }).jsonText
             try await connection.query(
                 """
-                INSERT INTO accounts (aud, sub, email, is_private_email, email_forwarding, email_event_time, consent_revoked_at, deleted_at, consent_event_time)
+                INSERT INTO accounts (aud, sub, email, is_private_email, email_forwarding, email_event_time, consent_revoked_at, deleted_at,
+                    consent_event_time, address_event_time)
                 SELECT r.aud, r.sub, r.email, r.is_private_email, r.email_forwarding::email_forwarding,
                     timestamptz 'epoch' + r.email_event_time * interval '1 millisecond',
                     timestamptz 'epoch' + r.consent_revoked_at * interval '1 millisecond',
                     timestamptz 'epoch' + r.deleted_at * interval '1 millisecond',
-                    timestamptz 'epoch' + r.consent_event_time * interval '1 millisecond'
+                    timestamptz 'epoch' + r.consent_event_time * interval '1 millisecond',
+                    timestamptz 'epoch' + r.address_event_time * interval '1 millisecond'
                 FROM jsonb_to_recordset(\(accountRows)::jsonb) AS r(aud text, sub text, email text, is_private_email boolean,
-                    email_forwarding text, email_event_time bigint, consent_revoked_at bigint, deleted_at bigint, consent_event_time bigint)
+                    email_forwarding text, email_event_time bigint, consent_revoked_at bigint, deleted_at bigint, consent_event_time bigint,
+                    address_event_time bigint)
                 ON CONFLICT (aud, sub) DO UPDATE SET
                     email = excluded.email, is_private_email = excluded.is_private_email, email_forwarding = excluded.email_forwarding,
                     email_event_time = excluded.email_event_time, consent_revoked_at = excluded.consent_revoked_at,
-                    deleted_at = excluded.deleted_at, consent_event_time = excluded.consent_event_time, updated_at = now()
+                    deleted_at = excluded.deleted_at, consent_event_time = excluded.consent_event_time,
+                    address_event_time = excluded.address_event_time, updated_at = now()
                 """, logger: logger)
 
             // SessionsRevoke: active sessions in scope, and those attributed to a later revoking event.
@@ -378,5 +384,95 @@ package struct EffectStore: Sendable {
             count = n
         }
         return count
+    }
+
+    // MARK: JobsRetry, JobsReplay, JobsList
+
+    /// Puts jobs back in the queue: one by id, or every discarded one (optionally of one event type).
+    /// Their notifications show `pending` again.
+    @discardableResult
+    package func retry(jobID: Int?, discarded: Bool, type: String?) async throws -> Int {
+        var count = 0
+        for try await (n,) in try await client.query(
+            """
+            WITH retried AS (
+                UPDATE jobs j SET state = 'available', run_at = now(), attempt = 0, finished_at = NULL, last_error = NULL,
+                    locked_by = NULL, lease_expires_at = NULL
+                FROM notifications n
+                WHERE n.id = j.notification_id AND j.state <> 'running'
+                  AND ((\(jobID)::bigint IS NOT NULL AND j.id = \(jobID)) OR (\(discarded) AND j.state = 'discarded'))
+                  AND (\(type)::text IS NULL OR n.type = \(type))
+                RETURNING j.notification_id
+            ), marked AS (
+                UPDATE notifications SET status = 'pending' WHERE id IN (SELECT notification_id FROM retried)
+            )
+            SELECT count(*)::bigint FROM retried
+            """, logger: logger
+        ).decode((Int,).self) {
+            count = n
+        }
+        return count
+    }
+
+    /// Re-runs a stored notification's effect (idempotent: the rules make a second application a
+    /// no-op). Returns false when no such notification has an effect to run.
+    package func replay(jti: String) async throws -> Bool {
+        var replayed = false
+        for try await (_,) in try await client.query(
+            """
+            WITH target AS (
+                SELECT id, aud, sub, event_time FROM notifications
+                WHERE jti = \(jti) AND type IN ('email-disabled', 'email-enabled', 'consent-revoked', 'account-delete')
+            ), marked AS (
+                UPDATE notifications SET status = 'pending' WHERE id IN (SELECT id FROM target)
+            )
+            INSERT INTO jobs (notification_id, aud, sub, event_time, run_at)
+            SELECT id, aud, sub, event_time, now() FROM target
+            ON CONFLICT (notification_id, kind) DO UPDATE SET state = 'available', run_at = now(), attempt = 0, finished_at = NULL,
+                last_error = NULL, locked_by = NULL, lease_expires_at = NULL
+            WHERE jobs.state <> 'running'
+            RETURNING id
+            """, logger: logger
+        ).decode((Int,).self) {
+            replayed = true
+        }
+        if replayed { try await client.query("SELECT pg_notify('siwa_jobs', '')", logger: logger) }
+        return replayed
+    }
+
+    package struct JobSummary: Sendable {
+        package var id: Int
+        package var state: String
+        package var attempt: Int
+        package var jti: String
+        package var aud: String
+        package var sub: String?
+        package var type: String?
+        package var runAt: Date
+        package var createdAt: Date
+        package var finishedAt: Date?
+        package var lockedBy: String?
+        package var lastError: String?
+    }
+
+    package func list(state: String?, limit: Int) async throws -> [JobSummary] {
+        var sql = SQLBuilder(
+            """
+            SELECT j.id, j.state::text, j.attempt, n.jti, n.aud, n.sub, n.type, j.run_at, j.created_at, j.finished_at, j.locked_by, j.last_error
+            FROM jobs j JOIN notifications n ON n.id = j.notification_id
+            """)
+        sql.filter("j.state::text =", state)
+        sql.append(" ORDER BY j.id DESC LIMIT ")
+        sql.bind(max(1, min(limit, 10_000)))
+        var result: [JobSummary] = []
+        for try await row in try await client.query(sql.query, logger: logger).decode(
+            (Int, String, Int, String, String, String?, String?, Date, Date, Date?, String?, String?).self)
+        {
+            result.append(
+                JobSummary(
+                    id: row.0, state: row.1, attempt: row.2, jti: row.3, aud: row.4, sub: row.5, type: row.6, runAt: row.7, createdAt: row.8,
+                    finishedAt: row.9, lockedBy: row.10, lastError: row.11))
+        }
+        return result
     }
 }

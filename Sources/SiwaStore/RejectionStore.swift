@@ -14,13 +14,15 @@ package struct RejectionRecord: Sendable {
     package var kid: String?
     package var aud: String?
     package var jti: String?
+    /// The user, when the body held a readable event (so erasure can find the row).
+    package var sub: String?
     /// The whole token and the key that verified it, only when the signature was valid.
     package var token: String?
     package var keyJWK: String?
 
     package init(
         receivedAt: Date, remoteAddress: String?, reason: RejectionReason, message: String, bodySize: Int, bodyPrefix: [UInt8],
-        kid: String? = nil, aud: String? = nil, jti: String? = nil, token: String? = nil, keyJWK: String? = nil
+        kid: String? = nil, aud: String? = nil, jti: String? = nil, sub: String? = nil, token: String? = nil, keyJWK: String? = nil
     ) {
         // Text from a refused body is attacker-controlled: PostgreSQL refuses NUL in text, so it is
         // dropped here rather than let one row fail a whole batch.
@@ -34,6 +36,7 @@ package struct RejectionRecord: Sendable {
         self.kid = clean(kid)
         self.aud = clean(aud)
         self.jti = clean(jti)
+        self.sub = clean(sub)
         self.token = clean(token)
         self.keyJWK = keyJWK
     }
@@ -127,9 +130,9 @@ package struct RejectionStore: Sendable {
     private func insert(_ r: RejectionRecord, on connection: PostgresConnection) async throws {
         try await connection.query(
             """
-            INSERT INTO rejections (received_at, remote_addr, reason, message, body_size, body_prefix, kid, aud, jti, token, key_jwk)
+            INSERT INTO rejections (received_at, remote_addr, reason, message, body_size, body_prefix, kid, aud, jti, sub, token, key_jwk)
             VALUES (\(r.receivedAt), \(r.remoteAddress), \(r.reason.rawValue), \(r.message), \(r.bodySize),
-                    \(ByteBuffer(bytes: r.bodyPrefix)), \(r.kid), \(r.aud), \(r.jti), \(r.token), \(r.keyJWK)::jsonb)
+                    \(ByteBuffer(bytes: r.bodyPrefix)), \(r.kid), \(r.aud), \(r.jti), \(r.sub), \(r.token), \(r.keyJWK)::jsonb)
             ON CONFLICT DO NOTHING
             """, logger: logger)
     }

@@ -69,8 +69,8 @@ struct EffectRulesTests {
     @Test("Every delivery order of a user's events ends in the state of event_time order", arguments: [true, false])
     func orderIndependence(erase: Bool) {
         let events = [
-            event("email-disabled", 10, email: "a@x"), event("email-enabled", 20, email: "b@x"), event("consent-revoked", 30),
-            event("account-delete", 40), event("email-disabled", 50, email: "c@x"),
+            event("email-disabled", 10, email: "a@x"), event("email-enabled", 20), event("email-disabled", 25, email: "b@x"),
+            event("consent-revoked", 30), event("account-delete", 40), event("email-disabled", 50, email: "c@x"),
         ]
         let expected = fold(events, erase: erase)
         for order in Self.permutations(events) {

@@ -1,0 +1,290 @@
+import AsyncHTTPClient
+import Foundation
+import Logging
+import NIOCore
+import NIOHTTP1
+import PostgresNIO
+import SiwaApp
+import SiwaDomain
+import SiwaStore
+import SiwaTestSupport
+import SiwaWorkers
+import Testing
+
+/// A receiver plus effect workers driven by hand (`runOnce`), on one fresh database.
+struct EffectHarness {
+    let h: Harness
+    let workers: EffectWorkers
+    var client: PostgresClient { h.server.client }
+
+    static func start(_ configure: (inout EffectWorkers.Configuration) -> Void = { _ in }) async throws -> EffectHarness {
+        let h = try await Harness.start()
+        var configuration = EffectWorkers.Configuration()
+        configuration.workers = 1
+        configure(&configuration)
+        let workers = EffectWorkers(configuration: configuration, store: EffectStore(client: h.server.client, logger: h.logs.logger()), logger: h.logs.logger())
+        return EffectHarness(h: h, workers: workers)
+    }
+
+    func stop() async { await h.stop() }
+
+    /// Runs worker 0 until nothing is ready.
+    @discardableResult
+    func drain() async throws -> Int {
+        var total = 0
+        while true {
+            let claimed = try await workers.runOnce(worker: workers.workerName(0))
+            if claimed == 0 { return total }
+            total += claimed
+        }
+    }
+
+    /// Test times are offsets in ms from this realistic base (Apple's event_time heuristics read
+    /// small numbers as seconds).
+    static let base: Int64 = 1_700_000_000_000
+
+    func post(_ type: String, sub: String, at offset: Int64, email: String? = nil, jti: String = UUID().uuidString) async throws {
+        let millis = Self.base + offset
+        let jws = try h.signer.notification(
+            aud: Harness.aud, type: type, sub: sub, eventTime: Date(timeIntervalSince1970: Double(millis) / 1000), email: email,
+            isPrivateEmail: email == nil ? nil : true, jti: jti)
+        let answer = try await h.server.post(jws: jws)
+        #expect(answer.status == 200)
+    }
+
+    /// A session created at `millis` (as a backend would, with plain SQL).
+    @discardableResult
+    func session(sub: String, createdAt offset: Int64) async throws -> String {
+        let millis = Self.base + offset
+        let id = UUID().uuidString.lowercased()
+        try await client.query(
+            "INSERT INTO sessions (id, aud, sub, created_at) VALUES (\(id)::uuid, \(Harness.aud), \(sub), timestamptz 'epoch' + \(Int(millis)) * interval '1 millisecond')")
+        return id
+    }
+
+    func activeSessions(sub: String) async throws -> Set<String> {
+        var ids = Set<String>()
+        for try await (id,) in try await client.query(
+            "SELECT id::text FROM sessions WHERE aud = \(Harness.aud) AND sub = \(sub) AND revoked_at IS NULL"
+        ).decode((String,).self) {
+            ids.insert(id)
+        }
+        return ids
+    }
+
+    /// (forwarding, email, consent revoked at ms, deleted at ms)
+    func account(sub: String) async throws -> String {
+        for try await (row,) in try await client.query(
+            """
+            SELECT concat_ws('|', coalesce(email_forwarding::text, '-'), coalesce(email, '-'), coalesce(is_private_email::text, '-'),
+                coalesce(((extract(epoch FROM email_event_time) * 1000)::bigint - \(Self.base))::text, '-'),
+                coalesce(((extract(epoch FROM consent_revoked_at) * 1000)::bigint - \(Self.base))::text, '-'),
+                coalesce(((extract(epoch FROM deleted_at) * 1000)::bigint - \(Self.base))::text, '-'))
+            FROM accounts WHERE aud = \(Harness.aud) AND sub = \(sub)
+            """
+        ).decode((String,).self) {
+            return row
+        }
+        return "none"
+    }
+}
+
+@Suite("Effects: the worker applies notifications to accounts and sessions")
+struct EffectTests {
+    @Test("email-disabled, then email-enabled: forwarding and address follow; the notifications end applied")
+    func emailEffects() async throws {
+        let e = try await EffectHarness.start()
+        try await e.post("email-disabled", sub: "u1", at: 1_000_000, email: "u1@privaterelay.appleid.com")
+        #expect(try await e.drain() == 1)
+        let got1 = try await e.account(sub: "u1")
+
+        #expect(got1 == "disabled|u1@privaterelay.appleid.com|true|1000000|-|-")
+        try await e.post("email-enabled", sub: "u1", at: 2_000_000)
+        try await e.drain()
+        let got2 = try await e.account(sub: "u1")
+
+        #expect(got2 == "enabled|u1@privaterelay.appleid.com|true|2000000|-|-")
+        #expect(try await e.h.count("SELECT count(*) FROM notifications WHERE status = 'applied'") == 2)
+        #expect(try await e.h.count("SELECT count(*) FROM jobs WHERE state = 'completed'") == 2)
+        #expect(try await e.h.count("SELECT count(*) FROM job_attempts WHERE outcome = 'applied'") == 2)
+        await e.stop()
+    }
+
+    @Test("consent-revoked signs out sessions created at or before it; a session created after it survives")
+    func consentRevoked() async throws {
+        let e = try await EffectHarness.start()
+        let before = try await e.session(sub: "u2", createdAt: 1_000)
+        let at = try await e.session(sub: "u2", createdAt: 5_000)
+        let after = try await e.session(sub: "u2", createdAt: 9_000)
+        let other = try await e.session(sub: "someone-else", createdAt: 1_000)
+        try await e.post("consent-revoked", sub: "u2", at: 5_000, jti: "revoke-u2")
+        try await e.drain()
+        let got3 = try await e.activeSessions(sub: "u2")
+
+        #expect(got3 == [after])
+        let got4 = try await e.activeSessions(sub: "someone-else")
+
+        #expect(got4 == [other])
+        #expect(try await e.h.count("SELECT count(*) FROM sessions WHERE id IN ('\(before)', '\(at)') AND revoked_reason = 'consent-revoked' AND revoked_by = 'revoke-u2'") == 2)
+        let got5 = try await e.account(sub: "u2")
+
+        #expect(got5 == "-|-|-|-|5000|-")
+        await e.stop()
+    }
+
+    @Test("account-delete revokes every session, and a later-arriving older email event does not store the address again")
+    func accountDelete() async throws {
+        let e = try await EffectHarness.start()
+        _ = try await e.session(sub: "u3", createdAt: 1_000)
+        _ = try await e.session(sub: "u3", createdAt: 99_000)
+        try await e.post("email-disabled", sub: "u3", at: 1_000, email: "u3@privaterelay.appleid.com")
+        try await e.post("account-delete", sub: "u3", at: 50_000)
+        try await e.drain()
+        #expect(try await e.activeSessions(sub: "u3").isEmpty)
+        let got6 = try await e.account(sub: "u3")
+
+        #expect(got6 == "-|-|-|-|-|50000")
+        // Delayed delivery of an older email event: nothing stored.
+        try await e.post("email-enabled", sub: "u3", at: 2_000, email: "u3-late@privaterelay.appleid.com")
+        try await e.drain()
+        let got7 = try await e.account(sub: "u3")
+
+        #expect(got7 == "-|-|-|-|-|50000")
+        await e.stop()
+    }
+
+    @Test("Erasure leaves no trace of the address in any text, jsonb or bytea column of any table")
+    func erasureLeavesNoTrace() async throws {
+        let e = try await EffectHarness.start()
+        let email = "erase-me-7q@privaterelay.appleid.com"
+        try await e.post("email-disabled", sub: "u4", at: 1_000, email: email)
+        // A genuine token for another app of ours, kept whole among rejections.
+        let kept = try e.h.signer.notification(aud: "com.example.typo", type: "email-enabled", sub: "u4", email: email, isPrivateEmail: true)
+        _ = try await e.h.server.post(jws: kept)
+        await e.h.flushRejections()
+        try await e.drain()
+        #expect(try await Self.occurrences(of: email, in: e.client) > 0)
+        try await e.post("account-delete", sub: "u4", at: 2_000)
+        try await e.drain()
+        #expect(try await Self.occurrences(of: email, in: e.client) == 0)
+        #expect(try await e.h.count("SELECT count(*) FROM notifications WHERE sub = 'u4' AND erased_at IS NOT NULL") == 1)
+        await e.stop()
+    }
+
+    /// Counts rows anywhere in the public schema whose text, jsonb or bytea columns contain
+    /// `needle` — as text, or inside base64url (how a JWS carries it).
+    static func occurrences(of needle: String, in client: PostgresClient) async throws -> Int {
+        var columns: [(String, String, String)] = []
+        for try await row in try await client.query(
+            """
+            SELECT table_name::text, column_name::text, data_type::text FROM information_schema.columns
+            WHERE table_schema = 'public' AND data_type IN ('text', 'jsonb', 'bytea', 'character varying')
+            """
+        ).decode((String, String, String).self) {
+            columns.append(row)
+        }
+        #expect(columns.count > 10)
+        // The address inside base64url, at each of the three alignments.
+        let encoded = (0..<3).map { shift -> String in
+            let padded = Data(repeating: 0x20, count: shift) + Data(needle.utf8)
+            return String(Base64URL.encode(padded).dropFirst(shift == 0 ? 0 : shift + 1).dropLast(2))
+        }
+        var total = 0
+        for (table, column, type) in columns {
+            let expression = type == "bytea" ? "encode(\"\(column)\", 'escape')" : "\"\(column)\"::text"
+            var conditions = ["\(expression) LIKE '%' || $1 || '%'"]
+            for (index, _) in encoded.enumerated() { conditions.append("\(expression) LIKE '%' || $\(index + 2) || '%'") }
+            var bindings = PostgresBindings()
+            bindings.append(needle)
+            for value in encoded { bindings.append(value) }
+            let query = PostgresQuery(unsafeSQL: "SELECT count(*) FROM \"\(table)\" WHERE \(conditions.joined(separator: " OR "))", binds: bindings)
+            for try await (count,) in try await client.query(query).decode((Int,).self) { total += count }
+        }
+        return total
+    }
+
+    @Test("Every out-of-order pair of a user's events ends as in event_time order (accounts and sessions)")
+    func outOfOrderPairs() async throws {
+        let events: [(String, Int64, String?)] = [
+            ("email-disabled", 10_000, "a@privaterelay.appleid.com"), ("email-enabled", 20_000, nil), ("consent-revoked", 30_000, nil),
+            ("account-delete", 40_000, nil),
+        ]
+        let e = try await EffectHarness.start()
+        var pairIndex = 0
+        for i in events.indices {
+            for j in events.indices where i < j {
+                pairIndex += 1
+                let inOrder = "in-\(pairIndex)", reversed = "rev-\(pairIndex)"
+                for sub in [inOrder, reversed] {
+                    for created in [5_000, 15_000, 25_000, 35_000, 45_000] as [Int64] { try await e.session(sub: sub, createdAt: created) }
+                }
+                for (type, time, email) in [events[i], events[j]] { try await e.post(type, sub: inOrder, at: time, email: email) }
+                try await e.drain()
+                for (type, time, email) in [events[j], events[i]] {
+                    try await e.post(type, sub: reversed, at: time, email: email)
+                    try await e.drain()  // the later event is applied first
+                }
+                let inOrderAccount = try await e.account(sub: inOrder), reversedAccount = try await e.account(sub: reversed)
+                #expect(inOrderAccount == reversedAccount, "\(events[i].0) / \(events[j].0)")
+                #expect(try await e.h.count(
+                    "SELECT count(*) FROM sessions WHERE sub = '\(inOrder)' AND revoked_at IS NULL") == (try await e.h.count(
+                    "SELECT count(*) FROM sessions WHERE sub = '\(reversed)' AND revoked_at IS NULL")))
+                #expect(try await e.h.count(
+                    "SELECT count(*) FROM (SELECT created_at, revoked_reason FROM sessions WHERE sub = '\(inOrder)' EXCEPT SELECT created_at, revoked_reason FROM sessions WHERE sub = '\(reversed)') d") == 0)
+            }
+        }
+        await e.stop()
+    }
+
+    @Test("A job whose worker died is taken over after its lease and applied exactly once")
+    func leaseTakeover() async throws {
+        let e = try await EffectHarness.start { $0.lease = .seconds(1) }
+        try await e.session(sub: "u5", createdAt: 1_000)
+        try await e.post("consent-revoked", sub: "u5", at: 5_000)
+        let store = EffectStore(client: e.client, logger: Logger(label: "dead"))
+        // A worker claims the job and dies (never completes, never heartbeats).
+        let held = try await store.claim(worker: "dead-worker", limit: 10, lease: .seconds(1))
+        #expect(held.count == 1)
+        #expect(try await e.drain() == 0)  // held: not claimable
+        try await Task.sleep(for: .milliseconds(1200))
+        #expect(try await store.rescueExpiredLeases(maxAttempts: 25) == 1)
+        #expect(try await e.drain() == 1)
+        // The dead worker wakes up and tries to finish: nothing is applied twice.
+        #expect(try await store.apply(held, worker: "dead-worker", eraseOnDelete: true).isEmpty)
+        #expect(try await e.h.count("SELECT count(*) FROM job_attempts WHERE outcome = 'applied'") == 1)
+        #expect(try await e.h.count("SELECT count(*) FROM job_attempts WHERE outcome = 'lease_expired'") == 1)
+        #expect(try await e.h.count("SELECT attempt FROM jobs") == 2)
+        #expect(try await e.activeSessions(sub: "u5").isEmpty)
+        await e.stop()
+    }
+
+    @Test("A failing job backs off, is retried, and is discarded with its last error after the maximum attempts")
+    func backoffDiscardRetry() async throws {
+        let e = try await EffectHarness.start { $0.maxAttempts = 2 }
+        // The database refuses this user's account row: a real failure inside the effect.
+        try await e.client.query(
+            """
+            CREATE FUNCTION refuse_poison() RETURNS trigger LANGUAGE plpgsql AS $$
+            BEGIN IF NEW.sub = 'poison' THEN RAISE EXCEPTION 'poisoned account'; END IF; RETURN NEW; END $$
+            """)
+        try await e.client.query("CREATE TRIGGER refuse_poison BEFORE INSERT OR UPDATE ON accounts FOR EACH ROW EXECUTE FUNCTION refuse_poison()")
+        try await e.post("consent-revoked", sub: "poison", at: 1_000)
+        try await e.post("consent-revoked", sub: "healthy", at: 1_000)
+        try await e.drain()
+        // The healthy one is applied despite sharing a batch with the poison.
+        #expect(try await e.h.count("SELECT count(*) FROM notifications WHERE sub = 'healthy' AND status = 'applied'") == 1)
+        #expect(try await e.h.count("SELECT count(*) FROM notifications WHERE sub = 'poison' AND status = 'retrying'") == 1)
+        #expect(try await e.h.count("SELECT count(*) FROM jobs WHERE state = 'retryable' AND run_at > now() AND last_error LIKE '%poisoned account%'") == 1)
+        try await e.client.query("UPDATE jobs SET run_at = now() WHERE state = 'retryable'")
+        try await e.drain()
+        #expect(try await e.h.count("SELECT count(*) FROM jobs WHERE state = 'discarded' AND finished_at IS NOT NULL") == 1)
+        #expect(try await e.h.count("SELECT count(*) FROM notifications WHERE sub = 'poison' AND status = 'discarded'") == 1)
+        #expect(try await e.h.count("SELECT count(*) FROM job_attempts WHERE outcome IN ('retrying', 'discarded')") == 2)
+        // Fixed, then retried by an operator: applied.
+        try await e.client.query("DROP TRIGGER refuse_poison ON accounts")
+        #expect(try await EffectStore(client: e.client, logger: Logger(label: "op")).retry(jobID: nil, discarded: true, type: nil) == 1)
+        try await e.drain()
+        #expect(try await e.h.count("SELECT count(*) FROM notifications WHERE sub = 'poison' AND status = 'applied'") == 1)
+        await e.stop()
+    }
+}
