@@ -14,6 +14,7 @@ package final class RejectionRecorder: Service, Sendable {
         var sampler: RejectionSampler
         var pending: [RejectionRecord] = []
         var counts: [CountKey: (recorded: Int, sampledOut: Int)] = [:]
+        var writing = 0
     }
 
     private let store: RejectionStore
@@ -48,15 +49,25 @@ package final class RejectionRecorder: Service, Sendable {
         if !admitted { metrics?.count(sampledOut: record.reason) }
     }
 
-    /// Writes what is buffered. On failure the batch is put back (within the bound) for next time.
+    /// Writes what is buffered, and returns once every batch taken so far (also by a concurrent
+    /// flush) is written. On failure the batch is put back (within the bound) for next time.
     package func flush() async {
+        await writeBatch()
+        while state.withLock({ $0.writing > 0 }) {
+            try? await Task.sleep(for: .milliseconds(5))
+        }
+    }
+
+    private func writeBatch() async {
         let (records, counts) = state.withLock { state in
             defer {
                 state.pending.removeAll(keepingCapacity: true)
                 state.counts.removeAll(keepingCapacity: true)
+                state.writing += 1
             }
             return (state.pending, state.counts)
         }
+        defer { state.withLock { $0.writing -= 1 } }
         guard !records.isEmpty || !counts.isEmpty else { return }
         do {
             try await store.insert(
@@ -84,8 +95,11 @@ package final class RejectionRecorder: Service, Sendable {
             } catch {
                 break
             }
-            await flush()
+            await writeBatch()
         }
-        await flush()
+        // The last batch, unless cancelled outright (the database client may be gone), and bounded.
+        if !Task.isCancelled {
+            _ = try? await withDeadline(.seconds(5)) { await self.flush() }
+        }
     }
 }

@@ -5,6 +5,7 @@ import Logging
 import NIOCore
 import NIOHTTP1
 import PostgresNIO
+import ServiceLifecycle
 import SiwaApp
 import SiwaDomain
 import SiwaKeys
@@ -17,13 +18,15 @@ package final class TestServer: Sendable {
     package let receiver: Receiver
     package let client: PostgresClient
     private let task: Task<Void, any Error>
+    private let group: ServiceGroup
 
-    private init(baseURL: String, port: Int, receiver: Receiver, client: PostgresClient, task: Task<Void, any Error>) {
+    private init(baseURL: String, port: Int, receiver: Receiver, client: PostgresClient, task: Task<Void, any Error>, group: ServiceGroup) {
         self.baseURL = baseURL
         self.port = port
         self.receiver = receiver
         self.client = client
         self.task = task
+        self.group = group
     }
 
     package static func start(
@@ -38,9 +41,12 @@ package final class TestServer: Sendable {
         let app = receiver.application(config: config, client: client, logger: logger) { channel in
             started.resume(.success(channel.localAddress?.port ?? 0))
         }
+        // Run as production does — a service group stopped by graceful shutdown, so services stop
+        // in reverse order (the database client last) — not by cancellation.
+        let group = ServiceGroup(configuration: .init(services: [app], logger: logger))
         let task = Task {
             do {
-                try await app.run()
+                try await group.run()
                 started.resume(.failure(CancellationError()))
             } catch {
                 started.resume(.failure(error))
@@ -48,12 +54,12 @@ package final class TestServer: Sendable {
             }
         }
         let port = try await started.value
-        return TestServer(baseURL: "http://127.0.0.1:\(port)", port: port, receiver: receiver, client: client, task: task)
+        return TestServer(baseURL: "http://127.0.0.1:\(port)", port: port, receiver: receiver, client: client, task: task, group: group)
     }
 
-    /// Stops the server and its services (cancellation is a graceful shutdown for the group).
+    /// Stops the server gracefully and waits for every service to finish.
     package func stop() async {
-        task.cancel()
+        await group.triggerGracefulShutdown()
         _ = await task.result
     }
 

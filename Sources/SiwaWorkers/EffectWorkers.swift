@@ -70,9 +70,16 @@ package final class EffectWorkers: Service, Sendable {
             }
             helpers.cancelAll()
         }
-        for index in 0..<configuration.workers {
-            let released = (try? await store.release(worker: workerName(index))) ?? 0
-            if released > 0 { logger.info("released jobs on shutdown", metadata: ["worker": "\(workerName(index))", "count": "\(released)"]) }
+        // Graceful shutdown stops the workers before the database client (service order), so
+        // what is still held can be handed back. When cancelled outright, the client may be gone
+        // already: leave it to the lease. Either way never wait on the database for long.
+        if !Task.isCancelled {
+            let store = self.store
+            for index in 0..<configuration.workers {
+                let worker = workerName(index)
+                let released = (try? await withDeadline(.seconds(5)) { try await store.release(worker: worker) }) ?? 0
+                if released > 0 { logger.info("released jobs on shutdown", metadata: ["worker": "\(worker)", "count": "\(released)"]) }
+            }
         }
         logger.info("effect workers stopped", metadata: ["identity": "\(identity)"])
     }

@@ -81,14 +81,15 @@ struct DatabaseTests {
             let receiver = Receiver(config: config, client: database.client, logger: logger)
             let started = OnceContinuation<Int>()
             let app = receiver.application(config: config, client: database.client, logger: logger) { started.resume(.success($0.localAddress?.port ?? 0)) }
-            let task = Task { try await app.run() }
+            let group = ServiceGroup(configuration: .init(services: [app], logger: logger))
+            let task = Task { try await group.run() }
             let port = try await started.value
             let jws = try signer.notification(aud: Harness.aud, type: "consent-revoked", sub: "001.restart.\(round)", jti: "restart-\(round)")
             var request = HTTPClientRequestBuilder.post("http://127.0.0.1:\(port)/apple/notifications", body: AppleStyleSigner.body(jws))
             #expect(try await request.send() == 200)
             let listed = try await NotificationStore(client: database.client, logger: logger).list(NotificationFilter())
             #expect(listed.map(\.jti) == (round == 1 ? ["restart-1"] : ["restart-2", "restart-1"]))
-            task.cancel()
+            await group.triggerGracefulShutdown()
             _ = await task.result
             await database.close()
         }
