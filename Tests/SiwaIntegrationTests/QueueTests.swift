@@ -1,0 +1,72 @@
+import Foundation
+import Logging
+import PostgresNIO
+import ServiceLifecycle
+import SiwaApp
+import SiwaStore
+import SiwaTestSupport
+import SiwaWorkers
+import Testing
+
+@Suite("The effect queue under load")
+struct QueueTests {
+    /// Runs `EffectWorkers` as a service until every job is finished, then stops it gracefully.
+    static func drain(client: PostgresClient, total: Int, configure: (inout EffectWorkers.Configuration) -> Void) async throws -> Duration {
+        var configuration = EffectWorkers.Configuration()
+        configure(&configuration)
+        let logger = Logger(label: "queue-test", factory: { _ in SwiftLogNoOpLogHandler() })
+        let workers = EffectWorkers(configuration: configuration, store: EffectStore(client: client, logger: logger), logger: logger)
+        let group = ServiceGroup(configuration: .init(services: [workers], logger: logger))
+        let started = ContinuousClock.now
+        let task = Task { try await group.run() }
+        var done = 0
+        for _ in 0..<1200 where done < total {
+            try await Task.sleep(for: .milliseconds(100))
+            for try await (n,) in try await client.query("SELECT count(*) FROM jobs WHERE state = 'completed'").decode((Int,).self) { done = n }
+        }
+        let elapsed = ContinuousClock.now - started
+        await group.triggerGracefulShutdown()
+        _ = await task.result
+        return elapsed
+    }
+
+    static func withDatabase(_ body: (PostgresClient) async throws -> Void) async throws {
+        let client = PostgresClient(configuration: try await TestCluster.shared.makeDatabase())
+        try await withThrowingTaskGroup(of: Void.self) { group in
+            group.addTask { await client.run() }
+            try await body(client)
+            group.cancelAll()
+        }
+    }
+
+    static func count(_ client: PostgresClient, _ sql: String) async throws -> Int {
+        for try await (n,) in try await client.query(PostgresQuery(unsafeSQL: sql)).decode((Int,).self) { return n }
+        return 0
+    }
+
+    @Test("4 workers × 10,000 jobs over 1,000 users: each applied exactly once, each user's in event_time order", arguments: [true, false])
+    func exactlyOnceInOrder(notify: Bool) async throws {
+        try await Self.withDatabase { client in
+            try await BulkLoad.notifications(count: 10_000, users: 1_000, aud: "com.example.app", client: client)
+            _ = try await Self.drain(client: client, total: 10_000) {
+                $0.workers = 4
+                $0.listen = notify
+                $0.batchSize = 100
+            }
+            #expect(try await Self.count(client, "SELECT count(*) FROM jobs WHERE state = 'completed'") == 10_000)
+            #expect(try await Self.count(client, "SELECT count(*) FROM job_attempts WHERE outcome = 'applied'") == 10_000)
+            #expect(try await Self.count(client, "SELECT count(DISTINCT job_id) FROM job_attempts") == 10_000)
+            #expect(try await Self.count(client, "SELECT count(*) FROM notifications WHERE status = 'applied'") == 10_000)
+            // Per user, the order of application (attempt ids) follows event_time.
+            #expect(try await Self.count(client,
+                """
+                SELECT count(*) FROM (
+                    SELECT n.sub, n.event_time, lag(n.event_time) OVER (PARTITION BY n.sub ORDER BY a.id) AS previous
+                    FROM job_attempts a JOIN notifications n ON n.id = a.notification_id
+                ) o WHERE previous > event_time
+                """) == 0)
+            // Every user ended deleted (each has an account-delete among its events) and erased.
+            #expect(try await Self.count(client, "SELECT count(*) FROM accounts WHERE deleted_at IS NOT NULL AND email IS NULL") == 1_000)
+        }
+    }
+}
