@@ -10,7 +10,8 @@ struct SiwaEvents: AsyncParsableCommand {
         commandName: "siwa-events",
         abstract: "Receive, verify and record Sign in with Apple server-to-server notifications.",
         subcommands: [
-            Serve.self, Migrate.self, NotificationsCommand.self, RejectionsCommand.self, Verify.self, KeysCommand.self, Send.self,
+            Serve.self, Migrate.self, NotificationsCommand.self, RejectionsCommand.self, JobsCommand.self, ReplayCommand.self, Verify.self,
+            KeysCommand.self, Send.self,
         ])
 }
 

@@ -103,6 +103,17 @@ struct CLITests {
         #expect(rows.first?["received_at"]?.stringValue?.hasSuffix("Z") == true)
         #expect(!FileManager.default.fileExists(atPath: "\(directory)/.siwa/pgdata/postmaster.pid"))
 
+        let jobs = try await Self.run(["jobs", "list", "--json"], directory: directory)
+        let jobRows = jobs.stdout.split(separator: "\n").compactMap { JSONValue.parse(Data($0.utf8)) }
+        #expect(jobRows.map { $0["state"] } == [.string("completed")])
+        let replayEffect = try await Self.run(["replay", "cli-1"], directory: directory)
+        #expect(replayEffect.status == 0)
+        let queued = try await Self.run(["jobs", "list", "--state", "available", "--json"], directory: directory)
+        #expect(queued.stdout.split(separator: "\n").count == 1)
+        let unknown = try await Self.run(["replay", "no-such-jti"], directory: directory)
+        #expect(unknown.status == 1)
+        #expect(unknown.stderr.contains("no-such-jti"))
+
         let replay = try await Self.run(["rejections", "replay"], environment: ["SIWA_APPLE_BUNDLE_IDS": "com.example.cli,com.example.typo"], directory: directory)
         #expect(replay.status == 0)
         #expect(replay.stdout.contains("recorded 1"))

@@ -1,0 +1,98 @@
+import ArgumentParser
+import Foundation
+import SiwaApp
+import SiwaDomain
+import SiwaStore
+
+struct JobsCommand: AsyncParsableCommand {
+    static let configuration = CommandConfiguration(
+        commandName: "jobs", abstract: "The effect queue: inspect and retry jobs.", subcommands: [List.self, Retry.self])
+
+    struct List: AsyncParsableCommand {
+        static let configuration = CommandConfiguration(abstract: "List jobs, newest first.")
+        @OptionGroup var options: ConfigOptions
+        @Option(help: "Only this state: available, running, retryable, completed, discarded.") var state: String?
+        @Option(help: "At most this many (1-10000).") var limit: Int = 50
+        @Flag(help: "One JSON object per line.") var json = false
+
+        func validate() throws {
+            let states = ["available", "running", "retryable", "completed", "discarded"]
+            if let state, !states.contains(state) {
+                throw ValidationError("--state must be one of \(states.joined(separator: ", ")) (got \"\(state)\")")
+            }
+        }
+
+        func run() async throws {
+            let config = try options.load(requireBundleIDs: false)
+            let logger = makeLogger()
+            let jobs = try await Database.with(config, logger: logger) { database in
+                try await EffectStore(client: database.client, logger: logger).list(state: state, limit: limit)
+            }
+            if json {
+                for job in jobs {
+                    print(JSONValue.object([
+                        "id": .number(Double(job.id)), "state": .string(job.state), "attempt": .number(Double(job.attempt)), "jti": .string(job.jti),
+                        "aud": .string(job.aud), "sub": job.sub.map(JSONValue.string) ?? .null, "type": job.type.map(JSONValue.string) ?? .null,
+                        "run_at": .string(iso8601(job.runAt)), "created_at": .string(iso8601(job.createdAt)),
+                        "finished_at": job.finishedAt.map { .string(iso8601($0)) } ?? .null,
+                        "locked_by": job.lockedBy.map(JSONValue.string) ?? .null, "last_error": job.lastError.map(JSONValue.string) ?? .null,
+                    ]).jsonText)
+                }
+            } else if jobs.isEmpty {
+                print("no jobs match")
+            } else {
+                print(table(
+                    ["ID", "STATE", "ATTEMPT", "TYPE", "SUB", "RUN AT", "JTI", "LAST ERROR"],
+                    jobs.map { ["\($0.id)", $0.state, "\($0.attempt)", $0.type ?? "-", $0.sub ?? "-", iso8601($0.runAt), $0.jti, $0.lastError ?? "-"] }))
+            }
+        }
+    }
+
+    struct Retry: AsyncParsableCommand {
+        static let configuration = CommandConfiguration(abstract: "Put a job, or every discarded job, back in the queue.")
+        @OptionGroup var options: ConfigOptions
+        @Argument(help: "The job id (see `jobs list`).") var id: Int?
+        @Flag(help: "Retry every discarded job.") var discarded = false
+        @Option(help: "With --discarded: only jobs of this event type.") var type: String?
+
+        func validate() throws {
+            if (id == nil) == !discarded {
+                throw ValidationError("give a job id, or --discarded (not both)")
+            }
+            if type != nil && !discarded { throw ValidationError("--type goes with --discarded") }
+        }
+
+        func run() async throws {
+            let config = try options.load(requireBundleIDs: false)
+            let logger = makeLogger()
+            let count = try await Database.with(config, logger: logger) { database in
+                try await EffectStore(client: database.client, logger: logger).retry(jobID: id, discarded: discarded, type: type.map { EventType(apple: $0)?.rawValue ?? $0 })
+            }
+            if count == 0, let id {
+                printError("siwa-events: no job \(id) to retry (unknown, or running right now)")
+                throw ExitCode(1)
+            }
+            print("queued \(count) job\(count == 1 ? "" : "s") again")
+        }
+    }
+}
+
+struct ReplayCommand: AsyncParsableCommand {
+    static let configuration = CommandConfiguration(
+        commandName: "replay", abstract: "Re-run a stored notification's effect (idempotent).")
+    @OptionGroup var options: ConfigOptions
+    @Argument(help: "The notification's jti.") var jti: String
+
+    func run() async throws {
+        let config = try options.load(requireBundleIDs: false)
+        let logger = makeLogger()
+        let replayed = try await Database.with(config, logger: logger) { database in
+            try await EffectStore(client: database.client, logger: logger).replay(jti: jti)
+        }
+        guard replayed else {
+            printError("siwa-events: no notification \(jti) with an effect to replay (unknown jti, skipped notification, or its job is running)")
+            throw ExitCode(1)
+        }
+        print("queued the effect of \(jti) again; a worker applies it")
+    }
+}
