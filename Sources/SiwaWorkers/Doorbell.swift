@@ -12,12 +12,23 @@ package final class Doorbell: Sendable {
 
     package init() {}
 
+    /// Wakes one idle worker (one NOTIFY is usually one small batch: waking every worker would
+    /// have them all race for it); a worker that finds a full batch keeps going and others wake on
+    /// the next ring or poll.
     package func ring() {
-        let waiters = state.withLock { state -> [CheckedContinuation<Void, Never>] in
-            if state.waiters.isEmpty {
+        let waiter = state.withLock { state -> CheckedContinuation<Void, Never>? in
+            guard let id = state.waiters.keys.min() else {
                 state.rung = true
-                return []
+                return nil
             }
+            return state.waiters.removeValue(forKey: id)
+        }
+        waiter?.resume()
+    }
+
+    /// Wakes every idle worker (shutdown).
+    package func ringAll() {
+        let waiters = state.withLock { state -> [CheckedContinuation<Void, Never>] in
             defer { state.waiters.removeAll() }
             return Array(state.waiters.values)
         }

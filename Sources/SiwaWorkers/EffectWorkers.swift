@@ -66,7 +66,7 @@ package final class EffectWorkers: Service, Sendable {
                     }
                 }
             } onGracefulShutdown: {
-                self.doorbell.ring()
+                self.doorbell.ringAll()
             }
             helpers.cancelAll()
         }
