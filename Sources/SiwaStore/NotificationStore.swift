@@ -97,8 +97,7 @@ package struct NotificationStore: Sendable {
             }
             // NotificationsInsertBatch: input order decides which of two copies in one batch is
             // inserted; ON CONFLICT DO NOTHING skips the rest (and any already stored).
-            var jobsEnqueued = 0
-            for try await (jti, status, jobs) in try await connection.query(
+            for try await (jti, status, _) in try await connection.query(
                 """
                 WITH input AS (\(Self.inputRows)),
                 ins AS (
@@ -114,19 +113,17 @@ package struct NotificationStore: Sendable {
                     INSERT INTO jobs (notification_id, run_at, aud, sub, event_time)
                     SELECT id, now(), aud, sub, event_time FROM ins WHERE status = 'pending'
                     RETURNING id
+                ), wake AS (
+                    -- A hint for idle workers, delivered at COMMIT; they poll as well (NOTIFY is
+                    -- lost when nobody listens, and poolers drop it).
+                    SELECT pg_notify('siwa_jobs', '') FROM (SELECT 1 FROM job LIMIT 1) j
                 )
-                SELECT jti, status::text, (SELECT count(*) FROM job) FROM ins
+                SELECT jti, status::text, (SELECT count(*) FROM job) + (SELECT count(*) FROM wake) * 0 FROM ins
                 """.bound(rows), logger: logger
             ).decode((String, String, Int).self) {
                 if let index = firstIndexOfJTI[jti] {
                     outcomes[index] = .accepted(jti: jti, status: ProcessingStatus(rawValue: status) ?? .pending)
                 }
-                jobsEnqueued = jobs
-            }
-            if jobsEnqueued > 0 {
-                // A hint for idle workers, delivered at COMMIT; they poll as well (NOTIFY is lost
-                // when nobody listens, and poolers drop it).
-                try await connection.query("SELECT pg_notify('siwa_jobs', '')", logger: logger)
             }
             let rest = batch.indices.filter { outcomes[$0] == nil }
             guard !rest.isEmpty else { return outcomes }
