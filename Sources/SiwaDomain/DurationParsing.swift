@@ -25,7 +25,7 @@ package enum DurationSyntax {
 
     /// The shortest exact rendering in the same syntax (`90s` → `90s`, `3600s` → `1h`).
     package static func format(_ duration: Duration) -> String {
-        let millis = duration.components.seconds * 1000 + duration.components.attoseconds / 1_000_000_000_000_000
+        let millis = duration.milliseconds
         if millis % 1000 != 0 { return "\(millis)ms" }
         let seconds = millis / 1000
         for (unit, size) in [("d", Int64(86_400)), ("h", 3600), ("m", 60)] where seconds != 0 && seconds % size == 0 {
@@ -38,6 +38,9 @@ package enum DurationSyntax {
 import Foundation
 
 extension Duration {
+    /// Whole milliseconds (truncated).
+    package var milliseconds: Int64 { components.seconds * 1000 + components.attoseconds / 1_000_000_000_000_000 }
+
     package var timeInterval: TimeInterval {
         Double(components.seconds) + Double(components.attoseconds) / 1e18
     }

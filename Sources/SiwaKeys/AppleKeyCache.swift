@@ -213,9 +213,6 @@ package final class AppleKeyCache: Service, Sendable {
     }
 }
 
-extension Duration {
-    var milliseconds: Int64 { components.seconds * 1000 + components.attoseconds / 1_000_000_000_000_000 }
-}
 
 /// Fetches over HTTP(S) with a timeout and a size bound, or reads a `file://` URL.
 package struct DefaultKeySetFetcher: KeySetFetcher {

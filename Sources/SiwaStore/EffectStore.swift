@@ -45,7 +45,7 @@ package struct EffectStore: Sendable {
     /// settled by row locks (`SKIP LOCKED`): the gate is the earlier job's row, which only its
     /// committed completion removes.
     package func claim(worker: String, limit: Int, lease: Duration) async throws -> [ClaimedJob] {
-        let leaseMillis = Int(lease.components.seconds * 1000 + lease.components.attoseconds / 1_000_000_000_000_000)
+        let leaseMillis = Int(lease.milliseconds)
         let rows = try await client.query(
             """
             WITH candidates AS (
@@ -275,7 +275,7 @@ package struct EffectStore: Sendable {
         guard !jobs.isEmpty else { return }
         let delays = jobs.map { job -> Int in
             let d = delay(job.attempt)
-            return Int(d.components.seconds * 1000 + d.components.attoseconds / 1_000_000_000_000_000)
+            return Int(d.milliseconds)
         }
         let logger = self.logger
         try await client.withTransaction(logger: logger) { connection in
@@ -341,7 +341,7 @@ package struct EffectStore: Sendable {
 
     /// Renews the leases of the jobs `worker` holds.
     package func heartbeat(worker: String, lease: Duration) async throws {
-        let leaseMillis = Int(lease.components.seconds * 1000 + lease.components.attoseconds / 1_000_000_000_000_000)
+        let leaseMillis = Int(lease.milliseconds)
         try await client.query(
             """
             UPDATE jobs SET lease_expires_at = now() + \(leaseMillis) * interval '1 millisecond'
