@@ -1,3 +1,5 @@
+import Foundation
+
 /// One duration syntax for every setting and flag: an integer and a unit, `30s`, `5m`, `2h`, `400d`
 /// (also `ms`). Kept strict on purpose: `5` or `1h30m` is rejected with a message showing the form.
 package enum DurationSyntax {
@@ -35,7 +37,6 @@ package enum DurationSyntax {
     }
 }
 
-import Foundation
 
 extension Duration {
     /// Whole milliseconds (truncated).

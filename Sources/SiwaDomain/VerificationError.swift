@@ -12,14 +12,6 @@ package enum RejectionReason: String, Sendable, CaseIterable, Codable {
     // 400 malformed_request and the other refusals, recorded with the same machinery
     case malformedRequest = "malformed_request"
     case payloadTooLarge = "payload_too_large"
-
-    /// True for the reasons that mean "the token is not acceptable" (HTTP 401 `invalid_token`).
-    package var isTokenReason: Bool {
-        switch self {
-        case .malformedRequest, .payloadTooLarge: false
-        default: true
-        }
-    }
 }
 
 /// A verification failure decided by the pure rules; the HTTP edge maps it to a status.

@@ -1,3 +1,5 @@
+import Foundation
+
 /// Splits a migration file into statements. postgres-nio speaks only the extended query protocol,
 /// which takes one statement at a time, so the file is split on top-level semicolons — outside
 /// `--` and `/* */` comments, quoted strings and identifiers, and `$tag$` dollar-quoted bodies.
@@ -69,4 +71,3 @@ package enum SQLStatements {
     }
 }
 
-import Foundation
