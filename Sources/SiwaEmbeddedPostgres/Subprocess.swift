@@ -6,17 +6,25 @@ import Musl
 #endif
 
 /// What a finished child process left behind.
-struct CommandResult: Sendable {
+package struct CommandResult: Sendable {
     /// The exit status, or the signal number when `terminatedBySignal` is true.
-    var status: Int32
-    var terminatedBySignal: Bool
-    var standardOutput: String
-    var standardError: String
+    package var status: Int32
+    package var terminatedBySignal: Bool
+    package var standardOutput: String
+    package var standardError: String
 
-    var succeeded: Bool { !terminatedBySignal && status == 0 }
+    package var succeeded: Bool { !terminatedBySignal && status == 0 }
+
+    init(waitStatus: Int32, standardOutput: String, standardError: String) {
+        let signaled = waitStatus & 0x7f != 0
+        self.status = signaled ? waitStatus & 0x7f : (waitStatus >> 8) & 0xff
+        self.terminatedBySignal = signaled
+        self.standardOutput = standardOutput
+        self.standardError = standardError
+    }
 
     /// Both streams, for error messages (PostgreSQL tools split their chatter between them).
-    var combinedOutput: String {
+    package var combinedOutput: String {
         let text = [standardOutput, standardError]
             .map { $0.trimmingCharacters(in: .whitespacesAndNewlines) }
             .filter { !$0.isEmpty }
@@ -36,43 +44,57 @@ struct CommandResult: Sendable {
 ///
 /// The child gets: stdin from /dev/null, stdout/stderr into unlinked temporary files (a pipe
 /// could be held open forever by the postmaster, and has a buffer that can fill up), no other
-/// inherited descriptors, default signal handling, its own process group (a Ctrl-C aimed at a
-/// CLI command must not reach a postmaster that a server process shares), and "/" as working
-/// directory (ours may be /root, which the cluster's account cannot enter).
-enum Subprocess {
-    static func run(
+/// descriptor of ours (closed in the child itself, so one opened by another thread while we
+/// spawn cannot leak either — a pipe end leaked into a long-lived postmaster is a reader that
+/// never sees EOF), default signal handling, its own process group (a Ctrl-C aimed at a CLI
+/// command must not reach a postmaster that a server process shares), and "/" as working
+/// directory unless told otherwise (ours may be /root, which the cluster's account cannot enter).
+///
+/// The tests start the real binary with it too, for the same reasons.
+package enum Subprocess {
+    package static func run(
         _ executable: String,
         _ arguments: [String],
-        environment: [String: String]
+        environment: [String: String],
+        workingDirectory: String = "/"
     ) async throws -> CommandResult {
         try Task.checkCancellation()
         let stdout = try CaptureFile()
         let stderr = try CaptureFile()
         let child = try ChildProcess(
-            spawning: executable, arguments: arguments, environment: environment,
+            spawning: executable, arguments: arguments, environment: environment, workingDirectory: workingDirectory,
             standardOutput: stdout.descriptor, standardError: stderr.descriptor)
         let waitStatus = await withTaskCancellationHandler {
             await child.waitForExit()
         } onCancel: {
-            child.terminate()
+            child.signal(SIGTERM)
         }
-        let signaled = waitStatus & 0x7f != 0
-        return CommandResult(
-            status: signaled ? waitStatus & 0x7f : (waitStatus >> 8) & 0xff,
-            terminatedBySignal: signaled,
-            standardOutput: stdout.contents(),
-            standardError: stderr.contents())
+        return CommandResult(waitStatus: waitStatus, standardOutput: stdout.contents(), standardError: stderr.contents())
+    }
+
+    /// Starts a long-running child whose output goes to /dev/null; the caller signals and awaits it.
+    package static func start(
+        _ executable: String,
+        _ arguments: [String],
+        environment: [String: String],
+        workingDirectory: String = "/"
+    ) throws -> ChildProcess {
+        let null = open("/dev/null", O_WRONLY | O_CLOEXEC)
+        defer { if null >= 0 { close(null) } }
+        return try ChildProcess(
+            spawning: executable, arguments: arguments, environment: environment, workingDirectory: workingDirectory,
+            standardOutput: null, standardError: null)
     }
 }
 
 /// A spawned child, until it has been reaped.
-private final class ChildProcess: @unchecked Sendable {
-    private let pid: pid_t
+package final class ChildProcess: @unchecked Sendable {
+    package let pid: pid_t
     private let lock = NSLock()
     private var reaped = false // guarded by `lock`
 
     init(
-        spawning executable: String, arguments: [String], environment: [String: String],
+        spawning executable: String, arguments: [String], environment: [String: String], workingDirectory: String,
         standardOutput: Int32, standardError: Int32
     ) throws {
         var actions = posix_spawn_file_actions_t()
@@ -81,11 +103,15 @@ private final class ChildProcess: @unchecked Sendable {
         posix_spawn_file_actions_addopen(&actions, 0, "/dev/null", O_RDONLY, 0)
         posix_spawn_file_actions_adddup2(&actions, standardOutput, 1)
         posix_spawn_file_actions_adddup2(&actions, standardError, 2)
-        for descriptor in Self.inheritableDescriptors() {
-            posix_spawn_file_actions_addclose(&actions, descriptor)
+        if let addClosefrom = Self.addClosefrom() {
+            _ = addClosefrom(&actions, 3)
+        } else {
+            for descriptor in Self.inheritableDescriptors() {
+                posix_spawn_file_actions_addclose(&actions, descriptor)
+            }
         }
         if let addChdir = Self.addChdir() {
-            _ = addChdir(&actions, "/")
+            _ = addChdir(&actions, workingDirectory)
         }
 
         var attributes = posix_spawnattr_t()
@@ -116,29 +142,36 @@ private final class ChildProcess: @unchecked Sendable {
     }
 
     /// Waits on a dedicated thread (waitpid blocks). `waitid(WNOWAIT)` first, so the pid stays
-    /// ours — and `terminate()` cannot hit a recycled pid — until we reap it under the lock.
-    func waitForExit() async -> Int32 {
+    /// ours — and `signal(_:)` cannot hit a recycled pid — until we reap it under the lock.
+    /// Returns the raw wait status (see `CommandResult`).
+    package func waitForExit() async -> Int32 {
         await withCheckedContinuation { (continuation: CheckedContinuation<Int32, Never>) in
             let thread = Thread { [self] in
-                var info = siginfo_t()
-                while waitid(P_PID, id_t(pid), &info, WEXITED | WNOWAIT) != 0 && errno == EINTR {}
-                var status: Int32 = 0
-                lock.lock()
-                while waitpid(pid, &status, 0) == -1 && errno == EINTR {}
-                reaped = true
-                lock.unlock()
-                continuation.resume(returning: status)
+                continuation.resume(returning: waitBlocking())
             }
-            thread.name = "siwa-pg-wait-\(pid)"
+            thread.name = "siwa-wait-\(pid)"
             thread.start()
         }
     }
 
-    /// SIGTERM on cancellation (initdb cleans up after itself; pg_ctl gives up waiting).
-    func terminate() {
+    /// The same, blocking the calling thread (for exit handlers; never on the cooperative pool).
+    package func waitBlocking() -> Int32 {
+        var info = siginfo_t()
+        while waitid(P_PID, id_t(pid), &info, WEXITED | WNOWAIT) != 0 && errno == EINTR {}
+        var status: Int32 = 0
+        lock.lock()
+        while waitpid(pid, &status, 0) == -1 && errno == EINTR {}
+        reaped = true
+        lock.unlock()
+        return status
+    }
+
+    /// Sends a signal unless the child has been reaped already (SIGTERM on cancellation: initdb
+    /// cleans up after itself; pg_ctl gives up waiting).
+    package func signal(_ signal: Int32) {
         lock.lock()
         defer { lock.unlock() }
-        if !reaped { kill(pid, SIGTERM) }
+        if !reaped { kill(pid, signal) }
     }
 
     /// Our descriptors ≥ 3 without close-on-exec, which the child would otherwise inherit
@@ -150,6 +183,17 @@ private final class ChildProcess: @unchecked Sendable {
             let flags = fcntl(descriptor, F_GETFD)
             return flags >= 0 && flags & FD_CLOEXEC == 0
         }
+    }
+
+    private typealias AddClosefrom = @convention(c) (UnsafeMutablePointer<posix_spawn_file_actions_t>, Int32) -> Int32
+
+    /// `posix_spawn_file_actions_addclosefrom_np` (glibc ≥ 2.34): closes everything from 3 up
+    /// in the child, including descriptors other threads open while we spawn. Older libcs get
+    /// the /proc/self/fd enumeration instead.
+    private static func addClosefrom() -> AddClosefrom? {
+        guard let symbol = dlsym(UnsafeMutableRawPointer(bitPattern: 0), "posix_spawn_file_actions_addclosefrom_np")
+        else { return nil }
+        return unsafeBitCast(symbol, to: AddClosefrom.self)
     }
 
     private typealias AddChdir = @convention(c) (

@@ -95,17 +95,13 @@ func stopClusterSynchronously(dataDirectory: String) {
     guard FileManager.default.fileExists(atPath: pgdata + "/postmaster.pid") else { return }
     let binaries = (try? FileManager.default.contentsOfDirectory(atPath: "/usr/lib/postgresql"))?.sorted { (Int($0) ?? 0) > (Int($1) ?? 0) }
     let pgctl = binaries?.first.map { "/usr/lib/postgresql/\($0)/bin/pg_ctl" } ?? "pg_ctl"
-    let process = Process()
+    let environment = ProcessInfo.processInfo.environment
+    let child: ChildProcess?
     if geteuid() == 0 {
         let owner = (try? FileManager.default.attributesOfItem(atPath: pgdata)[.ownerAccountName] as? String) ?? "postgres"
-        process.executableURL = URL(fileURLWithPath: "/usr/sbin/runuser")
-        process.arguments = ["-u", owner, "--", pgctl, "stop", "-D", pgdata, "-m", "immediate", "-w"]
+        child = try? Subprocess.start("/usr/sbin/runuser", ["-u", owner, "--", pgctl, "stop", "-D", pgdata, "-m", "immediate", "-w"], environment: environment)
     } else {
-        process.executableURL = URL(fileURLWithPath: pgctl)
-        process.arguments = ["stop", "-D", pgdata, "-m", "immediate", "-w"]
+        child = try? Subprocess.start(pgctl, ["stop", "-D", pgdata, "-m", "immediate", "-w"], environment: environment)
     }
-    process.standardOutput = FileHandle.nullDevice
-    process.standardError = FileHandle.nullDevice
-    try? process.run()
-    process.waitUntilExit()
+    _ = child?.waitBlocking()
 }

@@ -1,5 +1,6 @@
 import Foundation
 import SiwaDomain
+import SiwaEmbeddedPostgres
 import Testing
 
 /// The real `siwa-events` binary, as a user runs it (built next to the test bundle by
@@ -14,31 +15,15 @@ struct CLITests {
         var stderr: String
     }
 
-    /// Runs the binary to completion on a thread of its own: waiting on a child process must not
-    /// block the two threads of Swift's cooperative pool, which every other test shares.
+    /// Runs the binary to completion. Spawned with the embedded module's posix_spawn helper, not
+    /// Foundation's Process: Process's pipes and termination socket are inherited by children
+    /// that other tests spawn at the same moment (a postmaster lives until the run ends), so a
+    /// reader could wait for an EOF that never comes.
     static func run(_ arguments: [String], environment: [String: String] = [:], directory: String) async throws -> Run {
-        try await withCheckedThrowingContinuation { continuation in
-            Thread {
-                continuation.resume(with: Result { try runBlocking(arguments, environment: environment, directory: directory) })
-            }.start()
-        }
-    }
-
-    private static func runBlocking(_ arguments: [String], environment: [String: String], directory: String) throws -> Run {
-        let process = Process()
-        process.executableURL = binary
-        process.arguments = arguments
-        process.currentDirectoryURL = URL(fileURLWithPath: directory)
-        process.environment = ProcessInfo.processInfo.environment.merging(environment) { $1 }
-        let out = Pipe()
-        let err = Pipe()
-        process.standardOutput = out
-        process.standardError = err
-        try process.run()
-        let stdout = out.fileHandleForReading.readDataToEndOfFile()
-        let stderr = err.fileHandleForReading.readDataToEndOfFile()
-        process.waitUntilExit()
-        return Run(status: process.terminationStatus, stdout: String(decoding: stdout, as: UTF8.self), stderr: String(decoding: stderr, as: UTF8.self))
+        let result = try await Subprocess.run(
+            binary.path, arguments, environment: ProcessInfo.processInfo.environment.merging(environment) { $1 },
+            workingDirectory: directory)
+        return Run(status: result.terminatedBySignal ? 128 + result.status : result.status, stdout: result.standardOutput, stderr: result.standardError)
     }
 
     static func freePort() -> Int { Int.random(in: 20_000...40_000) }
@@ -53,15 +38,9 @@ struct CLITests {
         let environment = [
             "SIWA_APPLE_BUNDLE_IDS": "com.example.cli", "SIWA_APPLE_JWKS_URL": "file://\(directory)/keys/jwks.json", "SIWA_PORT": "\(port)",
         ]
-        let server = Process()
-        server.executableURL = Self.binary
-        server.arguments = ["serve"]
-        server.currentDirectoryURL = URL(fileURLWithPath: directory)
-        server.environment = ProcessInfo.processInfo.environment.merging(environment) { $1 }
-        let log = FileHandle(forWritingAtPath: "/dev/null")
-        server.standardOutput = log
-        server.standardError = log
-        try server.run()
+        let server = try Subprocess.start(
+            Self.binary.path, ["serve"], environment: ProcessInfo.processInfo.environment.merging(environment) { $1 },
+            workingDirectory: directory)
         var sent: Run?
         for _ in 0..<120 {
             let attempt = try await Self.run(
@@ -89,9 +68,8 @@ struct CLITests {
             if status != .string("applied") { try await Task.sleep(for: .milliseconds(200)) }
         }
         #expect(status == .string("applied"))
-        server.terminate()  // SIGTERM
-        await withCheckedContinuation { continuation in Thread { server.waitUntilExit(); continuation.resume() }.start() }
-        #expect(server.terminationStatus == 0)
+        server.signal(SIGTERM)
+        #expect(await server.waitForExit() == 0)  // exited with status 0, not killed
         #expect(!FileManager.default.fileExists(atPath: "\(directory)/.siwa/pgdata/postmaster.pid"))
 
         let listed = try await Self.run(["notifications", "list", "--json"], directory: directory)
