@@ -37,6 +37,10 @@ package struct Configuration: Sendable {
     package var jobPollInterval: Duration = .milliseconds(100)
     package var jobNotify = true
     package var eraseOnDelete = true
+    package var callbackURL: URL?
+    package var callbackSigner: WebhookSigner?
+    package var callbackTimeout: Duration = .seconds(10)
+    package var callbackConcurrency = 16
 
     /// The receiving process's HTTP routes and key cache are needed (roles all, receiver).
     package var receives: Bool { role != .worker }
@@ -72,6 +76,10 @@ package struct Configuration: Sendable {
         ("SIWA_JOB_POLL_INTERVAL", "--job-poll-interval", "idle workers look for jobs this often (NOTIFY wakes them sooner)"),
         ("SIWA_JOB_NOTIFY", "--job-notify", "on|off: LISTEN for enqueue notifications"),
         ("SIWA_ERASE_ON_DELETE", "--erase-on-delete", "true|false: erase a deleted account's email everywhere"),
+        ("SIWA_CALLBACK_URL", "--callback-url", "http(s) endpoint POSTed a signed callback after each effect (unset: none)"),
+        ("SIWA_CALLBACK_SECRET", "--callback-secret", "space-separated whsec_ secrets that sign callbacks (all sign: rotation)"),
+        ("SIWA_CALLBACK_TIMEOUT", "--callback-timeout", "one callback attempt's limit"),
+        ("SIWA_CALLBACK_CONCURRENCY", "--callback-concurrency", "callbacks in flight at once per process"),
     ]
 
     /// Builds the configuration from `environment`, with `overrides` (flag values keyed by variable
@@ -157,6 +165,26 @@ package struct Configuration: Sendable {
         config.jobPollInterval = try duration("SIWA_JOB_POLL_INTERVAL", default: config.jobPollInterval)
         config.jobNotify = try boolean("SIWA_JOB_NOTIFY", default: true)
         config.eraseOnDelete = try boolean("SIWA_ERASE_ON_DELETE", default: true)
+        if let text = value("SIWA_CALLBACK_URL") {
+            guard let url = URL(string: text), ["https", "http"].contains(url.scheme?.lowercased() ?? ""), url.host?.isEmpty == false else {
+                throw ConfigurationError(variable: flag("SIWA_CALLBACK_URL"), message: "must be an https:// or http:// URL (got \"\(text)\")")
+            }
+            guard let secrets = value("SIWA_CALLBACK_SECRET") else {
+                throw ConfigurationError(
+                    variable: flag("SIWA_CALLBACK_SECRET"),
+                    message: "is required when SIWA_CALLBACK_URL is set: callbacks are always signed; create one with `siwa-events callbacks secret`")
+            }
+            do {
+                config.callbackSigner = try WebhookSigner(secrets: secrets)
+            } catch {
+                throw ConfigurationError(variable: flag("SIWA_CALLBACK_SECRET"), message: error.description)
+            }
+            config.callbackURL = url
+        } else if value("SIWA_CALLBACK_SECRET") != nil {
+            throw ConfigurationError(variable: flag("SIWA_CALLBACK_URL"), message: "is not set, but SIWA_CALLBACK_SECRET is: set the URL callbacks go to, or unset the secret")
+        }
+        config.callbackTimeout = try duration("SIWA_CALLBACK_TIMEOUT", default: config.callbackTimeout)
+        config.callbackConcurrency = try integer("SIWA_CALLBACK_CONCURRENCY", 1...256, default: config.callbackConcurrency)
         if config.databaseURL == nil && !config.embeddedDatabase {
             throw ConfigurationError(
                 variable: "DATABASE_URL",

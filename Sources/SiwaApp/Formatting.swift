@@ -2,11 +2,6 @@ import Foundation
 import SiwaDomain
 import SiwaStore
 
-/// ISO-8601 UTC with milliseconds: the one timestamp format of every output.
-package func iso8601(_ date: Date) -> String {
-    date.formatted(Date.ISO8601FormatStyle(includingFractionalSeconds: true))
-}
-
 extension NotificationSummary {
     /// The `--json` line of `notifications list`.
     package var json: JSONValue {

@@ -125,6 +125,12 @@ extension Configuration {
         workers.pollInterval = jobPollInterval
         workers.listen = jobNotify
         workers.eraseOnDelete = eraseOnDelete
+        if let callbackURL, let callbackSigner {
+            var callbacks = EffectWorkers.Callbacks(url: callbackURL, signer: callbackSigner)
+            callbacks.timeout = callbackTimeout
+            callbacks.concurrency = callbackConcurrency
+            workers.callbacks = callbacks
+        }
         return workers
     }
 }

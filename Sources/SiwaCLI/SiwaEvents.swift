@@ -10,7 +10,7 @@ struct SiwaEvents: AsyncParsableCommand {
         commandName: "siwa-events",
         abstract: "Receive, verify and record Sign in with Apple server-to-server notifications.",
         subcommands: [
-            Serve.self, Migrate.self, NotificationsCommand.self, RejectionsCommand.self, JobsCommand.self, ReplayCommand.self, Verify.self,
+            Serve.self, Migrate.self, NotificationsCommand.self, RejectionsCommand.self, JobsCommand.self, CallbacksCommand.self, ReplayCommand.self, Verify.self,
             KeysCommand.self, Send.self,
         ])
 }
@@ -64,6 +64,14 @@ struct ConfigOptions: ParsableArguments {
     var jobNotify: String?
     @Option(name: .customLong("erase-on-delete"), help: "true|false: erase a deleted account's email everywhere (SIWA_ERASE_ON_DELETE, default true).")
     var eraseOnDelete: String?
+    @Option(name: .customLong("callback-url"), help: "Endpoint POSTed a signed callback after each effect (SIWA_CALLBACK_URL; unset: none).")
+    var callbackURL: String?
+    @Option(name: .customLong("callback-secret"), help: "Space-separated whsec_ secrets that sign callbacks (SIWA_CALLBACK_SECRET).")
+    var callbackSecret: String?
+    @Option(name: .customLong("callback-timeout"), help: "One callback attempt's limit, e.g. 10s (SIWA_CALLBACK_TIMEOUT).")
+    var callbackTimeout: String?
+    @Option(name: .customLong("callback-concurrency"), help: "Callbacks in flight at once (SIWA_CALLBACK_CONCURRENCY, default 16).")
+    var callbackConcurrency: String?
 
     func load(requireBundleIDs: Bool) throws -> Configuration {
         let overrides: [String: String?] = [
@@ -74,7 +82,8 @@ struct ConfigOptions: ParsableArguments {
             "SIWA_CLOCK_SKEW": clockSkew, "SIWA_REJECTIONS_PER_MINUTE": rejectionsPerMinute, "SIWA_DATABASE_POOL_SIZE": databasePoolSize,
             "SIWA_DATABASE_TIMEOUT": databaseTimeout, "SIWA_ROLE": role, "SIWA_WORKERS": workers, "SIWA_JOB_LEASE": jobLease,
             "SIWA_JOB_MAX_ATTEMPTS": jobMaxAttempts, "SIWA_JOB_RETENTION": jobRetention, "SIWA_JOB_POLL_INTERVAL": jobPollInterval,
-            "SIWA_JOB_NOTIFY": jobNotify, "SIWA_ERASE_ON_DELETE": eraseOnDelete,
+            "SIWA_JOB_NOTIFY": jobNotify, "SIWA_ERASE_ON_DELETE": eraseOnDelete, "SIWA_CALLBACK_URL": callbackURL,
+            "SIWA_CALLBACK_SECRET": callbackSecret, "SIWA_CALLBACK_TIMEOUT": callbackTimeout, "SIWA_CALLBACK_CONCURRENCY": callbackConcurrency,
         ]
         do {
             return try Configuration.load(

@@ -83,7 +83,9 @@ package struct EffectStore: Sendable {
     /// Applies the effects of `jobs` and completes them in one transaction. A job is completed only
     /// if it is still running and still held by `worker` (a job the rescuer handed to another worker
     /// is not applied twice); its effect is applied only then. Returns what was applied.
-    package func apply(_ jobs: [ClaimedJob], worker: String, eraseOnDelete: Bool) async throws -> [AppliedEffect] {
+    /// With `callbacks`, each applied effect also enqueues its callback (lane `callbacks`) in the
+    /// same transaction.
+    package func apply(_ jobs: [ClaimedJob], worker: String, eraseOnDelete: Bool, callbacks: Bool = false) async throws -> [AppliedEffect] {
         guard !jobs.isEmpty else { return [] }
         let logger = self.logger
         return try await client.withTransaction(logger: logger) { connection -> [AppliedEffect] in
@@ -209,47 +211,69 @@ package struct EffectStore: Sendable {
                 let auds = erase.map(\.aud), subs = erase.map(\.sub)
                 try await connection.query(
                     """
-                    UPDATE notifications n SET email = NULL, erased_at = now(),
-                        raw_jws = split_part(n.raw_jws, '.', 1) || '.erased.',
-                        claims = jsonb_set(n.claims, '{events}', to_jsonb('erased'::text))
-                    WHERE (n.aud, n.sub) IN (SELECT * FROM unnest(\(auds)::text[], \(subs)::text[]))
-                      AND n.erased_at IS NULL AND (n.email IS NOT NULL OR n.type IN ('email-disabled', 'email-enabled'))
-                    """, logger: logger)
-                try await connection.query(
-                    """
+                    WITH notifications_erased AS (
+                        UPDATE notifications n SET email = NULL, erased_at = now(),
+                            raw_jws = split_part(n.raw_jws, '.', 1) || '.erased.',
+                            claims = jsonb_set(n.claims, '{events}', to_jsonb('erased'::text))
+                        WHERE (n.aud, n.sub) IN (SELECT * FROM unnest(\(auds)::text[], \(subs)::text[]))
+                          AND n.erased_at IS NULL AND (n.email IS NOT NULL OR n.type IN ('email-disabled', 'email-enabled'))
+                    )
                     UPDATE rejections SET token = NULL, key_jwk = NULL, body_prefix = ''::bytea
                     WHERE sub = ANY(\(subs)::text[]) AND (token IS NOT NULL OR length(body_prefix) > 0)
                     """, logger: logger)
             }
 
-            // NotificationsApplied, JobAttemptsInsert, NOTIFY.
+            // NotificationsApplied + JobAttemptsInsert + CallbacksEnqueue + NOTIFY, in one statement.
             let applied = held.map { job -> AppliedEffect in
                 let plan = effects[job.id]!.plan
                 return AppliedEffect(
                     jobID: job.id, jti: job.jti, aud: job.aud, sub: job.event.sub, type: job.event.type?.rawValue ?? job.event.rawType,
                     eventTimeMillis: job.event.eventTimeMillis, effect: plan.effect, revokedSessions: revoked[job.jti] ?? 0)
             }
-            try await connection.query(
-                "UPDATE notifications SET status = 'applied' WHERE id = ANY(\(held.map(\.notificationID))::bigint[])", logger: logger)
-            let attempts = JSONValue.array(applied.enumerated().map { index, effect in
+            let rows = JSONValue.array(applied.enumerated().map { index, effect in
                 let job = held[index]
-                return .object([
+                var row: [String: JSONValue] = [
                     "job_id": .number(Double(job.id)), "notification_id": .number(Double(job.notificationID)), "attempt": .number(Double(job.attempt)),
                     "started_at_us": .number((job.claimedAt.timeIntervalSince1970 * 1_000_000).rounded()),
                     "effect": .object(["effect": .string(effect.effect), "revoked_sessions": .number(Double(effect.revokedSessions))]),
-                ])
+                    "notify": .string(Self.notifyPayload(effect)),
+                    "aud": .string(effect.aud), "sub": .string(effect.sub), "event_ms": .number(Double(effect.eventTimeMillis)),
+                ]
+                if callbacks { row["callback"] = .string(Self.callbackBody(effect)) }
+                return .object(row)
             }).jsonText
             try await connection.query(
                 """
-                INSERT INTO job_attempts (job_id, notification_id, attempt, worker, started_at, outcome, effect)
-                SELECT r.job_id, r.notification_id, r.attempt, \(worker), timestamptz 'epoch' + r.started_at_us * interval '1 microsecond', 'applied', r.effect
-                FROM jsonb_to_recordset(\(attempts)::jsonb) AS r(job_id bigint, notification_id bigint, attempt int, started_at_us bigint, effect jsonb)
+                WITH r AS (
+                    SELECT * FROM jsonb_to_recordset(\(rows)::jsonb) AS r(job_id bigint, notification_id bigint, attempt int,
+                        started_at_us bigint, effect jsonb, notify text, aud text, sub text, event_ms bigint, callback text)
+                ), marked AS (
+                    UPDATE notifications SET status = 'applied' WHERE id IN (SELECT notification_id FROM r)
+                ), logged AS (
+                    INSERT INTO job_attempts (job_id, notification_id, attempt, worker, started_at, outcome, effect)
+                    SELECT job_id, notification_id, attempt, \(worker), timestamptz 'epoch' + started_at_us * interval '1 microsecond', 'applied', effect
+                    FROM r
+                ), callbacks AS (
+                    INSERT INTO jobs (notification_id, kind, lane, aud, sub, event_time, payload)
+                    SELECT notification_id, 'callback', 'callbacks', aud, sub, timestamptz 'epoch' + event_ms * interval '1 millisecond', callback
+                    FROM r WHERE callback IS NOT NULL
+                    ON CONFLICT (notification_id, kind) DO NOTHING
+                    RETURNING id
+                )
+                SELECT (SELECT count(pg_notify('siwa_effects', notify)) FROM r),
+                    (SELECT count(pg_notify('siwa_jobs', 'callbacks')) FROM (SELECT 1 FROM callbacks LIMIT 1) c)
                 """, logger: logger)
-            let payloads = JSONValue.array(applied.map { .string(Self.notifyPayload($0)) }).jsonText
-            try await connection.query(
-                "SELECT count(pg_notify('siwa_effects', p)) FROM jsonb_array_elements_text(\(payloads)::jsonb) AS p", logger: logger)
             return applied
         }
+    }
+
+    /// The body of the callback that tells the backend about an applied effect (no email address).
+    package static func callbackBody(_ effect: AppliedEffect) -> String {
+        JSONValue.object([
+            "type": .string(effect.type), "aud": .string(effect.aud), "sub": .string(effect.sub), "jti": .string(effect.jti),
+            "event_time": .string(iso8601(millis: effect.eventTimeMillis)), "effect": .string(effect.effect),
+            "revoked_sessions": .number(Double(effect.revokedSessions)),
+        ]).jsonText
     }
 
     static func revocation(_ job: ClaimedJob, cutoff: Int64?, reason: String) -> JSONValue {
@@ -277,36 +301,34 @@ package struct EffectStore: Sendable {
             let d = delay(job.attempt)
             return Int(d.milliseconds)
         }
-        let logger = self.logger
-        try await client.withTransaction(logger: logger) { connection in
-            try await connection.query(
-                """
-                WITH failed AS (
-                    UPDATE jobs j SET
-                        state = CASE WHEN j.attempt >= \(maxAttempts) THEN 'discarded'::job_state ELSE 'retryable'::job_state END,
-                        run_at = now() + c.delay_ms * interval '1 millisecond',
-                        finished_at = CASE WHEN j.attempt >= \(maxAttempts) THEN now() END,
-                        last_error = \(error), locked_by = NULL, lease_expires_at = NULL
-                    FROM unnest(\(jobs.map(\.id))::bigint[], \(jobs.map(\.attempt))::bigint[], \(delays)::bigint[]) AS c(id, attempt, delay_ms)
-                    WHERE j.id = c.id AND j.attempt = c.attempt AND j.state = 'running' AND j.locked_by = \(worker)
-                    RETURNING j.id, j.notification_id, j.attempt, j.attempted_at, j.state
-                ), marked AS (
-                    UPDATE notifications n SET status = CASE WHEN f.state = 'discarded' THEN 'discarded'::notification_status
-                                                             ELSE 'retrying'::notification_status END
-                    FROM failed f WHERE n.id = f.notification_id
-                )
-                INSERT INTO job_attempts (job_id, notification_id, attempt, worker, started_at, outcome, error)
-                SELECT id, notification_id, attempt, \(worker), attempted_at,
-                    CASE WHEN state = 'discarded' THEN 'discarded' ELSE 'retrying' END, \(error)
-                FROM failed
-                """, logger: logger)
-        }
+        try await client.query(
+            """
+            WITH failed AS (
+                UPDATE jobs j SET
+                    state = CASE WHEN j.attempt >= \(maxAttempts) THEN 'discarded'::job_state ELSE 'retryable'::job_state END,
+                    run_at = now() + c.delay_ms * interval '1 millisecond',
+                    finished_at = CASE WHEN j.attempt >= \(maxAttempts) THEN now() END,
+                    last_error = \(error), locked_by = NULL, lease_expires_at = NULL
+                FROM unnest(\(jobs.map(\.id))::bigint[], \(jobs.map(\.attempt))::bigint[], \(delays)::bigint[]) AS c(id, attempt, delay_ms)
+                WHERE j.id = c.id AND j.attempt = c.attempt AND j.state = 'running' AND j.locked_by = \(worker)
+                RETURNING j.id, j.notification_id, j.attempt, j.attempted_at, j.state
+            ), marked AS (
+                UPDATE notifications n SET status = CASE WHEN f.state = 'discarded' THEN 'discarded'::notification_status
+                                                         ELSE 'retrying'::notification_status END
+                FROM failed f WHERE n.id = f.notification_id
+            )
+            INSERT INTO job_attempts (job_id, notification_id, attempt, worker, started_at, outcome, error)
+            SELECT id, notification_id, attempt, \(worker), attempted_at,
+                CASE WHEN state = 'discarded' THEN 'discarded' ELSE 'retrying' END, \(error)
+            FROM failed
+            """, logger: logger)
     }
 
     // MARK: JobsRescue, JobsHeartbeat, JobsRelease, JobsPrune
 
     /// Jobs whose lease ran out (their worker was killed, not stopped) go back to the queue, or are
-    /// discarded once out of attempts. Safe to run from every process at once.
+    /// discarded once out of attempts; in both lanes (only an effect job's notification changes
+    /// status). Safe to run from every process at once.
     @discardableResult
     package func rescueExpiredLeases(maxAttempts: Int) async throws -> Int {
         var count = 0
@@ -322,14 +344,14 @@ package struct EffectStore: Sendable {
                     run_at = now(), locked_by = NULL, lease_expires_at = NULL,
                     last_error = 'lease expired: worker ' || e.locked_by || ' stopped renewing it'
                 FROM expired e WHERE j.id = e.id
-                RETURNING j.id, j.notification_id, j.attempt, j.attempted_at, j.state, e.locked_by
+                RETURNING j.id, j.notification_id, j.attempt, j.attempted_at, j.state, j.lane, e.locked_by
             ), marked AS (
                 UPDATE notifications n SET status = CASE WHEN r.state = 'discarded' THEN 'discarded'::notification_status
                                                          ELSE 'retrying'::notification_status END
-                FROM rescued r WHERE n.id = r.notification_id
+                FROM rescued r WHERE n.id = r.notification_id AND r.lane = 'effects'
             ), logged AS (
-                INSERT INTO job_attempts (job_id, notification_id, attempt, worker, started_at, outcome, error)
-                SELECT id, notification_id, attempt, locked_by, attempted_at, 'lease_expired', 'lease expired' FROM rescued
+                INSERT INTO job_attempts (job_id, notification_id, attempt, worker, started_at, outcome, error, lane)
+                SELECT id, notification_id, attempt, locked_by, attempted_at, 'lease_expired', 'lease expired', lane FROM rescued
             )
             SELECT count(*)::bigint FROM rescued
             """, logger: logger
@@ -339,13 +361,13 @@ package struct EffectStore: Sendable {
         return count
     }
 
-    /// Renews the leases of the jobs `worker` holds.
-    package func heartbeat(worker: String, lease: Duration) async throws {
+    /// Renews the leases of `jobs`, those of them `worker` still holds.
+    package func heartbeat(worker: String, jobs: [Int], lease: Duration) async throws {
         let leaseMillis = Int(lease.milliseconds)
         try await client.query(
             """
             UPDATE jobs SET lease_expires_at = now() + \(leaseMillis) * interval '1 millisecond'
-            WHERE state = 'running' AND locked_by = \(worker)
+            WHERE id = ANY(\(jobs)::bigint[]) AND state = 'running' AND locked_by = \(worker)
             """, logger: logger)
     }
 
@@ -399,7 +421,7 @@ package struct EffectStore: Sendable {
                 UPDATE jobs j SET state = 'available', run_at = now(), attempt = 0, finished_at = NULL, last_error = NULL,
                     locked_by = NULL, lease_expires_at = NULL
                 FROM notifications n
-                WHERE n.id = j.notification_id AND j.state <> 'running'
+                WHERE n.id = j.notification_id AND j.lane = 'effects' AND j.state <> 'running'
                   AND ((\(jobID)::bigint IS NOT NULL AND j.id = \(jobID)) OR (\(discarded) AND j.state = 'discarded'))
                   AND (\(type)::text IS NULL OR n.type = \(type))
                 RETURNING j.notification_id
@@ -461,6 +483,7 @@ package struct EffectStore: Sendable {
             SELECT j.id, j.state::text, j.attempt, n.jti, n.aud, n.sub, n.type, j.run_at, j.created_at, j.finished_at, j.locked_by, j.last_error
             FROM jobs j JOIN notifications n ON n.id = j.notification_id
             """)
+        sql.filter("j.lane =", "effects")
         sql.filter("j.state::text =", state)
         sql.append(" ORDER BY j.id DESC LIMIT ")
         sql.bind(max(1, min(limit, 10_000)))

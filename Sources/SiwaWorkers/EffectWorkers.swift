@@ -1,9 +1,13 @@
+import AsyncHTTPClient
 import Foundation
 import Logging
+import NIOCore
+import NIOHTTP1
 import PostgresNIO
 import ServiceLifecycle
 import SiwaDomain
 import SiwaStore
+import Synchronization
 
 /// The worker loops that turn recorded notifications into effects on accounts and sessions.
 ///
@@ -13,6 +17,10 @@ import SiwaStore
 /// NOTIFY, a heartbeat renewing the leases of held jobs, and maintenance (rescue of jobs whose
 /// worker died, pruning of finished jobs). Graceful shutdown: stop claiming, finish the batch in
 /// hand, release anything still held.
+///
+/// With a callback endpoint configured, one more loop delivers callbacks (lane `callbacks`, see
+/// `CallbackStore`): claimed in batches, sent concurrently, each attempt recorded. It has its own
+/// doorbell and its own jobs, so a slow or dead endpoint never holds back an effect.
 package final class EffectWorkers: Service, Sendable {
     package struct Configuration: Sendable {
         package var workers = 4
@@ -26,20 +34,45 @@ package final class EffectWorkers: Service, Sendable {
         /// LISTEN for `siwa_jobs` (off: poll only, e.g. behind a transaction-mode pooler).
         package var listen = true
         package var maintenanceInterval: Duration = .seconds(5)
+        /// Where to POST callbacks after effects (nil: no callbacks).
+        package var callbacks: Callbacks?
 
         package init() {}
+    }
+
+    /// The backend's callback endpoint (`SIWA_CALLBACK_URL`, `SIWA_CALLBACK_SECRET`).
+    package struct Callbacks: Sendable {
+        package var url: URL
+        package var signer: WebhookSigner
+        /// One attempt's limit, connection included; longer counts as a failed attempt.
+        package var timeout: Duration = .seconds(10)
+        /// Callbacks in flight at once (one claimed batch).
+        package var concurrency = 16
+
+        package init(url: URL, signer: WebhookSigner) {
+            self.url = url
+            self.signer = signer
+        }
     }
 
     package let configuration: Configuration
     let store: EffectStore
     let logger: Logger
+    let callbackStore: CallbackStore
     let doorbell = Doorbell()
-    /// This process's workers are `<identity>/<n>`.
+    let callbackDoorbell = Doorbell()
+    /// The jobs each loop is working on right now: the only leases the heartbeat renews. A job a
+    /// loop gave up on (its database connection failed mid-batch and the failure could not be
+    /// recorded) is no longer renewed, so its lease runs out and the rescuer hands it on — instead
+    /// of staying `running` forever and blocking its user's later jobs.
+    private let inHand = Mutex<[String: [Int]]>([:])
+    /// This process's workers are `<identity>/<n>`, its callback deliverer `<identity>/callbacks`.
     package let identity: String
 
     package init(configuration: Configuration, store: EffectStore, logger: Logger, identity: String = EffectWorkers.defaultIdentity()) {
         self.configuration = configuration
         self.store = store
+        self.callbackStore = CallbackStore(client: store.client, logger: logger)
         self.logger = logger
         self.identity = identity
     }
@@ -50,8 +83,22 @@ package final class EffectWorkers: Service, Sendable {
 
     package func workerName(_ index: Int) -> String { "\(identity)/\(index)" }
 
+    package var callbackWorkerName: String { "\(identity)/callbacks" }
+
+    /// Every name this process holds jobs under (heartbeats, release on shutdown).
+    private var holderNames: [String] {
+        (0..<configuration.workers).map(workerName) + (configuration.callbacks == nil ? [] : [callbackWorkerName])
+    }
+
     package func run() async throws {
-        logger.info("effect workers starting", metadata: ["workers": "\(configuration.workers)", "identity": "\(identity)"])
+        logger.info(
+            "effect workers starting",
+            metadata: ["workers": "\(configuration.workers)", "identity": "\(identity)", "callbacks": "\(configuration.callbacks?.url.absoluteString ?? "off")"])
+        let http = configuration.callbacks.map { callbacks in
+            HTTPClient(
+                eventLoopGroup: HTTPClient.defaultEventLoopGroup,
+                configuration: .init(redirectConfiguration: .disallow, timeout: .init(connect: .init(callbacks.timeout), read: .init(callbacks.timeout))))
+        }
         await withDiscardingTaskGroup { helpers in
             helpers.addTask { await self.heartbeats() }
             helpers.addTask { await self.maintenance() }
@@ -64,9 +111,13 @@ package final class EffectWorkers: Service, Sendable {
                     for index in 0..<configuration.workers {
                         loops.addTask { await self.loop(worker: self.workerName(index)) }
                     }
+                    if let callbacks = configuration.callbacks, let http {
+                        loops.addTask { await self.callbackLoop(callbacks, http: http) }
+                    }
                 }
             } onGracefulShutdown: {
                 self.doorbell.ringAll()
+                self.callbackDoorbell.ringAll()
             }
             helpers.cancelAll()
         }
@@ -75,12 +126,12 @@ package final class EffectWorkers: Service, Sendable {
         // already: leave it to the lease. Either way never wait on the database for long.
         if !Task.isCancelled {
             let store = self.store
-            for index in 0..<configuration.workers {
-                let worker = workerName(index)
+            for worker in holderNames {
                 let released = (try? await withDeadline(.seconds(5)) { try await store.release(worker: worker) }) ?? 0
                 if released > 0 { logger.info("released jobs on shutdown", metadata: ["worker": "\(worker)", "count": "\(released)"]) }
             }
         }
+        try? await http?.shutdown()
         logger.info("effect workers stopped", metadata: ["identity": "\(identity)"])
     }
 
@@ -103,6 +154,8 @@ package final class EffectWorkers: Service, Sendable {
     package func runOnce(worker: String) async throws -> Int {
         let jobs = try await store.claim(worker: worker, limit: configuration.batchSize, lease: configuration.lease)
         guard !jobs.isEmpty else { return 0 }
+        inHand.withLock { $0[worker] = jobs.map(\.id) }
+        defer { _ = inHand.withLock { $0.removeValue(forKey: worker) } }
         await process(jobs, worker: worker)
         return jobs.count
     }
@@ -110,7 +163,9 @@ package final class EffectWorkers: Service, Sendable {
     private func process(_ jobs: [ClaimedJob], worker: String) async {
         let started = ContinuousClock.now
         do {
-            let applied = try await store.apply(jobs, worker: worker, eraseOnDelete: configuration.eraseOnDelete)
+            let applied = try await store.apply(
+                jobs, worker: worker, eraseOnDelete: configuration.eraseOnDelete, callbacks: configuration.callbacks != nil)
+            if configuration.callbacks != nil && !applied.isEmpty { callbackDoorbell.ring() }
             let elapsed = ContinuousClock.now - started
             for effect in applied {
                 logger.info(
@@ -145,12 +200,95 @@ package final class EffectWorkers: Service, Sendable {
         }
     }
 
+    // MARK: Callbacks
+
+    private func callbackLoop(_ callbacks: Callbacks, http: HTTPClient) async {
+        while !stopping {
+            do {
+                let delivered = try await runCallbacksOnce(callbacks, http: http)
+                if delivered == 0 { await callbackDoorbell.wait(timeout: configuration.pollInterval) }
+            } catch {
+                logger.warning("callback deliverer: database error; retrying", metadata: ["error": "\(loggable(error))"])
+                try? await Task.sleep(for: .seconds(1))
+            }
+        }
+    }
+
+    /// Claims one batch of callbacks and attempts each, concurrently. Returns how many it claimed.
+    @discardableResult
+    package func runCallbacksOnce(_ callbacks: Callbacks, http: HTTPClient) async throws -> Int {
+        let worker = callbackWorkerName
+        let claimed = try await callbackStore.claim(worker: worker, limit: callbacks.concurrency, lease: configuration.lease)
+        guard !claimed.isEmpty else { return 0 }
+        inHand.withLock { $0[worker] = claimed.map(\.id) }
+        defer { _ = inHand.withLock { $0.removeValue(forKey: worker) } }
+        await withDiscardingTaskGroup { group in
+            for callback in claimed {
+                group.addTask { await self.deliver(callback, callbacks, http: http) }
+            }
+        }
+        return claimed.count
+    }
+
+    private func deliver(_ callback: ClaimedCallback, _ callbacks: Callbacks, http: HTTPClient) async {
+        let started = ContinuousClock.now
+        let outcome = await send(callback, callbacks, http: http)
+        let delay = configuration.backoff.delay(attempt: callback.attempt, unit: Double.random(in: 0..<1))
+        var metadata: Logger.Metadata = [
+            "job_id": "\(callback.id)", "webhook_id": "\(callback.webhookID)", "jti": "\(callback.jti)", "attempt": "\(callback.attempt)",
+            "ms": "\((ContinuousClock.now - started).milliseconds)",
+        ]
+        do {
+            let state = try await callbackStore.record(
+                callback, worker: callbackWorkerName, outcome: outcome, maxAttempts: configuration.maxAttempts, delay: delay)
+            switch (outcome, state) {
+            case (.delivered(let status), _):
+                metadata["status"] = "\(status)"
+                logger.info("callback", metadata: metadata.merging(["outcome": "delivered"]) { $1 })
+            case (.failed(let status, let error), let state):
+                metadata["status"] = "\(status.map(String.init) ?? "none")"
+                metadata["error"] = "\(error)"
+                metadata["outcome"] = "\(state == "discarded" ? "discarded" : "retrying")"
+                if state == "retryable" { metadata["retry_in_ms"] = "\(delay.milliseconds)" }
+                logger.warning("callback", metadata: metadata)
+            }
+        } catch {
+            logger.warning(
+                "could not record a callback attempt; its lease will expire and it will be sent again",
+                metadata: metadata.merging(["error": "\(loggable(error))"]) { $1 })
+        }
+    }
+
+    /// One signed POST. Any 2xx is delivered; redirects are not followed (a moved endpoint is
+    /// a configuration error the operator should see).
+    private func send(_ callback: ClaimedCallback, _ callbacks: Callbacks, http: HTTPClient) async -> DeliveryOutcome {
+        let body = Array(callback.body.utf8)
+        var request = HTTPClientRequest(url: callbacks.url.absoluteString)
+        request.method = .POST
+        request.headers.add(name: "content-type", value: "application/json")
+        request.headers.add(name: "user-agent", value: "siwa-events")
+        let timestamp = Int64(Date().timeIntervalSince1970)
+        for header in callbacks.signer.headers(id: callback.webhookID, timestamp: timestamp, body: body) {
+            request.headers.add(name: header.name, value: header.value)
+        }
+        request.body = .bytes(body)
+        do {
+            let response = try await http.execute(request, timeout: .init(callbacks.timeout))
+            // Read (and bound) the answer so the connection can be reused; its content is not kept.
+            _ = try? await response.body.collect(upTo: 64 * 1024)
+            let status = Int(response.status.code)
+            return (200..<300).contains(status) ? .delivered(status: status) : .failed(status: status, error: "HTTP \(status)")
+        } catch {
+            return .failed(status: nil, error: "\(error)")
+        }
+    }
+
     private func heartbeats() async {
         let every = configuration.lease / 3
         while !stopping {
             try? await Task.sleep(for: every)
-            for index in 0..<configuration.workers {
-                try? await store.heartbeat(worker: workerName(index), lease: configuration.lease)
+            for (worker, jobs) in inHand.withLock({ $0 }) {
+                try? await store.heartbeat(worker: worker, jobs: jobs, lease: configuration.lease)
             }
         }
     }
@@ -183,9 +321,15 @@ package final class EffectWorkers: Service, Sendable {
             do {
                 try await store.client.withConnection { connection in
                     try await connection.listen(on: "siwa_jobs") { notifications in
-                        self.doorbell.ring()  // catch up on anything enqueued before LISTEN took effect
-                        for try await _ in notifications {
-                            self.doorbell.ring()
+                        // Catch up on anything enqueued before LISTEN took effect.
+                        self.doorbell.ring()
+                        self.callbackDoorbell.ring()
+                        for try await notification in notifications {
+                            if notification.payload == "callbacks" {
+                                self.callbackDoorbell.ring()
+                            } else {
+                                self.doorbell.ring()
+                            }
                         }
                     }
                 }

@@ -1,0 +1,178 @@
+import Foundation
+import Logging
+import PostgresNIO
+import SiwaDomain
+
+/// A callback job held by a deliverer: what to send and under which message id.
+package struct ClaimedCallback: Sendable {
+    package var id: Int
+    package var attempt: Int
+    package var notificationID: Int
+    package var jti: String
+    package var body: String
+    package var claimedAt: Date
+
+    /// The Standard Webhooks `webhook-id`: one per notification, the same on every retry and
+    /// redelivery, so the backend can use it as an idempotency key.
+    package var webhookID: String { CallbackStore.webhookID(notificationID: notificationID) }
+}
+
+/// One delivery attempt's result.
+package enum DeliveryOutcome: Sendable {
+    /// The endpoint answered 2xx.
+    case delivered(status: Int)
+    /// Anything else: a non-2xx status, or no answer (`status` nil) with the reason.
+    case failed(status: Int?, error: String)
+}
+
+/// Every SQL statement of the callbacks lane: claim, record an attempt, and the operator's views.
+/// Leases, heartbeats, rescue, release and pruning are shared with effect jobs (`EffectStore`).
+package struct CallbackStore: Sendable {
+    package let client: PostgresClient
+    let logger: Logger
+
+    package init(client: PostgresClient, logger: Logger) {
+        self.client = client
+        self.logger = logger
+    }
+
+    package static func webhookID(notificationID: Int) -> String { "msg_\(notificationID)" }
+
+    // MARK: CallbacksClaim
+
+    /// Claims up to `limit` ready callbacks, oldest first. No per-user gate: a callback carries its
+    /// event_time, and a receiver orders by it if it needs to.
+    package func claim(worker: String, limit: Int, lease: Duration) async throws -> [ClaimedCallback] {
+        let rows = try await client.query(
+            """
+            WITH candidates AS (
+                SELECT id FROM jobs
+                WHERE lane = 'callbacks' AND state IN ('available', 'retryable') AND run_at <= now()
+                ORDER BY run_at, id
+                LIMIT \(limit)
+                FOR UPDATE SKIP LOCKED
+            )
+            UPDATE jobs SET state = 'running', attempt = jobs.attempt + 1, attempted_at = now(), locked_by = \(worker),
+                lease_expires_at = now() + \(Int(lease.milliseconds)) * interval '1 millisecond'
+            FROM candidates, notifications n
+            WHERE jobs.id = candidates.id AND n.id = jobs.notification_id
+            RETURNING jobs.id, jobs.attempt, n.id, n.jti, jobs.payload, jobs.attempted_at
+            """, logger: logger)
+        var claimed: [ClaimedCallback] = []
+        for try await row in rows.decode((Int, Int, Int, String, String, Date).self) {
+            claimed.append(ClaimedCallback(id: row.0, attempt: row.1, notificationID: row.2, jti: row.3, body: row.4, claimedAt: row.5))
+        }
+        return claimed
+    }
+
+    // MARK: CallbacksRecord
+
+    /// Records one attempt: completed when delivered; otherwise retryable after `delay`, or
+    /// discarded once `maxAttempts` is reached. Only if the job is still held by `worker`.
+    /// Returns the state the job is in now (nil: no longer held — its lease ran out).
+    @discardableResult
+    package func record(
+        _ callback: ClaimedCallback, worker: String, outcome: DeliveryOutcome, maxAttempts: Int, delay: Duration
+    ) async throws -> String? {
+        let status: Int?
+        let error: String?
+        switch outcome {
+        case .delivered(let code): (status, error) = (code, nil)
+        case .failed(let code, let message): (status, error) = (code, message)
+        }
+        let delivered = error == nil
+        var state: String?
+        for try await (s,) in try await client.query(
+            """
+            WITH recorded AS (
+                UPDATE jobs SET
+                    state = CASE WHEN \(delivered) THEN 'completed'::job_state
+                                 WHEN attempt >= \(maxAttempts) THEN 'discarded'::job_state
+                                 ELSE 'retryable'::job_state END,
+                    finished_at = CASE WHEN \(delivered) OR attempt >= \(maxAttempts) THEN now() END,
+                    run_at = CASE WHEN \(delivered) THEN run_at ELSE now() + \(Int(delay.milliseconds)) * interval '1 millisecond' END,
+                    last_status = \(status), last_error = \(error), locked_by = NULL, lease_expires_at = NULL
+                WHERE id = \(callback.id) AND attempt = \(callback.attempt) AND state = 'running' AND locked_by = \(worker)
+                RETURNING id, notification_id, attempt, attempted_at, state
+            ), logged AS (
+                INSERT INTO job_attempts (job_id, notification_id, attempt, worker, started_at, outcome, error, lane, http_status)
+                SELECT id, notification_id, attempt, \(worker), attempted_at,
+                    CASE state WHEN 'completed' THEN 'delivered' WHEN 'discarded' THEN 'discarded' ELSE 'retrying' END,
+                    \(error), 'callbacks', \(status)
+                FROM recorded
+            )
+            SELECT state::text FROM recorded
+            """, logger: logger
+        ).decode((String,).self) {
+            state = s
+        }
+        return state
+    }
+
+    // MARK: CallbacksRedeliver
+
+    /// Sends callbacks again (same `webhook-id`, fresh attempts): one by job id, or every one
+    /// created since `since`. A callback being delivered right now is left alone. Returns how many.
+    @discardableResult
+    package func redeliver(id: Int?, since: Date?) async throws -> Int {
+        var count = 0
+        for try await (n,) in try await client.query(
+            """
+            WITH redelivered AS (
+                UPDATE jobs SET state = 'available', run_at = now(), attempt = 0, finished_at = NULL, last_error = NULL,
+                    last_status = NULL, locked_by = NULL, lease_expires_at = NULL
+                WHERE lane = 'callbacks' AND state <> 'running'
+                  AND ((\(id)::bigint IS NOT NULL AND id = \(id)) OR (\(since)::timestamptz IS NOT NULL AND created_at >= \(since)))
+                RETURNING id
+            )
+            SELECT count(*)::bigint FROM redelivered
+            """, logger: logger
+        ).decode((Int,).self) {
+            count = n
+        }
+        if count > 0 { try await client.query("SELECT pg_notify('siwa_jobs', 'callbacks')", logger: logger) }
+        return count
+    }
+
+    // MARK: CallbacksList
+
+    package struct Summary: Sendable {
+        package var id: Int
+        package var webhookID: String
+        package var state: String
+        package var attempt: Int
+        package var jti: String
+        package var aud: String?
+        package var type: String?
+        package var createdAt: Date
+        package var runAt: Date
+        package var finishedAt: Date?
+        package var lastStatus: Int?
+        package var lastError: String?
+    }
+
+    /// Newest first. `failed`: only callbacks not delivered (yet) after at least one attempt —
+    /// retrying or discarded.
+    package func list(failed: Bool, limit: Int) async throws -> [Summary] {
+        var sql = SQLBuilder(
+            """
+            SELECT j.id, j.notification_id, j.state::text, j.attempt, n.jti, j.aud, n.type, j.created_at, j.run_at, j.finished_at,
+                j.last_status, j.last_error
+            FROM jobs j JOIN notifications n ON n.id = j.notification_id
+            """)
+        sql.filter("j.lane =", "callbacks")
+        if failed { sql.append(" AND j.state IN ('retryable', 'discarded')") }
+        sql.append(" ORDER BY j.created_at DESC, j.id DESC LIMIT ")
+        sql.bind(max(1, min(limit, 10_000)))
+        var result: [Summary] = []
+        for try await row in try await client.query(sql.query, logger: logger).decode(
+            (Int, Int, String, Int, String, String?, String?, Date, Date, Date?, Int?, String?).self)
+        {
+            result.append(
+                Summary(
+                    id: row.0, webhookID: Self.webhookID(notificationID: row.1), state: row.2, attempt: row.3, jti: row.4, aud: row.5, type: row.6, createdAt: row.7,
+                    runAt: row.8, finishedAt: row.9, lastStatus: row.10, lastError: row.11))
+        }
+        return result
+    }
+}

@@ -1,0 +1,27 @@
+-- Callbacks: after an effect commits, an HTTP POST to the backend (Standard Webhooks signing),
+-- retried with backoff in the queue's own `callbacks` lane, so that a failing endpoint never holds
+-- back an effect.
+
+-- The body a callback job sends, as exact text: every attempt signs the same bytes. It carries no
+-- email address (type, aud, sub, jti, event_time, effect, revoked_sessions), so erasure has nothing
+-- to remove from it.
+ALTER TABLE jobs ADD COLUMN payload text;
+-- The HTTP status of the last delivery attempt (NULL: no answer — refused, timed out).
+ALTER TABLE jobs ADD COLUMN last_status integer;
+ALTER TABLE jobs ADD CONSTRAINT jobs_callback_has_payload CHECK ((lane = 'callbacks') = (payload IS NOT NULL));
+
+CREATE INDEX jobs_callbacks_ready ON jobs (run_at, id) WHERE lane = 'callbacks' AND state IN ('available', 'retryable');
+CREATE INDEX jobs_callbacks_created ON jobs (created_at, id) WHERE lane = 'callbacks';
+
+-- The per-user gate of the effect claim looks only at effect jobs: a backlog of callbacks for a
+-- user (a dead endpoint) must not slow that user's effects down.
+DROP INDEX jobs_user_open;
+CREATE INDEX jobs_user_open ON jobs (aud, sub, event_time, id)
+    WHERE lane = 'effects' AND state IN ('available', 'retryable', 'running');
+
+-- The attempt log records deliveries too.
+ALTER TABLE job_attempts ADD COLUMN lane text NOT NULL DEFAULT 'effects' CHECK (lane IN ('effects', 'callbacks'));
+ALTER TABLE job_attempts ADD COLUMN http_status integer;
+ALTER TABLE job_attempts DROP CONSTRAINT job_attempts_outcome_check;
+ALTER TABLE job_attempts ADD CONSTRAINT job_attempts_outcome_check
+    CHECK (outcome IN ('applied', 'delivered', 'retrying', 'discarded', 'lease_expired'));
