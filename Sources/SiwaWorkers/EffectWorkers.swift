@@ -111,8 +111,8 @@ package final class EffectWorkers: Service, Sendable {
                     for index in 0..<configuration.workers {
                         loops.addTask { await self.loop(worker: self.workerName(index)) }
                     }
-                    if let callbacks = configuration.callbacks, let http {
-                        loops.addTask { await self.callbackLoop(callbacks, http: http) }
+                    if let http {
+                        loops.addTask { await self.callbackLoop(http: http) }
                     }
                 }
             } onGracefulShutdown: {
@@ -202,10 +202,10 @@ package final class EffectWorkers: Service, Sendable {
 
     // MARK: Callbacks
 
-    private func callbackLoop(_ callbacks: Callbacks, http: HTTPClient) async {
+    private func callbackLoop(http: HTTPClient) async {
         while !stopping {
             do {
-                let delivered = try await runCallbacksOnce(callbacks, http: http)
+                let delivered = try await runCallbacksOnce(http: http)
                 if delivered == 0 { await callbackDoorbell.wait(timeout: configuration.pollInterval) }
             } catch {
                 logger.warning("callback deliverer: database error; retrying", metadata: ["error": "\(loggable(error))"])
@@ -214,9 +214,11 @@ package final class EffectWorkers: Service, Sendable {
         }
     }
 
-    /// Claims one batch of callbacks and attempts each, concurrently. Returns how many it claimed.
+    /// Claims one batch of callbacks and attempts each, concurrently. Returns how many it claimed
+    /// (0 also when no callback endpoint is configured).
     @discardableResult
-    package func runCallbacksOnce(_ callbacks: Callbacks, http: HTTPClient) async throws -> Int {
+    package func runCallbacksOnce(http: HTTPClient) async throws -> Int {
+        guard let callbacks = configuration.callbacks else { return 0 }
         let worker = callbackWorkerName
         let claimed = try await callbackStore.claim(worker: worker, limit: callbacks.concurrency, lease: configuration.lease)
         guard !claimed.isEmpty else { return 0 }

@@ -122,4 +122,26 @@ struct CLITests {
         #expect(run.status != 0)
         #expect(run.stderr.contains("SIWA_APPLE_BUNDLE_IDS"))
     }
+
+    @Test("callbacks: `secret` prints a usable secret; redeliver names what is wrong with its arguments; a bad secret stops serve")
+    func callbackCommands() async throws {
+        let secret = try await Self.run(["callbacks", "secret"], directory: "/tmp")
+        #expect(secret.status == 0)
+        #expect(secret.stdout.hasPrefix("whsec_") && secret.stdout.hasSuffix("\n"))
+        #expect((try? WebhookSigner(secrets: secret.stdout)) != nil)
+
+        let neither = try await Self.run(["callbacks", "redeliver"], directory: "/tmp")
+        #expect(neither.status == 64)
+        #expect(neither.stderr.contains("give a callback id, or --since"))
+        let badSince = try await Self.run(["callbacks", "redeliver", "--since", "yesterday-ish"], directory: "/tmp")
+        #expect(badSince.status == 64)
+        #expect(badSince.stderr.contains("--since must be an ISO-8601 time"))
+
+        let serve = try await Self.run(
+            ["serve"], environment: ["SIWA_APPLE_BUNDLE_IDS": "com.example.cli", "SIWA_CALLBACK_URL": "https://backend.example/siwa", "SIWA_CALLBACK_SECRET": "s3cret"],
+            directory: "/tmp")
+        #expect(serve.status == 78)
+        #expect(serve.stderr.contains("SIWA_CALLBACK_SECRET"))
+        #expect(serve.stderr.contains("whsec_"))
+    }
 }

@@ -1,0 +1,171 @@
+import AsyncHTTPClient
+import Crypto
+import Foundation
+import ServiceLifecycle
+import SiwaApp
+import SiwaDomain
+import SiwaStore
+import SiwaTestSupport
+import SiwaWorkers
+import Testing
+
+/// Callbacks through real HTTP to a loopback endpoint, on a real database.
+@Suite("Callbacks: the backend is told about each effect, signed, retried, never in the effects' way")
+struct CallbackTests {
+    static let secret = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
+    static let rotated = "whsec_" + Data(repeating: 7, count: 32).base64EncodedString()
+
+    static func harness(_ endpoint: CallbackEndpoint, secrets: String = secret, _ configure: (inout EffectWorkers.Configuration) -> Void = { _ in })
+        async throws -> EffectHarness
+    {
+        try await EffectHarness.start { configuration in
+            configuration.callbacks = .init(url: endpoint.url, signer: try! WebhookSigner(secrets: secrets))
+            configuration.backoff = RetryBackoff(base: .milliseconds(1), cap: .milliseconds(1))
+            configure(&configuration)
+        }
+    }
+
+    /// Verifies like a receiver's Standard Webhooks library, independently of our signer:
+    /// HMAC-SHA256 with the secret's key bytes over "id.timestamp.body", base64, "v1,".
+    static func verifies(_ request: CallbackEndpoint.Received, secret: String) -> Bool {
+        guard let id = request.headers["webhook-id"], let timestamp = request.headers["webhook-timestamp"],
+            let signatures = request.headers["webhook-signature"],
+            let key = Data(base64Encoded: String(secret.dropFirst("whsec_".count)))
+        else { return false }
+        let expected = "v1," + Data(HMAC<SHA256>.authenticationCode(for: Array("\(id).\(timestamp).".utf8) + request.body, using: SymmetricKey(data: key))).base64EncodedString()
+        return signatures.split(separator: " ").contains { $0 == expected }
+    }
+
+    @Test("after an effect: one signed POST with the effect's facts; a 500 is retried with the same webhook-id and a fresh signature")
+    func deliveredAndRetried() async throws {
+        let endpoint = try await CallbackEndpoint.start()
+        let e = try await Self.harness(endpoint, secrets: "\(Self.rotated) \(Self.secret)")
+        _ = try await e.session(sub: "cb1", createdAt: 1_000)
+        try await e.post("consent-revoked", sub: "cb1", at: 5_000, jti: "cb-jti-1")
+        #expect(try await e.drain() == 1)
+        endpoint.answer([500])
+        #expect(try await e.workers.runCallbacksOnce(http: .shared) == 1)  // answered 500
+        #expect(try await e.h.count("SELECT count(*) FROM jobs WHERE lane = 'callbacks' AND state = 'retryable' AND last_status = 500") == 1)
+        try await Task.sleep(for: .milliseconds(20))  // the (test-sized) backoff
+        #expect(try await e.workers.runCallbacksOnce(http: .shared) == 1)  // answered 200
+        #expect(try await e.workers.runCallbacksOnce(http: .shared) == 0)
+
+        let received = endpoint.received
+        #expect(received.count == 2)
+        #expect(received.map(\.status) == [500, 200])
+        for request in received {
+            #expect(Self.verifies(request, secret: Self.secret))
+            #expect(Self.verifies(request, secret: Self.rotated))
+            #expect(!Self.verifies(request, secret: "whsec_" + Data(repeating: 1, count: 32).base64EncodedString()))
+            #expect(request.headers["content-type"] == "application/json")
+            let sent = try #require(Int64(request.headers["webhook-timestamp"] ?? ""))
+            #expect(abs(Double(sent) - Date().timeIntervalSince1970) < 120)
+        }
+        #expect(received[0].headers["webhook-id"] == received[1].headers["webhook-id"])
+        #expect(received[0].bodyText == received[1].bodyText)
+        let body = try #require(JSONValue.parse(Data(received[1].body)))
+        #expect(body["type"] == .string("consent-revoked"))
+        #expect(body["aud"] == .string(Harness.aud))
+        #expect(body["sub"] == .string("cb1"))
+        #expect(body["jti"] == .string("cb-jti-1"))
+        #expect(body["event_time"] == .string(iso8601(millis: EffectHarness.base + 5_000)))
+        #expect(body["revoked_sessions"] == .number(1))
+        #expect(body["effect"]?.stringValue?.isEmpty == false)
+        #expect(Set(body.objectValue?.keys ?? [:].keys) == ["type", "aud", "sub", "jti", "event_time", "effect", "revoked_sessions"])
+
+        #expect(try await e.h.count("SELECT count(*) FROM jobs WHERE lane = 'callbacks' AND state = 'completed' AND last_status = 200") == 1)
+        #expect(try await e.h.count("SELECT count(*) FROM job_attempts WHERE lane = 'callbacks' AND outcome = 'retrying' AND http_status = 500") == 1)
+        #expect(try await e.h.count("SELECT count(*) FROM job_attempts WHERE lane = 'callbacks' AND outcome = 'delivered' AND http_status = 200") == 1)
+        // The callback's fate never changes the notification's: its effect was applied.
+        #expect(try await e.h.count("SELECT count(*) FROM notifications WHERE status = 'applied'") == 1)
+        await e.stop()
+        await endpoint.stop()
+    }
+
+    @Test("out of attempts: discarded, listed as failed; redeliver sends it again under the same webhook-id")
+    func discardedThenRedelivered() async throws {
+        let endpoint = try await CallbackEndpoint.start()
+        let e = try await Self.harness(endpoint) { $0.maxAttempts = 2 }
+        try await e.post("email-disabled", sub: "cb2", at: 1_000, email: "cb2@privaterelay.appleid.com")
+        try await e.drain()
+        endpoint.answer([503, 503])
+        try await e.workers.runCallbacksOnce(http: .shared)
+        try await Task.sleep(for: .milliseconds(20))
+        try await e.workers.runCallbacksOnce(http: .shared)
+        let store = CallbackStore(client: e.client, logger: e.h.logs.logger())
+        let failed = try await store.list(failed: true, limit: 10)
+        #expect(failed.map(\.state) == ["discarded"])
+        #expect(failed.first?.lastStatus == 503)
+        #expect(failed.first?.lastError == "HTTP 503")
+        #expect(try await e.workers.runCallbacksOnce(http: .shared) == 0)  // discarded: not sent again by itself
+
+        let id = try #require(failed.first?.id)
+        #expect(try await store.redeliver(id: id, since: nil) == 1)
+        #expect(try await e.workers.runCallbacksOnce(http: .shared) == 1)
+        #expect(try await store.list(failed: true, limit: 10).isEmpty)
+        let received = endpoint.received
+        #expect(received.map(\.status) == [503, 503, 200])
+        #expect(Set(received.compactMap { $0.headers["webhook-id"] }) == [failed[0].webhookID])
+        // No email address in what is sent.
+        #expect(!received.contains { $0.bodyText.contains("privaterelay") })
+
+        #expect(try await store.redeliver(id: nil, since: Date().addingTimeInterval(-3600)) == 1)
+        #expect(try await store.redeliver(id: 987_654, since: nil) == 0)
+        await e.stop()
+        await endpoint.stop()
+    }
+
+    @Test("a dead endpoint (accepts, never answers) does not delay anyone's sign-out")
+    func deadEndpointDoesNotDelayEffects() async throws {
+        let endpoint = try await CallbackEndpoint.start(hang: true)
+        let e = try await Self.harness(endpoint) { configuration in
+            configuration.workers = 2
+            configuration.callbacks?.timeout = .seconds(3)
+            configuration.callbacks?.concurrency = 4
+        }
+        let group = ServiceGroup(configuration: .init(services: [e.workers], logger: e.h.logs.logger()))
+        let running = Task { try await group.run() }
+        for index in 0..<40 {
+            _ = try await e.session(sub: "dead-\(index)", createdAt: 1_000)
+            try await e.post("consent-revoked", sub: "dead-\(index)", at: 5_000)
+        }
+        var applied = 0
+        for _ in 0..<300 where applied < 40 {
+            try await Task.sleep(for: .milliseconds(20))
+            applied = try await e.h.count("SELECT count(*) FROM notifications WHERE status = 'applied'")
+        }
+        // Every effect is in, while the endpoint still holds the first callbacks open.
+        let open = endpoint.openRequests
+        #expect(applied == 40)
+        #expect(try await e.h.count("SELECT count(*) FROM sessions WHERE revoked_at IS NULL") == 0)
+        #expect(open > 0)
+        #expect(endpoint.received.isEmpty)
+        #expect(try await e.h.count("SELECT count(*) FROM jobs WHERE lane = 'callbacks'") == 40)
+        #expect(try await e.h.count("SELECT count(*) FROM jobs WHERE lane = 'callbacks' AND state = 'completed'") == 0)
+        await group.triggerGracefulShutdown()
+        _ = await running.result
+        await e.stop()
+        await endpoint.stop()
+    }
+
+    @Test("configuration: a callback URL needs a valid secret; each problem names its variable")
+    func configuration() throws {
+        func error(_ environment: [String: String]) -> String {
+            do {
+                _ = try Configuration.load(environment: environment.merging(["SIWA_APPLE_BUNDLE_IDS": "com.example.app"]) { $1 }, requireBundleIDs: true)
+                return "no error"
+            } catch {
+                return error.description
+            }
+        }
+        #expect(error(["SIWA_CALLBACK_URL": "https://backend.example/siwa"]).hasPrefix("SIWA_CALLBACK_SECRET"))
+        #expect(error(["SIWA_CALLBACK_URL": "https://backend.example/siwa", "SIWA_CALLBACK_SECRET": "hunter2"]).contains("secret 1 does not start with whsec_"))
+        #expect(error(["SIWA_CALLBACK_URL": "ftp://backend.example/siwa", "SIWA_CALLBACK_SECRET": Self.secret]).hasPrefix("SIWA_CALLBACK_URL"))
+        #expect(error(["SIWA_CALLBACK_SECRET": Self.secret]).hasPrefix("SIWA_CALLBACK_URL"))
+        #expect(error(["SIWA_CALLBACK_URL": "https://backend.example/siwa", "SIWA_CALLBACK_SECRET": Self.secret, "SIWA_CALLBACK_TIMEOUT": "soon"]).hasPrefix("SIWA_CALLBACK_TIMEOUT"))
+        let config = try Configuration.load(
+            environment: ["SIWA_APPLE_BUNDLE_IDS": "a", "SIWA_CALLBACK_URL": "https://backend.example/siwa", "SIWA_CALLBACK_SECRET": "\(Self.secret) \(Self.rotated)"],
+            requireBundleIDs: true)
+        #expect(config.workerConfiguration.callbacks?.url.absoluteString == "https://backend.example/siwa")
+    }
+}
