@@ -62,7 +62,37 @@ package struct NotificationVerifier: Sendable {
 
     /// Verifies the signature with `key`, then the claims at `now`, then decodes the event.
     package func verify(_ jws: CompactJWS, key: AppleKey, now: Date) throws(VerificationError) -> VerifiedNotification {
-        _ = try Self.checkHeader(jws)
+        let checked = try Self.checkSignedClaims(
+            jws, key: key, audiences: audiences, audienceDescription: "a configured bundle ID (SIWA_APPLE_BUNDLE_IDS)", now: now, clockSkew: clockSkew
+        ) { claims throws(VerificationError) in
+            if claims["events"] == nil, claims["sub"] != nil {
+                throw .malformed("this is a Sign in with Apple identity token (id_token), not a server-to-server notification: it has no events claim")
+            }
+        }
+        let claims = checked.claims
+        let jti = claims["jti"]?.stringValue.flatMap { $0.isEmpty ? nil : $0 }
+        return VerifiedNotification(
+            jti: jti ?? Self.derivedID(payloadSegment: jws.payloadSegment),
+            jtiDerived: jti == nil,
+            aud: checked.aud,
+            kid: key.kid,
+            issuedAt: checked.issuedAt,
+            expiresAt: checked.expiresAt,
+            headerJSON: jws.headerJSON,
+            claimsJSON: String(decoding: jws.payload, as: UTF8.self),
+            claims: claims,
+            decoding: EventDecoding.decode(events: claims["events"], issuedAt: checked.issuedAt)
+        )
+    }
+
+    /// What every Apple-signed token must pass, notification or identity token, in order:
+    /// header → signature with `key` → JSON claims → `iss` → `aud` ∈ `audiences` → `kind`-specific
+    /// checks (`shape`) → time claims at `now` with `clockSkew`.
+    package static func checkSignedClaims(
+        _ jws: CompactJWS, key: AppleKey, audiences: Set<String>, audienceDescription: String, now: Date, clockSkew: Duration,
+        shape: (JSONValue) throws(VerificationError) -> Void
+    ) throws(VerificationError) -> (claims: JSONValue, aud: String, issuedAt: Int64, expiresAt: Int64?) {
+        _ = try checkHeader(jws)
         let signature = _RSA.Signing.RSASignature(rawRepresentation: jws.signature)
         let digest = SHA256.hash(data: Data(jws.signingInput.utf8))
         guard key.publicKey.isValidSignature(signature, for: digest, padding: .insecurePKCS1v1_5) else {
@@ -72,8 +102,8 @@ package struct NotificationVerifier: Sendable {
             throw .malformed("the JWS payload is not a JSON object")
         }
         let iss = claims["iss"]?.stringValue
-        guard iss == Self.appleIssuer else {
-            throw .invalid(.wrongIssuer, "iss is \(iss.map { "\"\($0)\"" } ?? "missing"); expected \(Self.appleIssuer)")
+        guard iss == appleIssuer else {
+            throw .invalid(.wrongIssuer, "iss is \(iss.map { "\"\($0)\"" } ?? "missing"); expected \(appleIssuer)")
         }
         let tokenAudiences: [String] =
             switch claims["aud"] {
@@ -84,44 +114,29 @@ package struct NotificationVerifier: Sendable {
         guard let aud = tokenAudiences.first(where: audiences.contains) else {
             throw .invalid(
                 .wrongAudience,
-                "aud \(tokenAudiences.isEmpty ? "(missing)" : tokenAudiences.joined(separator: ",")) is not a configured bundle ID (SIWA_APPLE_BUNDLE_IDS)"
+                "aud \(tokenAudiences.isEmpty ? "(missing)" : tokenAudiences.joined(separator: ",")) is not \(audienceDescription)"
             )
         }
-        if claims["events"] == nil, claims["sub"] != nil {
-            throw .malformed("this is a Sign in with Apple identity token (id_token), not a server-to-server notification: it has no events claim")
-        }
+        try shape(claims)
         if jws.payload.contains(0) || jws.payload.containsSequence(Array("\\u0000".utf8)) {
             throw .malformed("the claims contain a NUL character, which cannot be stored")
         }
         let skew = clockSkew.timeInterval
         let nowSeconds = now.timeIntervalSince1970
-        guard let iat = try Self.epochSeconds(claims, "iat") else {
+        guard let iat = try epochSeconds(claims, "iat") else {
             throw .malformed("the iat claim is missing")
         }
-        let exp = try Self.epochSeconds(claims, "exp")
+        let exp = try epochSeconds(claims, "exp")
         if let exp, nowSeconds > exp + skew {
-            throw .invalid(.expired, "the token expired at \(Self.iso(exp)); it is now \(Self.iso(nowSeconds))")
+            throw .invalid(.expired, "the token expired at \(iso(exp)); it is now \(iso(nowSeconds))")
         }
         if iat > nowSeconds + skew {
-            throw .invalid(.notYetValid, "the token was issued at \(Self.iso(iat)), in the future (now \(Self.iso(nowSeconds)))")
+            throw .invalid(.notYetValid, "the token was issued at \(iso(iat)), in the future (now \(iso(nowSeconds)))")
         }
-        if let nbf = try Self.epochSeconds(claims, "nbf"), nbf > nowSeconds + skew {
-            throw .invalid(.notYetValid, "the token is not valid before \(Self.iso(nbf)) (now \(Self.iso(nowSeconds)))")
+        if let nbf = try epochSeconds(claims, "nbf"), nbf > nowSeconds + skew {
+            throw .invalid(.notYetValid, "the token is not valid before \(iso(nbf)) (now \(iso(nowSeconds)))")
         }
-        let issuedAt = Int64(iat)
-        let jti = claims["jti"]?.stringValue.flatMap { $0.isEmpty ? nil : $0 }
-        return VerifiedNotification(
-            jti: jti ?? Self.derivedID(payloadSegment: jws.payloadSegment),
-            jtiDerived: jti == nil,
-            aud: aud,
-            kid: key.kid,
-            issuedAt: issuedAt,
-            expiresAt: exp.map { Int64($0) },
-            headerJSON: jws.headerJSON,
-            claimsJSON: String(decoding: jws.payload, as: UTF8.self),
-            claims: claims,
-            decoding: EventDecoding.decode(events: claims["events"], issuedAt: issuedAt)
-        )
+        return (claims, aud, Int64(iat), exp.map { Int64($0) })
     }
 
     /// Parse, resolve and verify in one call: what the CLI's `verify` and a replay use.
