@@ -37,6 +37,10 @@ package struct Configuration: Sendable {
     package var jobPollInterval: Duration = .milliseconds(100)
     package var jobNotify = true
     package var eraseOnDelete = true
+    /// Identity-token client IDs → the bundle ID whose accounts they sign in to.
+    package var clientIDs: [String: String] = [:]
+    package var sessionTTL: Duration = .seconds(30 * 86_400)
+    package var metricsToken: String?
     package var callbackURL: URL?
     package var callbackSigner: WebhookSigner?
     package var callbackTimeout: Duration = .seconds(10)
@@ -49,6 +53,7 @@ package struct Configuration: Sendable {
 
     package init(bundleIDs: [String]) {
         self.bundleIDs = bundleIDs
+        self.clientIDs = Dictionary(bundleIDs.map { ($0, $0) }, uniquingKeysWith: { first, _ in first })
     }
 
     /// The variables, their flags and what they mean (README's configuration reference mirrors it).
@@ -76,6 +81,9 @@ package struct Configuration: Sendable {
         ("SIWA_JOB_POLL_INTERVAL", "--job-poll-interval", "idle workers look for jobs this often (NOTIFY wakes them sooner)"),
         ("SIWA_JOB_NOTIFY", "--job-notify", "on|off: LISTEN for enqueue notifications"),
         ("SIWA_ERASE_ON_DELETE", "--erase-on-delete", "true|false: erase a deleted account's email everywhere"),
+        ("SIWA_APPLE_CLIENT_IDS", "--client-ids", "identity-token aud values accepted by POST /v1/sessions: id or servicesID=bundleID"),
+        ("SIWA_SESSION_TTL", "--session-ttl", "lifetime of a session created without expires_at"),
+        ("SIWA_METRICS_TOKEN", "--metrics-token", "when set, /metrics needs Authorization: Bearer <it>"),
         ("SIWA_CALLBACK_URL", "--callback-url", "http(s) endpoint POSTed a signed callback after each effect (unset: none)"),
         ("SIWA_CALLBACK_SECRET", "--callback-secret", "space-separated whsec_ secrets that sign callbacks (all sign: rotation)"),
         ("SIWA_CALLBACK_TIMEOUT", "--callback-timeout", "one callback attempt's limit"),
@@ -182,6 +190,27 @@ package struct Configuration: Sendable {
             config.callbackURL = url
         } else if value("SIWA_CALLBACK_SECRET") != nil {
             throw ConfigurationError(variable: flag("SIWA_CALLBACK_URL"), message: "is not set, but SIWA_CALLBACK_SECRET is: set the URL callbacks go to, or unset the secret")
+        }
+        if let text = value("SIWA_APPLE_CLIENT_IDS") {
+            var map: [String: String] = [:]
+            for entry in text.split(separator: ",").map({ $0.trimmingCharacters(in: .whitespaces) }).filter({ !$0.isEmpty }) {
+                let parts = entry.split(separator: "=", maxSplits: 1).map { $0.trimmingCharacters(in: .whitespaces) }
+                let bundleID = parts.count == 2 ? parts[1] : parts[0]
+                guard !parts[0].isEmpty, bundleIDs.contains(bundleID) || !receiving else {
+                    throw ConfigurationError(
+                        variable: flag("SIWA_APPLE_CLIENT_IDS"),
+                        message: "\(entry): a client ID must be one of SIWA_APPLE_BUNDLE_IDS, or servicesID=bundleID mapping a Services ID to one of them")
+                }
+                map[parts[0]] = bundleID
+            }
+            config.clientIDs = map
+        }
+        config.sessionTTL = try duration("SIWA_SESSION_TTL", default: config.sessionTTL)
+        if let token = value("SIWA_METRICS_TOKEN") {
+            guard token.utf8.count >= 16 else {
+                throw ConfigurationError(variable: flag("SIWA_METRICS_TOKEN"), message: "must be at least 16 characters (e.g. openssl rand -hex 16)")
+            }
+            config.metricsToken = token
         }
         config.callbackTimeout = try duration("SIWA_CALLBACK_TIMEOUT", default: config.callbackTimeout)
         config.callbackConcurrency = try integer("SIWA_CALLBACK_CONCURRENCY", 1...256, default: config.callbackConcurrency)

@@ -24,8 +24,15 @@ package struct Receiver: Sendable {
     let health: HealthController
     package let workers: EffectWorkers?
     package let effects: EffectStore
+    package let tokens: TokenStore
+    let backend: BackendController?
+    let databaseTimeout: Duration
+    let metricsToken: String?
 
-    package init(config: Configuration, client: PostgresClient, logger: Logger, keyFetcher: any KeySetFetcher = DefaultKeySetFetcher()) {
+    package init(
+        config: Configuration, client: PostgresClient, logger: Logger, keyFetcher: any KeySetFetcher = DefaultKeySetFetcher(),
+        clock: @escaping @Sendable () -> Date = { Date() }
+    ) {
         let registry = PrometheusCollectorRegistry()
         let metrics = ReceiverMetrics(registry: registry)
         let store = NotificationStore(client: client, logger: logger)
@@ -41,6 +48,14 @@ package struct Receiver: Sendable {
         self.health = HealthController(store: store, keys: config.receives ? keys : nil, databaseTimeout: config.databaseTimeout)
         let effects = EffectStore(client: client, logger: logger)
         self.effects = effects
+        self.tokens = TokenStore(client: client, logger: logger)
+        self.backend = !config.receives ? nil : BackendController(
+            accounts: AccountStore(client: client, logger: logger), keys: keys,
+            settings: .init(
+                bundleIDs: Set(config.bundleIDs), clientIDs: config.clientIDs, sessionTTL: config.sessionTTL, clockSkew: config.clockSkew,
+                databaseTimeout: config.databaseTimeout), clock: clock)
+        self.databaseTimeout = config.databaseTimeout
+        self.metricsToken = config.metricsToken
         self.workers = !config.works ? nil : EffectWorkers(configuration: config.workerConfiguration, store: effects, logger: logger)
         self.store = store
         self.rejectionStore = rejectionStore
@@ -54,8 +69,21 @@ package struct Receiver: Sendable {
         let router = Router(context: SiwaRequestContext.self)
         notifications?.register(on: router)
         health.register(on: router)
+        if let backend {
+            let v1 = router.group("v1")
+                .add(middleware: APIErrorMiddleware())
+                .add(middleware: BearerAuthMiddleware(tokens: tokens, databaseTimeout: databaseTimeout))
+            backend.register(on: v1)
+        }
         let registry = self.registry
-        router.get("/metrics") { _, _ in
+        let metricsToken = self.metricsToken
+        router.get("/metrics") { request, _ in
+            if let metricsToken {
+                let given = request.headers[.authorization].map { Array($0.utf8) } ?? []
+                guard constantTimeEqual(given, Array("Bearer \(metricsToken)".utf8)) else {
+                    throw APIError(.unauthorized, code: "unauthorized", message: "/metrics needs Authorization: Bearer <SIWA_METRICS_TOKEN>")
+                }
+            }
             var buffer: [UInt8] = []
             registry.emit(into: &buffer)
             return Response(
@@ -133,4 +161,12 @@ extension Configuration {
         }
         return workers
     }
+}
+
+/// Compares without an early exit, so the time taken says nothing about where they differ.
+func constantTimeEqual(_ a: [UInt8], _ b: [UInt8]) -> Bool {
+    guard a.count == b.count else { return false }
+    var difference: UInt8 = 0
+    for index in a.indices { difference |= a[index] ^ b[index] }
+    return difference == 0
 }

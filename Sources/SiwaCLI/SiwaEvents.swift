@@ -10,7 +10,8 @@ struct SiwaEvents: AsyncParsableCommand {
         commandName: "siwa-events",
         abstract: "Receive, verify and record Sign in with Apple server-to-server notifications.",
         subcommands: [
-            Serve.self, Migrate.self, NotificationsCommand.self, RejectionsCommand.self, JobsCommand.self, CallbacksCommand.self, ReplayCommand.self, Verify.self,
+            Serve.self, Migrate.self, NotificationsCommand.self, RejectionsCommand.self, JobsCommand.self, CallbacksCommand.self, ReplayCommand.self, TokensCommand.self, AccountsCommand.self, AuditCommand.self,
+            DatabaseCommand.self, Verify.self,
             KeysCommand.self, Send.self,
         ])
 }
@@ -64,6 +65,12 @@ struct ConfigOptions: ParsableArguments {
     var jobNotify: String?
     @Option(name: .customLong("erase-on-delete"), help: "true|false: erase a deleted account's email everywhere (SIWA_ERASE_ON_DELETE, default true).")
     var eraseOnDelete: String?
+    @Option(name: .customLong("client-ids"), help: "Identity-token aud values for POST /v1/sessions: id or servicesID=bundleID (SIWA_APPLE_CLIENT_IDS).")
+    var clientIDs: String?
+    @Option(name: .customLong("session-ttl"), help: "Lifetime of a session created without expires_at, e.g. 30d (SIWA_SESSION_TTL).")
+    var sessionTTL: String?
+    @Option(name: .customLong("metrics-token"), help: "When set, /metrics needs Authorization: Bearer <it> (SIWA_METRICS_TOKEN).")
+    var metricsToken: String?
     @Option(name: .customLong("callback-url"), help: "Endpoint POSTed a signed callback after each effect (SIWA_CALLBACK_URL; unset: none).")
     var callbackURL: String?
     @Option(name: .customLong("callback-secret"), help: "Space-separated whsec_ secrets that sign callbacks (SIWA_CALLBACK_SECRET).")
@@ -84,6 +91,7 @@ struct ConfigOptions: ParsableArguments {
             "SIWA_JOB_MAX_ATTEMPTS": jobMaxAttempts, "SIWA_JOB_RETENTION": jobRetention, "SIWA_JOB_POLL_INTERVAL": jobPollInterval,
             "SIWA_JOB_NOTIFY": jobNotify, "SIWA_ERASE_ON_DELETE": eraseOnDelete, "SIWA_CALLBACK_URL": callbackURL,
             "SIWA_CALLBACK_SECRET": callbackSecret, "SIWA_CALLBACK_TIMEOUT": callbackTimeout, "SIWA_CALLBACK_CONCURRENCY": callbackConcurrency,
+            "SIWA_APPLE_CLIENT_IDS": clientIDs, "SIWA_SESSION_TTL": sessionTTL, "SIWA_METRICS_TOKEN": metricsToken,
         ]
         do {
             return try Configuration.load(

@@ -79,6 +79,23 @@ package struct AppleStyleSigner: Sendable {
         )
     }
 
+    /// A signed identity token (id_token) as Apple returns it to an app at sign-in.
+    package func identityToken(
+        aud: String, sub: String, email: String? = nil, isPrivateEmail: Bool? = nil, nonce: String? = nil, realUserStatus: Int? = 2,
+        issuedAt: Date = Date()
+    ) throws -> String {
+        let iat = issuedAt.timeIntervalSince1970.rounded(.down)
+        var claims: [String: JSONValue] = [
+            "iss": .string(NotificationVerifier.appleIssuer), "aud": .string(aud), "sub": .string(sub), "iat": .number(iat),
+            "exp": .number(iat + 600), "auth_time": .number(iat), "nonce_supported": .bool(true),
+        ]
+        if let email { claims["email"] = .string(email); claims["email_verified"] = .bool(true) }
+        if let isPrivateEmail { claims["is_private_email"] = .bool(isPrivateEmail) }
+        if let nonce { claims["nonce"] = .string(nonce) }
+        if let realUserStatus { claims["real_user_status"] = .number(Double(realUserStatus)) }
+        return try sign(header: .object(["kid": .string(kid), "alg": .string("RS256")]), claims: .object(claims))
+    }
+
     /// Apple's POST body for a compact JWS.
     package static func body(_ jws: String) -> String {
         JSONValue.object(["payload": .string(jws)]).jsonText

@@ -18,11 +18,16 @@ package struct AccountState: Sendable, Equatable {
     package var deletedAt: Int64?
     /// Newest consent-revoked or account-delete event time.
     package var consentEventTime: Int64?
+    /// When a privacy request erased the user's address (wall-clock ms): email events up to then
+    /// never store it again (and are redacted themselves); a newer one may.
+    package var erasedAt: Int64?
 
     package init(
         email: String? = nil, isPrivateEmail: Bool? = nil, forwarding: Forwarding? = nil, emailEventTime: Int64? = nil,
-        addressEventTime: Int64? = nil, consentRevokedAt: Int64? = nil, deletedAt: Int64? = nil, consentEventTime: Int64? = nil
+        addressEventTime: Int64? = nil, consentRevokedAt: Int64? = nil, deletedAt: Int64? = nil, consentEventTime: Int64? = nil,
+        erasedAt: Int64? = nil
     ) {
+        self.erasedAt = erasedAt
         self.addressEventTime = addressEventTime
         self.email = email
         self.isPrivateEmail = isPrivateEmail
@@ -88,19 +93,23 @@ package enum EffectRules {
                 return EffectPlan(account: account, revoke: .none, erase: true, effect: "none")
             }
             var changed = false
-            if let email = event.email, account.addressEventTime.map({ time > $0 }) ?? true {
+            // An event from before a privacy erasure brings the erased address back: drop it (and
+            // redact the notification that carries it); its forwarding state still counts.
+            let predatesErasure = account.erasedAt.map { time <= $0 } ?? false
+            if let email = event.email, !predatesErasure, account.addressEventTime.map({ time > $0 }) ?? true {
                 account.email = email
                 account.isPrivateEmail = event.isPrivateEmail
                 account.addressEventTime = time
                 changed = true
             }
+            let redact = predatesErasure && event.email != nil
             guard account.emailEventTime.map({ time > $0 }) ?? true else {
-                return EffectPlan(account: account, revoke: .none, erase: false, effect: changed ? "email_address_updated" : "none")
+                return EffectPlan(account: account, revoke: .none, erase: redact, effect: changed ? "email_address_updated" : "none")
             }
             account.forwarding = type == .emailDisabled ? .disabled : .enabled
             account.emailEventTime = time
             return EffectPlan(
-                account: account, revoke: .none, erase: false,
+                account: account, revoke: .none, erase: redact,
                 effect: type == .emailDisabled ? "email_forwarding_disabled" : "email_forwarding_enabled")
         case .consentRevoked:
             // Apple: the user stopped using Sign in with Apple with this app. Sign them out of every

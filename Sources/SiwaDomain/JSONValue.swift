@@ -32,6 +32,11 @@ package enum JSONValue: Sendable, Equatable {
         return nil
     }
 
+    package var arrayValue: [JSONValue]? {
+        if case .array(let value) = self { return value }
+        return nil
+    }
+
     package var objectValue: [String: JSONValue]? {
         if case .object(let value) = self { return value }
         return nil
@@ -91,5 +96,14 @@ package enum JSONValue: Sendable, Equatable {
             }
         }
         output.append(UInt8(ascii: "\""))
+    }
+}
+
+/// Literals, for building documents in code: `["aud": "com.example.app", "sub": .string(sub)]`.
+extension JSONValue: ExpressibleByStringLiteral, ExpressibleByDictionaryLiteral {
+    package init(stringLiteral value: String) { self = .string(value) }
+
+    package init(dictionaryLiteral elements: (String, JSONValue)...) {
+        self = .object(Dictionary(elements, uniquingKeysWith: { $1 }))
     }
 }

@@ -12,13 +12,27 @@ package struct APIError: Error, HTTPResponseError, Sendable {
     package var message: String
     package var reason: String?
     package var headers: HTTPFields = [:]
+    /// 500/503 answers carry the request id, which the log line also has.
+    package var requestID: String?
 
-    package init(_ status: HTTPResponse.Status, code: String, message: String, reason: String? = nil, headers: HTTPFields = [:]) {
+    package init(
+        _ status: HTTPResponse.Status, code: String, message: String, reason: String? = nil, headers: HTTPFields = [:], requestID: String? = nil
+    ) {
         self.status = status
         self.code = code
         self.message = message
         self.reason = reason
         self.headers = headers
+        self.requestID = requestID
+    }
+
+    /// 400 `invalid_request`; the message names the field or parameter.
+    package static func invalid(_ message: String) -> APIError {
+        APIError(.badRequest, code: "invalid_request", message: message)
+    }
+
+    package static func notFound(_ message: String) -> APIError {
+        APIError(.notFound, code: "not_found", message: message)
     }
 
     package static func malformed(_ message: String) -> APIError {
@@ -43,6 +57,7 @@ package struct APIError: Error, HTTPResponseError, Sendable {
     package var body: JSONValue {
         var object: [String: JSONValue] = ["error": .string(code), "message": .string(message)]
         if let reason { object["reason"] = .string(reason) }
+        if let requestID { object["request_id"] = .string(requestID) }
         return .object(object)
     }
 

@@ -1,12 +1,15 @@
 import Hummingbird
 import Logging
 import NIOCore
+import SiwaStore
 
 /// The request context of every route: Hummingbird's core storage plus the socket peer, which
 /// the receiver needs for its records (and, through trusted proxies, the client address).
 package struct SiwaRequestContext: RequestContext, RemoteAddressRequestContext {
     package var coreContext: CoreRequestContextStorage
     package let remoteAddress: SocketAddress?
+    /// The API token that authenticated this request (set by `BearerAuthMiddleware`).
+    package var identity: TokenIdentity?
 
     package init(source: ApplicationRequestContextSource) {
         self.coreContext = .init(source: source)

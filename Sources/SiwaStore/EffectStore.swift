@@ -102,7 +102,7 @@ package struct EffectStore: Sendable {
     package func apply(_ jobs: [ClaimedJob], worker: String, eraseOnDelete: Bool, callbacks: Bool = false) async throws -> [AppliedEffect] {
         guard !jobs.isEmpty else { return [] }
         let logger = self.logger
-        return try await client.withTransaction(logger: logger) { connection -> [AppliedEffect] in
+        return try await client.transaction(logger: logger) { connection -> [AppliedEffect] in
             // JobsComplete (guarded).
             var confirmed = Set<Int>()
             for try await (id,) in try await connection.query(
@@ -127,15 +127,16 @@ package struct EffectStore: Sendable {
                 SELECT aud, sub, email, is_private_email, email_forwarding::text,
                     (extract(epoch FROM email_event_time) * 1000)::bigint, (extract(epoch FROM consent_revoked_at) * 1000)::bigint,
                     (extract(epoch FROM deleted_at) * 1000)::bigint, (extract(epoch FROM consent_event_time) * 1000)::bigint,
-                    (extract(epoch FROM address_event_time) * 1000)::bigint
+                    (extract(epoch FROM address_event_time) * 1000)::bigint, (extract(epoch FROM erased_at) * 1000)::bigint
                 FROM accounts a
                 WHERE (a.aud, a.sub) IN (SELECT * FROM unnest(\(users.map(\.aud))::text[], \(users.map(\.sub))::text[]))
                 FOR UPDATE
                 """, logger: logger
-            ).decode((String, String, String?, Bool?, String?, Int64?, Int64?, Int64?, Int64?, Int64?).self) {
+            ).decode((String, String, String?, Bool?, String?, Int64?, Int64?, Int64?, Int64?, Int64?, Int64?).self) {
                 states[User(aud: row.0, sub: row.1)] = AccountState(
                     email: row.2, isPrivateEmail: row.3, forwarding: row.4.flatMap(AccountState.Forwarding.init(rawValue:)),
-                    emailEventTime: row.5, addressEventTime: row.9, consentRevokedAt: row.6, deletedAt: row.7, consentEventTime: row.8)
+                    emailEventTime: row.5, addressEventTime: row.9, consentRevokedAt: row.6, deletedAt: row.7, consentEventTime: row.8,
+                    erasedAt: row.10)
             }
 
             // The rules decide, in event_time order per user.
@@ -222,19 +223,7 @@ package struct EffectStore: Sendable {
 
             // Erasure: the address leaves every place we hold it.
             if !erase.isEmpty {
-                let auds = erase.map(\.aud), subs = erase.map(\.sub)
-                try await connection.query(
-                    """
-                    WITH notifications_erased AS (
-                        UPDATE notifications n SET email = NULL, erased_at = now(),
-                            raw_jws = split_part(n.raw_jws, '.', 1) || '.erased.',
-                            claims = jsonb_set(n.claims, '{events}', to_jsonb('erased'::text))
-                        WHERE (n.aud, n.sub) IN (SELECT * FROM unnest(\(auds)::text[], \(subs)::text[]))
-                          AND n.erased_at IS NULL AND (n.email IS NOT NULL OR n.type IN ('email-disabled', 'email-enabled'))
-                    )
-                    UPDATE rejections SET token = NULL, key_jwk = NULL, body_prefix = ''::bytea
-                    WHERE sub = ANY(\(subs)::text[]) AND (token IS NOT NULL OR length(body_prefix) > 0)
-                    """, logger: logger)
+                try await Self.eraseAddresses(of: erase.map { ($0.aud, $0.sub) }, on: connection, logger: logger)
             }
 
             // NotificationsApplied + JobAttemptsInsert + CallbacksEnqueue + NOTIFY, in one statement.
@@ -279,6 +268,25 @@ package struct EffectStore: Sendable {
                 """, logger: logger)
             return applied
         }
+    }
+
+    /// Erases the users' email address from the notifications that carry it (the raw token is
+    /// redacted: its base64 holds the address; the decoded events are replaced) and from kept
+    /// rejection tokens. Accounts are the caller's part.
+    static func eraseAddresses(of users: [(aud: String, sub: String)], on connection: PostgresConnection, logger: Logger) async throws {
+        let auds = users.map(\.aud), subs = users.map(\.sub)
+        try await connection.query(
+            """
+            WITH notifications_erased AS (
+                UPDATE notifications n SET email = NULL, erased_at = now(),
+                    raw_jws = split_part(n.raw_jws, '.', 1) || '.erased.',
+                    claims = jsonb_set(n.claims, '{events}', to_jsonb('erased'::text))
+                WHERE (n.aud, n.sub) IN (SELECT * FROM unnest(\(auds)::text[], \(subs)::text[]))
+                  AND n.erased_at IS NULL AND (n.email IS NOT NULL OR n.type IN ('email-disabled', 'email-enabled'))
+            )
+            UPDATE rejections SET token = NULL, key_jwk = NULL, body_prefix = ''::bytea
+            WHERE sub = ANY(\(subs)::text[]) AND (token IS NOT NULL OR length(body_prefix) > 0)
+            """, logger: logger)
     }
 
     /// The body of the callback that tells the backend about an applied effect (no email address).

@@ -1,4 +1,5 @@
 import PostgresNIO
+import Logging
 
 /// A database error for logs: code, SQLSTATE and the server's message — never the query or its
 /// bound values (`String(reflecting:)` of a PSQLError prints both, and they hold email addresses).
@@ -14,4 +15,19 @@ package func loggable(_ error: any Error) -> String {
 /// SQLSTATE class 22 (data exception): the row itself is unacceptable, retrying won't help.
 package func isDataException(_ error: any Error) -> Bool {
     (error as? PSQLError)?.serverInfo?[.sqlState]?.hasPrefix("22") == true
+}
+
+extension PostgresClient {
+    /// `withTransaction`, throwing what went wrong itself: the closure's error (a rolled-back
+    /// transaction's cause, e.g. a domain error the caller maps), or BEGIN's or COMMIT's — not
+    /// postgres-nio's wrapper around them.
+    package func transaction<Result>(
+        logger: Logger, _ body: (PostgresConnection) async throws -> sending Result
+    ) async throws -> sending Result {
+        do {
+            return try await withTransaction(logger: logger, body)
+        } catch let error as PostgresTransactionError {
+            throw error.closureError ?? error.beginError ?? error.commitError ?? error
+        }
+    }
 }

@@ -89,7 +89,7 @@ package struct NotificationStore: Sendable {
         let rows = JSONValue.array(batch.enumerated().map { index, item in Self.row(index: index, item) }).jsonText
         let lastDelivery = batch.map(\.receivedAt).max()!
         let logger = self.logger
-        return try await client.withTransaction(logger: logger) { connection -> [RecordOutcome?] in
+        return try await client.transaction(logger: logger) { connection -> [RecordOutcome?] in
             var outcomes = [RecordOutcome?](repeating: nil, count: batch.count)
             var firstIndexOfJTI: [String: Int] = [:]
             for (index, item) in batch.enumerated() where firstIndexOfJTI[item.notification.jti] == nil {

@@ -94,7 +94,7 @@ package struct RejectionStore: Sendable {
     /// Writes a batch of sampled rejections and the per-minute counts in one transaction.
     package func insert(_ records: [RejectionRecord], counts: [RejectionCount]) async throws {
         guard !records.isEmpty || !counts.isEmpty else { return }
-        try await client.withTransaction(logger: logger) { connection in
+        try await client.transaction(logger: logger) { connection in
             for record in records {
                 try await insert(record, on: connection)
             }

@@ -31,12 +31,12 @@ package final class TestServer: Sendable {
 
     package static func start(
         config: Configuration, database: PostgresClient.Configuration, logger: Logger = Logger(label: "test-server"),
-        keyFetcher: any KeySetFetcher = DefaultKeySetFetcher()
+        keyFetcher: any KeySetFetcher = DefaultKeySetFetcher(), clock: @escaping @Sendable () -> Date = { Date() }
     ) async throws -> TestServer {
         var config = config
         config.host = "127.0.0.1"
         let client = PostgresClient(configuration: database, backgroundLogger: logger)
-        let receiver = Receiver(config: config, client: client, logger: logger, keyFetcher: keyFetcher)
+        let receiver = Receiver(config: config, client: client, logger: logger, keyFetcher: keyFetcher, clock: clock)
         let started = OnceContinuation<Int>()
         let app = receiver.application(config: config, client: client, logger: logger) { channel in
             started.resume(.success(channel.localAddress?.port ?? 0))

@@ -1,6 +1,8 @@
 import Foundation
+import PostgresNIO
 import SiwaDomain
 import SiwaEmbeddedPostgres
+import SiwaTestSupport
 import Testing
 
 /// The real `siwa-events` binary, as a user runs it (built next to the test bundle by
@@ -143,5 +145,49 @@ struct CLITests {
         #expect(serve.status == 78)
         #expect(serve.stderr.contains("SIWA_CALLBACK_SECRET"))
         #expect(serve.stderr.contains("whsec_"))
+    }
+
+    /// A DATABASE_URL for a fresh migrated test database (unix socket).
+    static func databaseURL() async throws -> String {
+        let database = try await TestCluster.shared.makeDatabase()
+        let socketDirectory = ((database.unixSocketPath ?? "") as NSString).deletingLastPathComponent
+        return "postgres://\(database.username)@/\(database.database ?? "")?host=\(socketDirectory)"
+    }
+
+    @Test("tokens: create prints exactly the token; list never shows it; revoke makes it 401-worthy; audit list shows both; errors name the flag")
+    func tokenCommands() async throws {
+        let environment = ["DATABASE_URL": try await Self.databaseURL()]
+        let created = try await Self.run(["tokens", "create", "--name", "ci", "--scope", "sessions:read", "--scope", "accounts:read"], environment: environment, directory: "/tmp")
+        #expect(created.status == 0, "\(created.stderr)")
+        let token = created.stdout.dropLast()
+        #expect(created.stdout.hasSuffix("\n") && !token.contains("\n"))
+        #expect(APIToken.hash(String(token)) != nil)
+        let json = try await Self.run(["tokens", "create", "--name", "ci-json", "--scope", "admin", "--expires", "90d", "--json"], environment: environment, directory: "/tmp")
+        let object = JSONValue.parse(Data(json.stdout.utf8))
+        #expect(object?["name"] == .string("ci-json"))
+        #expect(object?["token"]?.stringValue?.hasPrefix("siwa_") == true)
+        #expect(object?["scopes"] == .array([.string("admin")]))
+        #expect(object?["expires_at"]?.stringValue != nil)
+
+        let listed = try await Self.run(["tokens", "list"], environment: environment, directory: "/tmp")
+        #expect(listed.stdout.contains("ci") && listed.stdout.contains("sessions:read,accounts:read"))
+        #expect(!listed.stdout.contains(String(token)))
+        let duplicate = try await Self.run(["tokens", "create", "--name", "ci", "--scope", "admin"], environment: environment, directory: "/tmp")
+        #expect(duplicate.status == 1 && duplicate.stderr.contains("already named ci"))
+
+        let noScope = try await Self.run(["tokens", "create", "--name", "x"], environment: environment, directory: "/tmp")
+        #expect(noScope.status == 64 && noScope.stderr.contains("--scope") && noScope.stderr.contains("sessions:write"))
+        let badScope = try await Self.run(["tokens", "create", "--name", "x", "--scope", "everything"], environment: environment, directory: "/tmp")
+        #expect(badScope.status == 64 && badScope.stderr.contains("--scope everything is not a scope"))
+
+        #expect(try await Self.run(["tokens", "revoke", "ci"], environment: environment, directory: "/tmp").status == 0)
+        #expect(try await Self.run(["tokens", "revoke", "ci"], environment: environment, directory: "/tmp").status == 1)
+        let audit = try await Self.run(["audit", "list", "--json"], environment: environment, directory: "/tmp")
+        let actions = audit.stdout.split(separator: "\n").compactMap { JSONValue.parse(Data($0.utf8))?["action"]?.stringValue }
+        #expect(actions.filter { $0 == "token.create" }.count == 2)
+        #expect(actions.contains("token.revoke"))
+
+        let erase = try await Self.run(["accounts", "erase", "--aud", "com.example.app", "--sub", "001.cli.erase"], environment: environment, directory: "/tmp")
+        #expect(erase.status == 0 && erase.stdout.contains("revoked 0 sessions"))
     }
 }

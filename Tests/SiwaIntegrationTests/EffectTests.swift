@@ -260,7 +260,10 @@ struct EffectTests {
 
     @Test("A failing job backs off, is retried, and is discarded with its last error after the maximum attempts")
     func backoffDiscardRetry() async throws {
-        let e = try await EffectHarness.start { $0.maxAttempts = 2 }
+        let e = try await EffectHarness.start { configuration in
+            configuration.maxAttempts = 2
+            configuration.backoff = RetryBackoff(base: .seconds(600), cap: .seconds(600))  // still backing off when checked, however slow the machine
+        }
         // The database refuses this user's account row: a real failure inside the effect.
         try await e.client.query(
             """

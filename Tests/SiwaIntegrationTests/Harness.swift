@@ -20,7 +20,7 @@ struct Harness {
 
     static func start(
         signer: AppleStyleSigner? = nil, jwksURL: URL? = nil, database databaseConfiguration: PostgresClient.Configuration? = nil,
-        keyFetcher: any KeySetFetcher = DefaultKeySetFetcher(), _ configure: (inout Configuration) -> Void = { _ in }
+        keyFetcher: any KeySetFetcher = DefaultKeySetFetcher(), fixedTime: Date? = nil, _ configure: (inout Configuration) -> Void = { _ in }
     ) async throws -> Harness {
         let signer = try signer ?? AppleStyleSigner.generate()
         var config = Configuration(bundleIDs: [aud])
@@ -41,7 +41,7 @@ struct Harness {
         } else {
             database = try await TestCluster.shared.makeDatabase()
         }
-        let server = try await TestServer.start(config: config, database: database, logger: logs.logger(), keyFetcher: keyFetcher)
+        let server = try await TestServer.start(config: config, database: database, logger: logs.logger(), keyFetcher: keyFetcher, clock: { fixedTime ?? Date() })
         return Harness(server: server, signer: signer, logs: logs, config: config)
     }
 

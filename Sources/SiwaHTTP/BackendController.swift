@@ -1,0 +1,292 @@
+import Foundation
+import HTTPTypes
+import Hummingbird
+import Logging
+import NIOCore
+import SiwaDomain
+import SiwaKeys
+import SiwaStore
+
+/// The backend API's sessions and accounts (`/v1`, behind `BearerAuthMiddleware`).
+package struct BackendController: Sendable {
+    package struct Settings: Sendable {
+        /// Bundle IDs: the `aud` of accounts (Apple's notifications use them).
+        package var bundleIDs: Set<String>
+        /// Client IDs accepted in identity tokens → the bundle ID whose accounts they sign in to.
+        package var clientIDs: [String: String]
+        package var sessionTTL: Duration
+        package var clockSkew: Duration
+        package var databaseTimeout: Duration
+
+        package init(bundleIDs: Set<String>, clientIDs: [String: String], sessionTTL: Duration, clockSkew: Duration, databaseTimeout: Duration) {
+            self.bundleIDs = bundleIDs
+            self.clientIDs = clientIDs
+            self.sessionTTL = sessionTTL
+            self.clockSkew = clockSkew
+            self.databaseTimeout = databaseTimeout
+        }
+    }
+
+    static let maximumBodySize = 64 * 1024
+
+    let accounts: AccountStore
+    let keys: AppleKeyCache
+    let settings: Settings
+    let verifier: IdentityTokenVerifier
+    /// The time identity tokens are checked at (tests verify real, long-expired tokens at theirs).
+    let clock: @Sendable () -> Date
+
+    package init(accounts: AccountStore, keys: AppleKeyCache, settings: Settings, clock: @escaping @Sendable () -> Date = { Date() }) {
+        self.accounts = accounts
+        self.keys = keys
+        self.settings = settings
+        self.clock = clock
+        self.verifier = IdentityTokenVerifier(clientIDs: Set(settings.clientIDs.keys), clockSkew: settings.clockSkew)
+    }
+
+    package func register(on group: RouterGroup<SiwaRequestContext>) {
+        group.post("sessions", use: createSession)
+        group.get("sessions/:id", use: getSession)
+        group.delete("sessions/:id", use: logout)
+        group.get("accounts/:aud/:sub", use: getAccount)
+        group.get("accounts/:aud/:sub/sessions", use: listSessions)
+        group.delete("accounts/:aud/:sub", use: erase)
+    }
+
+    // MARK: Sessions
+
+    @Sendable func createSession(_ request: Request, context: SiwaRequestContext) async throws -> Response {
+        try context.require(.sessionsWrite)
+        let body = try await JSONBody.object(request, limit: Self.maximumBodySize)
+        let now = clock()
+        let expiresAt: Date
+        if let value = body["expires_at"] {
+            guard let date = JSONBody.date(value) else {
+                throw APIError.invalid("expires_at must be an ISO-8601 time like 2026-12-31T23:59:59Z")
+            }
+            guard date > now else { throw APIError.invalid("expires_at must be in the future") }
+            expiresAt = date
+        } else {
+            expiresAt = now.addingTimeInterval(settings.sessionTTL.timeInterval)
+        }
+
+        let aud: String
+        let sub: String
+        var identity: VerifiedIdentity?
+        if body["identity_token"] != nil {
+            try JSONBody.allowOnly(["identity_token", "nonce", "expires_at"], in: body, hint: "with identity_token, aud and sub come from the token")
+            guard let token = body["identity_token"]?.stringValue, !token.isEmpty else {
+                throw APIError.invalid("identity_token must be a string: the id_token Apple returned to your app")
+            }
+            let nonce: String?
+            switch body["nonce"] {
+            case nil, .null?: nonce = nil
+            case .string(let text)? where !text.isEmpty && text.utf8.count <= 512: nonce = text
+            default: throw APIError.invalid("nonce must be the raw nonce string your app generated (1-512 characters)")
+            }
+            let verified = try await verifyIdentity(token, nonce: nonce, now: now)
+            guard let bundleID = settings.clientIDs[verified.clientID] else {
+                throw APIError.invalid("client ID \(verified.clientID) has no bundle ID (SIWA_APPLE_CLIENT_IDS)")
+            }
+            identity = verified
+            aud = bundleID
+            sub = verified.sub
+        } else {
+            try JSONBody.allowOnly(["aud", "sub", "expires_at"], in: body, hint: "send either identity_token or aud and sub")
+            aud = try JSONBody.string(body, "aud", hint: "your app's bundle ID")
+            sub = try JSONBody.string(body, "sub", hint: "Apple's user identifier")
+            guard settings.bundleIDs.contains(aud) else {
+                throw APIError.invalid("aud \(aud) is not one of SIWA_APPLE_BUNDLE_IDS (\(settings.bundleIDs.sorted().joined(separator: ", ")))")
+            }
+        }
+        do {
+            let session = try await accounts.createSession(aud: aud, sub: sub, expiresAt: expiresAt, identity: identity)
+            return .json(Self.json(session), status: .created)
+        } catch AccountStoreError.accountDeleted(let deletedAt) {
+            throw APIError(
+                .conflict, code: "conflict", message: "Apple reported this Apple ID deleted at \(iso8601(deletedAt)); no session can be created for it",
+                reason: "account_deleted")
+        }
+    }
+
+    /// The same key cache and rules as the receiver; failures answer 401 `invalid_token` with the
+    /// receiver's reason words.
+    private func verifyIdentity(_ token: String, nonce: String?, now: Date) async throws -> VerifiedIdentity {
+        do {
+            let jws = try CompactJWS(token)
+            let kid = try NotificationVerifier.checkHeader(jws)
+            switch await keys.resolve(kid: kid) {
+            case .key(let key):
+                return try verifier.verify(jws, key: key, nonce: nonce, now: now)
+            case .unknown(let kid, _):
+                throw VerificationError.invalid(.unknownKey, "no Apple key with kid \(kid), even after refreshing Apple's key set")
+            case .unavailable(let retryAfter, _):
+                throw APIError.unavailable("Apple's keys cannot be checked right now; retry later", retryAfter: retryAfter)
+            }
+        } catch let error as VerificationError {
+            switch error {
+            case .malformed(let message):
+                throw APIError.invalid("identity_token: \(message)")
+            case .invalid(let reason, let message):
+                throw APIError(.unauthorized, code: "invalid_token", message: "identity_token: \(message)", reason: reason.rawValue)
+            }
+        }
+    }
+
+    @Sendable func getSession(_ request: Request, context: SiwaRequestContext) async throws -> Response {
+        try context.require(.sessionsRead)
+        let id = try Self.sessionID(context)
+        guard let session = try await accounts.session(id: id) else { throw APIError.notFound("no session \(id.uuidString.lowercased())") }
+        return .json(Self.json(session))
+    }
+
+    @Sendable func logout(_ request: Request, context: SiwaRequestContext) async throws -> Response {
+        try context.require(.sessionsWrite)
+        let id = try Self.sessionID(context)
+        guard let session = try await accounts.logout(id: id) else { throw APIError.notFound("no session \(id.uuidString.lowercased())") }
+        return .json(Self.json(session))
+    }
+
+    // MARK: Accounts
+
+    @Sendable func getAccount(_ request: Request, context: SiwaRequestContext) async throws -> Response {
+        try context.require(.accountsRead)
+        let (aud, sub) = try Self.user(context)
+        guard let account = try await accounts.account(aud: aud, sub: sub) else {
+            throw APIError.notFound("no account \(aud)/\(sub): nothing has been received or created for this user")
+        }
+        return .json(.object([
+            "aud": .string(account.aud), "sub": .string(account.sub), "email": account.email.map(JSONValue.string) ?? .null,
+            "is_private_email": account.isPrivateEmail.map(JSONValue.bool) ?? .null,
+            "real_user_status": account.realUserStatus.map { .number(Double($0)) } ?? .null,
+            "email_forwarding": account.emailForwarding.map(JSONValue.string) ?? .null,
+            "consent_revoked_at": Self.time(account.consentRevokedAt), "deleted_at": Self.time(account.deletedAt),
+            "erased_at": Self.time(account.erasedAt), "created_at": .string(iso8601(account.createdAt)),
+            "updated_at": .string(iso8601(account.updatedAt)),
+        ]))
+    }
+
+    @Sendable func listSessions(_ request: Request, context: SiwaRequestContext) async throws -> Response {
+        try context.require(.sessionsRead)
+        let (aud, sub) = try Self.user(context)
+        let limit = try JSONBody.limit(request, default: 100, maximum: 1000)
+        let cursor = try request.uri.queryParameters["cursor"].map { text in
+            guard let cursor = SessionCursor(text: String(text)) else {
+                throw APIError.invalid("cursor is not valid: pass back the next_cursor of the previous page")
+            }
+            return cursor
+        }
+        let page = try await accounts.sessions(aud: aud, sub: sub, limit: limit + 1, after: cursor.map { ($0.createdAt, $0.id) })
+        let items = page.prefix(limit)
+        let next = page.count > limit ? items.last.map { SessionCursor(createdAt: $0.createdAt, id: UUID(uuidString: $0.id)!).text } : nil
+        return .json(.object(["items": .array(items.map(Self.json)), "next_cursor": next.map(JSONValue.string) ?? .null]))
+    }
+
+    @Sendable func erase(_ request: Request, context: SiwaRequestContext) async throws -> Response {
+        try context.require(.accountsErase)
+        let (aud, sub) = try Self.user(context)
+        let erasure = try await accounts.erase(aud: aud, sub: sub, actor: context.actor)
+        context.logger.notice("account erased on request", metadata: ["aud": "\(aud)", "revoked_sessions": "\(erasure.revokedSessions)"])
+        return .json(.object([
+            "aud": .string(aud), "sub": .string(sub), "erased_at": .string(iso8601(erasure.erasedAt)),
+            "revoked_sessions": .number(Double(erasure.revokedSessions)),
+        ]))
+    }
+
+    // MARK: Helpers
+
+    static func json(_ session: Session) -> JSONValue {
+        .object([
+            "id": .string(session.id), "aud": .string(session.aud), "sub": .string(session.sub), "created_at": .string(iso8601(session.createdAt)),
+            "expires_at": time(session.expiresAt), "active": .bool(session.active), "revoked_at": time(session.revokedAt),
+            "revoked_reason": session.revokedReason.map(JSONValue.string) ?? .null,
+        ])
+    }
+
+    static func time(_ date: Date?) -> JSONValue { date.map { .string(iso8601($0)) } ?? .null }
+
+    static func sessionID(_ context: SiwaRequestContext) throws -> UUID {
+        let text = context.parameters.get("id") ?? ""
+        guard let id = UUID(uuidString: text) else { throw APIError.invalid("session id \(text) is not a UUID") }
+        return id
+    }
+
+    static func user(_ context: SiwaRequestContext) throws -> (aud: String, sub: String) {
+        guard let aud = context.parameters.get("aud")?.removingPercentEncoding, !aud.isEmpty,
+            let sub = context.parameters.get("sub")?.removingPercentEncoding, !sub.isEmpty
+        else { throw APIError.invalid("the path must be /v1/accounts/{aud}/{sub}") }
+        return (aud, sub)
+    }
+}
+
+/// The opaque `next_cursor` of a session list: base64url of "<created_at µs>.<id>".
+struct SessionCursor {
+    var createdAt: Date
+    var id: UUID
+
+    init(createdAt: Date, id: UUID) {
+        self.createdAt = createdAt
+        self.id = id
+    }
+
+    init?(text: String) {
+        guard let data = Base64URL.decode(text), let decoded = String(data: data, encoding: .utf8) else { return nil }
+        let parts = decoded.split(separator: ".", maxSplits: 1)
+        guard parts.count == 2, let micros = Int64(parts[0]), let id = UUID(uuidString: String(parts[1])) else { return nil }
+        self.createdAt = Date(timeIntervalSince1970: Double(micros) / 1_000_000)
+        self.id = id
+    }
+
+    var text: String {
+        Base64URL.encode(Array("\(Int64((createdAt.timeIntervalSince1970 * 1_000_000).rounded())).\(id.uuidString.lowercased())".utf8))
+    }
+}
+
+/// Reading `/v1` request bodies and parameters, with errors that name the field.
+enum JSONBody {
+    static func object(_ request: Request, limit: Int) async throws -> [String: JSONValue] {
+        let type = request.headers[.contentType]?.split(separator: ";").first?.trimmingCharacters(in: .whitespaces).lowercased()
+        guard type == "application/json" else {
+            throw APIError(.unsupportedMediaType, code: "unsupported_media_type", message: "send the body as Content-Type: application/json")
+        }
+        if let length = request.headers[.contentLength].flatMap(Int.init), length > limit {
+            throw APIError(.contentTooLarge, code: "payload_too_large", message: "the body is larger than \(limit) bytes")
+        }
+        let buffer: ByteBuffer
+        do {
+            buffer = try await request.body.collect(upTo: limit)
+        } catch {
+            throw APIError(.contentTooLarge, code: "payload_too_large", message: "the body is larger than \(limit) bytes")
+        }
+        guard let object = JSONValue.parse(buffer.readableBytesView)?.objectValue else {
+            throw APIError.invalid("the body must be a JSON object")
+        }
+        return object
+    }
+
+    static func allowOnly(_ fields: Set<String>, in body: [String: JSONValue], hint: String) throws {
+        if let unknown = body.keys.sorted().first(where: { !fields.contains($0) }) {
+            throw APIError.invalid("unexpected field \(unknown): \(hint)")
+        }
+    }
+
+    static func string(_ body: [String: JSONValue], _ field: String, hint: String) throws -> String {
+        guard let value = body[field]?.stringValue, !value.isEmpty, value.utf8.count <= 255 else {
+            throw APIError.invalid("\(field) must be a non-empty string of at most 255 bytes: \(hint)")
+        }
+        return value
+    }
+
+    static func date(_ value: JSONValue) -> Date? {
+        guard let text = value.stringValue else { return nil }
+        return (try? Date(text, strategy: Date.ISO8601FormatStyle(includingFractionalSeconds: true))) ?? (try? Date(text, strategy: .iso8601))
+    }
+
+    static func limit(_ request: Request, default fallback: Int, maximum: Int) throws -> Int {
+        guard let text = request.uri.queryParameters["limit"] else { return fallback }
+        guard let limit = Int(String(text)), (1...maximum).contains(limit) else {
+            throw APIError.invalid("limit must be an integer from 1 to \(maximum) (got \(text))")
+        }
+        return limit
+    }
+}

@@ -1,0 +1,210 @@
+import Foundation
+import Logging
+import PostgresNIO
+import SiwaDomain
+
+package struct Session: Sendable, Equatable {
+    package var id: String
+    package var aud: String
+    package var sub: String
+    package var createdAt: Date
+    package var expiresAt: Date?
+    package var revokedAt: Date?
+    package var revokedReason: String?
+    /// Not revoked and not expired, as of the query.
+    package var active: Bool
+}
+
+package struct Account: Sendable {
+    package var aud: String
+    package var sub: String
+    package var email: String?
+    package var isPrivateEmail: Bool?
+    package var realUserStatus: Int?
+    package var emailForwarding: String?
+    package var consentRevokedAt: Date?
+    package var deletedAt: Date?
+    package var erasedAt: Date?
+    package var createdAt: Date
+    package var updatedAt: Date
+}
+
+package struct Erasure: Sendable {
+    package var erasedAt: Date
+    package var revokedSessions: Int
+}
+
+package enum AccountStoreError: Error, Sendable {
+    /// Apple deleted this Apple ID: no session may be created for it.
+    case accountDeleted(deletedAt: Date)
+}
+
+/// Sessions and accounts as the backend API sees them, and privacy erasure: every statement.
+package struct AccountStore: Sendable {
+    package let client: PostgresClient
+    let logger: Logger
+
+    package init(client: PostgresClient, logger: Logger) {
+        self.client = client
+        self.logger = logger
+    }
+
+    private static let sessionColumns = """
+        id::text, aud, sub, created_at, expires_at, revoked_at, revoked_reason,
+        (revoked_at IS NULL AND (expires_at IS NULL OR expires_at > now()))
+        """
+    private typealias SessionRow = (String, String, String, Date, Date?, Date?, String?, Bool)
+
+    private static func session(_ row: SessionRow) -> Session {
+        Session(id: row.0, aud: row.1, sub: row.2, createdAt: row.3, expiresAt: row.4, revokedAt: row.5, revokedReason: row.6, active: row.7)
+    }
+
+    // MARK: SessionsCreate
+
+    /// Creates a session, in one transaction with the account: the account row is upserted first,
+    /// which locks it, so an `account-delete` being applied at the same moment either comes first
+    /// (and this fails with `accountDeleted`) or waits and then revokes the new session too.
+    /// With `identity`, the token's email facts update the account (the address only when the
+    /// token is newer than the stored address and than any privacy erasure).
+    package func createSession(aud: String, sub: String, expiresAt: Date?, identity: VerifiedIdentity?) async throws -> Session {
+        let logger = self.logger
+        let issuedMillis = identity.map { $0.issuedAt * 1000 }
+        return try await client.transaction(logger: logger) { connection in
+            var deletedAt: Date?
+            for try await (deleted,) in try await connection.query(
+                """
+                INSERT INTO accounts AS a (aud, sub, email, is_private_email, real_user_status, address_event_time)
+                VALUES (\(aud), \(sub), \(identity?.email), \(identity?.isPrivateEmail), \(identity?.realUserStatus),
+                    CASE WHEN \(identity?.email)::text IS NOT NULL THEN timestamptz 'epoch' + \(issuedMillis)::bigint * interval '1 millisecond' END)
+                ON CONFLICT (aud, sub) DO UPDATE SET
+                    email = CASE WHEN a.deleted_at IS NULL AND excluded.email IS NOT NULL
+                                  AND excluded.address_event_time > coalesce(a.address_event_time, '-infinity')
+                                  AND excluded.address_event_time > coalesce(a.erased_at, '-infinity')
+                             THEN excluded.email ELSE a.email END,
+                    is_private_email = CASE WHEN a.deleted_at IS NULL AND excluded.email IS NOT NULL
+                                  AND excluded.address_event_time > coalesce(a.address_event_time, '-infinity')
+                                  AND excluded.address_event_time > coalesce(a.erased_at, '-infinity')
+                             THEN excluded.is_private_email ELSE a.is_private_email END,
+                    address_event_time = CASE WHEN a.deleted_at IS NULL AND excluded.email IS NOT NULL
+                                  AND excluded.address_event_time > coalesce(a.address_event_time, '-infinity')
+                                  AND excluded.address_event_time > coalesce(a.erased_at, '-infinity')
+                             THEN excluded.address_event_time ELSE a.address_event_time END,
+                    real_user_status = coalesce(excluded.real_user_status, a.real_user_status),
+                    updated_at = now()
+                RETURNING a.deleted_at
+                """, logger: logger
+            ).decode((Date?,).self) {
+                deletedAt = deleted
+            }
+            if let deletedAt { throw AccountStoreError.accountDeleted(deletedAt: deletedAt) }
+            for try await row in try await connection.query(
+                """
+                INSERT INTO sessions (aud, sub, expires_at) VALUES (\(aud), \(sub), \(expiresAt))
+                RETURNING \(unescaped: Self.sessionColumns)
+                """, logger: logger
+            ).decode(SessionRow.self) {
+                return Self.session(row)
+            }
+            preconditionFailure("INSERT … RETURNING returned no row")
+        }
+    }
+
+    // MARK: SessionsGet, SessionsLogout, SessionsList
+
+    package func session(id: UUID) async throws -> Session? {
+        for try await row in try await client.query(
+            "SELECT \(unescaped: Self.sessionColumns) FROM sessions WHERE id = \(id)", logger: logger
+        ).decode(SessionRow.self) {
+            return Self.session(row)
+        }
+        return nil
+    }
+
+    /// Logs a session out. Idempotent: an already revoked session keeps its first revocation.
+    package func logout(id: UUID) async throws -> Session? {
+        for try await row in try await client.query(
+            """
+            UPDATE sessions SET revoked_at = coalesce(revoked_at, now()), revoked_reason = coalesce(revoked_reason, 'logout')
+            WHERE id = \(id)
+            RETURNING \(unescaped: Self.sessionColumns)
+            """, logger: logger
+        ).decode(SessionRow.self) {
+            return Self.session(row)
+        }
+        return nil
+    }
+
+    /// The user's sessions, newest first, `limit` at a time after `cursor` (created_at, id).
+    package func sessions(aud: String, sub: String, limit: Int, after cursor: (createdAt: Date, id: UUID)?) async throws -> [Session] {
+        var sessions: [Session] = []
+        for try await row in try await client.query(
+            """
+            SELECT \(unescaped: Self.sessionColumns) FROM sessions
+            WHERE aud = \(aud) AND sub = \(sub)
+              AND (\(cursor?.createdAt)::timestamptz IS NULL OR (created_at, id) < (\(cursor?.createdAt), \(cursor?.id)))
+            ORDER BY created_at DESC, id DESC
+            LIMIT \(limit)
+            """, logger: logger
+        ).decode(SessionRow.self) {
+            sessions.append(Self.session(row))
+        }
+        return sessions
+    }
+
+    // MARK: AccountsGet
+
+    package func account(aud: String, sub: String) async throws -> Account? {
+        for try await row in try await client.query(
+            """
+            SELECT aud, sub, email, is_private_email, real_user_status::int, email_forwarding::text, consent_revoked_at, deleted_at, erased_at,
+                created_at, updated_at
+            FROM accounts WHERE aud = \(aud) AND sub = \(sub)
+            """, logger: logger
+        ).decode((String, String, String?, Bool?, Int?, String?, Date?, Date?, Date?, Date, Date).self) {
+            return Account(
+                aud: row.0, sub: row.1, email: row.2, isPrivateEmail: row.3, realUserStatus: row.4, emailForwarding: row.5, consentRevokedAt: row.6,
+                deletedAt: row.7, erasedAt: row.8, createdAt: row.9, updatedAt: row.10)
+        }
+        return nil
+    }
+
+    // MARK: AccountsErase
+
+    /// A privacy request: the user's address leaves every place we hold it (as on `account-delete`
+    /// with erasure on), every active session is revoked (`erased`), events from before now never
+    /// store the address again, and the audit log records who asked. One transaction; erasing a
+    /// user we know nothing about records the request all the same.
+    package func erase(aud: String, sub: String, actor: String) async throws -> Erasure {
+        let logger = self.logger
+        return try await client.transaction(logger: logger) { connection in
+            var erasedAt = Date()
+            for try await (at,) in try await connection.query(
+                """
+                INSERT INTO accounts AS a (aud, sub, erased_at) VALUES (\(aud), \(sub), now())
+                ON CONFLICT (aud, sub) DO UPDATE SET email = NULL, is_private_email = NULL, erased_at = now(), updated_at = now()
+                RETURNING a.erased_at
+                """, logger: logger
+            ).decode((Date,).self) {
+                erasedAt = at
+            }
+            var revoked = 0
+            for try await (n,) in try await connection.query(
+                """
+                WITH revoked AS (
+                    UPDATE sessions SET revoked_at = now(), revoked_reason = 'erased', revoked_by = 'privacy-request'
+                    WHERE aud = \(aud) AND sub = \(sub) AND revoked_at IS NULL
+                    RETURNING id
+                ), audited AS (
+                    INSERT INTO audit_log (actor, action, target, details)
+                    SELECT \(actor), 'account.erase', \(aud) || '/' || \(sub), jsonb_build_object('revoked_sessions', count(*)) FROM revoked
+                )
+                SELECT count(*)::bigint FROM revoked
+                """, logger: logger
+            ).decode((Int,).self) {
+                revoked = n
+            }
+            try await EffectStore.eraseAddresses(of: [(aud, sub)], on: connection, logger: logger)
+            return Erasure(erasedAt: erasedAt, revokedSessions: revoked)
+        }
+    }
+}

@@ -1,0 +1,61 @@
+import Foundation
+import Logging
+import PostgresNIO
+
+package enum BackendGrantsError: Error, Sendable, CustomStringConvertible {
+    case invalidRole(String)
+    case unknownRole(String)
+
+    package var description: String {
+        switch self {
+        case .invalidRole(let role): "--role \(role) is not a plain role name (lowercase letters, digits, _; at most 63)"
+        case .unknownRole(let role): "role \(role) does not exist: create it first, e.g. CREATE ROLE \(role) LOGIN PASSWORD '…'"
+        }
+    }
+}
+
+/// Least privilege for a backend that shares the database instead of calling the API: exactly
+/// what the README's session SQL needs — create a session (aud, sub, expires_at), read sessions
+/// and accounts, log a session out — and nothing else (no notifications, tokens, jobs, audit).
+package struct BackendGrants: Sendable {
+    package let client: PostgresClient
+    let logger: Logger
+
+    package init(client: PostgresClient, logger: Logger) {
+        self.client = client
+        self.logger = logger
+    }
+
+    package static let statements = [
+        "REVOKE ALL ON ALL TABLES IN SCHEMA public FROM %I",
+        "GRANT USAGE ON SCHEMA public TO %I",
+        "GRANT SELECT, INSERT (aud, sub, expires_at), UPDATE (revoked_at, revoked_reason) ON sessions TO %I",
+        "GRANT SELECT ON accounts TO %I",
+    ]
+
+    /// Applies the grants in one transaction; returns the statements run.
+    package func grant(role: String) async throws -> [String] {
+        guard role.range(of: "^[a-z_][a-z0-9_]{0,62}$", options: .regularExpression) != nil else { throw BackendGrantsError.invalidRole(role) }
+        let logger = self.logger
+        return try await client.transaction(logger: logger) { connection in
+            var exists = false
+            for try await (_,) in try await connection.query("SELECT 1 FROM pg_roles WHERE rolname = \(role)", logger: logger).decode((Int,).self) {
+                exists = true
+            }
+            guard exists else { throw BackendGrantsError.unknownRole(role) }
+            var run: [String] = []
+            let templates = ["GRANT CONNECT ON DATABASE %I TO %I"] + Self.statements
+            for (index, template) in templates.enumerated() {
+                // The server quotes the identifiers (format's %I); the role name is bound.
+                let query: PostgresQuery =
+                    index == 0
+                    ? "SELECT format(\(template), current_database(), \(role)::text)" : "SELECT format(\(template), \(role)::text)"
+                var sql = ""
+                for try await (text,) in try await connection.query(query, logger: logger).decode((String,).self) { sql = text }
+                try await connection.query(PostgresQuery(unsafeSQL: sql), logger: logger)
+                run.append(sql)
+            }
+            return run
+        }
+    }
+}
