@@ -299,6 +299,7 @@ package final class EffectWorkers: Service, Sendable {
         var lastPrune = ContinuousClock.now - .seconds(3600)
         while !stopping {
             do {
+                if try await store.analyzeIfStale() { logger.debug("analyzed jobs (statistics were stale)") }
                 let rescued = try await store.rescueExpiredLeases(maxAttempts: configuration.maxAttempts)
                 if rescued > 0 {
                     logger.warning("rescued jobs whose worker stopped renewing its lease", metadata: ["count": "\(rescued)"])

@@ -44,6 +44,25 @@ struct QueueTests {
         return 0
     }
 
+    @Test("a backlog that grew before autovacuum looked is analyzed by the workers' maintenance, so claims are planned for its real size")
+    func staleStatisticsAreRefreshed() async throws {
+        try await Self.withDatabase { client in
+            let store = EffectStore(client: client, logger: Logger(label: "queue-test"))
+            #expect(try await store.analyzeIfStale() == false)  // empty: nothing to do
+            try await BulkLoad.notifications(count: 3_000, users: 3_000, aud: "com.example.app", client: client)
+            // The planner's picture before: a table it has never measured.
+            #expect(try await Self.count(client, "SELECT reltuples::bigint FROM pg_class WHERE relname = 'jobs'") <= 0)
+            var analyzed = false
+            for _ in 0..<50 where !analyzed {  // statistics counters reach pg_stat a moment after commit
+                analyzed = try await store.analyzeIfStale()
+                if !analyzed { try await Task.sleep(for: .milliseconds(100)) }
+            }
+            #expect(analyzed)
+            #expect(try await Self.count(client, "SELECT reltuples::bigint FROM pg_class WHERE relname = 'jobs'") == 3_000)
+            #expect(try await store.analyzeIfStale() == false)  // fresh now
+        }
+    }
+
     @Test("4 workers × 10,000 jobs over 1,000 users: each applied exactly once, each user's in event_time order", arguments: [true, false])
     func exactlyOnceInOrder(notify: Bool) async throws {
         try await Self.withDatabase { client in
