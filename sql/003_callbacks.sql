@@ -30,3 +30,25 @@ ALTER TABLE job_attempts ADD CONSTRAINT job_attempts_outcome_check
 -- and analyze it after 1 % changes instead of PostgreSQL's 20 % / 10 %, so dead rows and stale
 -- statistics do not pile up under a backlog.
 ALTER TABLE jobs SET (autovacuum_vacuum_scale_factor = 0.01, autovacuum_analyze_scale_factor = 0.01);
+
+-- The effect claim's first step: ready effect jobs that are their user's earliest unfinished one
+-- (per-user order), oldest first. A function so that its plan cannot depend on statistics: with
+-- sequential and bitmap scans off, the gate is always a per-candidate probe of jobs_user_open.
+-- Planned from stale statistics (a backlog inserted before the next ANALYZE looks like an empty
+-- table), the same query became a nested loop over every open job per candidate: claims ran for
+-- minutes on a 100,000-job backlog. Not inlined (it has SET clauses): planned per call.
+CREATE FUNCTION siwa_effect_heads(max_jobs bigint) RETURNS SETOF bigint
+LANGUAGE sql STABLE
+SET enable_seqscan = off
+SET enable_bitmapscan = off
+AS $$
+    SELECT j.id FROM jobs j
+    WHERE j.lane = 'effects' AND j.state IN ('available', 'retryable') AND j.run_at <= now()
+      AND NOT EXISTS (
+          SELECT 1 FROM jobs e
+          WHERE e.aud = j.aud AND e.sub = j.sub AND e.lane = 'effects'
+            AND e.state IN ('available', 'retryable', 'running')
+            AND (e.event_time, e.id) < (j.event_time, j.id))
+    ORDER BY j.run_at, j.id
+    LIMIT max_jobs
+$$;

@@ -43,30 +43,21 @@ package struct EffectStore: Sendable {
     /// only when no earlier (event_time, id) job of the same user is unfinished, so one user never
     /// has two effect jobs in flight, while many users run in parallel.
     ///
-    /// Two steps: `heads` finds eligible jobs (the per-user gate, read from the snapshot, no locks,
-    /// materialized), `candidates` then locks up to `limit` of them by primary key with
-    /// `SKIP LOCKED`, re-checking that each is still ready. Keeping the gate's join out of the
-    /// locking step matters: PostgreSQL re-checks a row that another worker changed meanwhile
-    /// (EvalPlanQual) against the locking query's plan, and with the anti-join in it, four workers
-    /// racing over a 46,000-job backlog sat for minutes at full CPU in their claims (seen in the
-    /// benchmark). `heads` looks at more jobs than `limit`, so that workers claiming at the same
-    /// moment find different ones. (The gate reads a snapshot: a job delivered late with an
-    /// earlier event_time can run beside its user's later one; the effect rules make the result
-    /// the same in any order.)
+    /// Two steps: `heads` finds eligible jobs — the per-user gate, read from the snapshot without
+    /// locks, in the SQL function `siwa_effect_heads` (sql/003) whose plan cannot depend on table
+    /// statistics (planned from stale ones, a fresh backlog looked empty and each claim became a
+    /// nested loop over every open job: minutes per claim on 100,000 jobs) — and `candidates` locks
+    /// up to `limit` of them by primary key with `SKIP LOCKED`, re-checking that each is still
+    /// ready. `heads` looks at more jobs than `limit`, so that workers claiming at the same moment
+    /// find different ones. (The gate reads a snapshot: a job delivered late with an earlier
+    /// event_time can run beside its user's later one; the effect rules make the result the same
+    /// in any order.)
     package func claim(worker: String, limit: Int, lease: Duration) async throws -> [ClaimedJob] {
         let leaseMillis = Int(lease.milliseconds)
         let rows = try await client.query(
             """
             WITH heads AS MATERIALIZED (
-                SELECT j.id FROM jobs j
-                WHERE j.lane = 'effects' AND j.state IN ('available', 'retryable') AND j.run_at <= now()
-                  AND NOT EXISTS (
-                      SELECT 1 FROM jobs e
-                      WHERE e.aud = j.aud AND e.sub = j.sub AND e.lane = 'effects'
-                        AND e.state IN ('available', 'retryable', 'running')
-                        AND (e.event_time, e.id) < (j.event_time, j.id))
-                ORDER BY j.run_at, j.id
-                LIMIT \(limit * 4)
+                SELECT siwa_effect_heads AS id FROM siwa_effect_heads(\(limit * 4))
             ), candidates AS (
                 SELECT id FROM jobs
                 WHERE id IN (SELECT id FROM heads) AND state IN ('available', 'retryable') AND run_at <= now()

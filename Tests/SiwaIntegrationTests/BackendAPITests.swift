@@ -216,6 +216,12 @@ struct BackendAPITests {
         #expect(badLimit.status == 400 && badLimit.json?["message"]?.stringValue?.hasPrefix("limit") == true)
         let badCursor = try await Self.call(h, .GET, "/v1/accounts/com.example.app/001.pages.1/sessions?cursor=zz", token: token)
         #expect(badCursor.status == 400 && badCursor.json?["message"]?.stringValue?.hasPrefix("cursor") == true)
+        let accountReader = try await Self.token(h, [.accountsRead])
+        let account = try await Self.call(h, .GET, "/v1/accounts/com.example.app/001.pages.1", token: accountReader)
+        #expect(account.status == 200 && account.json?["email"] == .null && account.json?["deleted_at"] == .null)
+        let unknown = try await Self.call(h, .GET, "/v1/accounts/com.example.app/001.nobody", token: accountReader)
+        #expect(unknown.status == 404 && unknown.json?["error"] == .string("not_found"))
+        #expect(try await Self.call(h, .GET, "/v1/accounts/com.example.app/001.pages.1/sessions", token: accountReader).status == 403)
         await h.stop()
     }
 
