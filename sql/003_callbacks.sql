@@ -32,23 +32,31 @@ ALTER TABLE job_attempts ADD CONSTRAINT job_attempts_outcome_check
 ALTER TABLE jobs SET (autovacuum_vacuum_scale_factor = 0.01, autovacuum_analyze_scale_factor = 0.01);
 
 -- The effect claim's first step: ready effect jobs that are their user's earliest unfinished one
--- (per-user order), oldest first. A function so that its plan cannot depend on statistics: with
--- sequential and bitmap scans off, the gate is always a per-candidate probe of jobs_user_open.
--- Planned from stale statistics (a backlog inserted before the next ANALYZE looks like an empty
--- table), the same query became a nested loop over every open job per candidate: claims ran for
--- minutes on a 100,000-job backlog. Not inlined (it has SET clauses): planned per call.
+-- (per-user order), oldest first. Its plan depends on the statistics of jobs, and a backlog that
+-- arrives faster than autovacuum analyzes (a burst, a bulk replay, workers started on a queue that
+-- filled while they were down) looks like an empty table: the gate then became a nested loop over
+-- every open job per candidate — minutes per claim on 100,000 jobs. So the function analyzes jobs
+-- first when more than 1,000 rows and 10 % of it changed since the last analyze (one worker at a
+-- time; the others go on with the statistics they have), and its query is planned after that.
 CREATE FUNCTION siwa_effect_heads(max_jobs bigint) RETURNS SETOF bigint
-LANGUAGE sql STABLE
-SET enable_seqscan = off
-SET enable_bitmapscan = off
+LANGUAGE plpgsql
 AS $$
-    SELECT j.id FROM jobs j
-    WHERE j.lane = 'effects' AND j.state IN ('available', 'retryable') AND j.run_at <= now()
-      AND NOT EXISTS (
-          SELECT 1 FROM jobs e
-          WHERE e.aud = j.aud AND e.sub = j.sub AND e.lane = 'effects'
-            AND e.state IN ('available', 'retryable', 'running')
-            AND (e.event_time, e.id) < (j.event_time, j.id))
-    ORDER BY j.run_at, j.id
-    LIMIT max_jobs
+DECLARE
+    changed bigint := pg_stat_get_mod_since_analyze('jobs'::regclass);
+BEGIN
+    IF changed > 1000 AND changed * 10 > pg_stat_get_live_tuples('jobs'::regclass)
+       AND pg_try_advisory_xact_lock(hashtext('siwa_effect_heads analyze')) THEN
+        ANALYZE jobs;
+    END IF;
+    RETURN QUERY
+        SELECT j.id FROM jobs j
+        WHERE j.lane = 'effects' AND j.state IN ('available', 'retryable') AND j.run_at <= now()
+          AND NOT EXISTS (
+              SELECT 1 FROM jobs e
+              WHERE e.aud = j.aud AND e.sub = j.sub AND e.lane = 'effects'
+                AND e.state IN ('available', 'retryable', 'running')
+                AND (e.event_time, e.id) < (j.event_time, j.id))
+        ORDER BY j.run_at, j.id
+        LIMIT max_jobs;
+END
 $$;

@@ -44,9 +44,9 @@ package struct EffectStore: Sendable {
     /// has two effect jobs in flight, while many users run in parallel.
     ///
     /// Two steps: `heads` finds eligible jobs — the per-user gate, read from the snapshot without
-    /// locks, in the SQL function `siwa_effect_heads` (sql/003) whose plan cannot depend on table
-    /// statistics (planned from stale ones, a fresh backlog looked empty and each claim became a
-    /// nested loop over every open job: minutes per claim on 100,000 jobs) — and `candidates` locks
+    /// locks, in the SQL function `siwa_effect_heads` (sql/003), which first analyzes jobs when its
+    /// statistics are stale (planned from stale ones, a fresh backlog looked empty and each claim
+    /// became a nested loop over every open job: minutes per claim on 100,000 jobs) — and `candidates` locks
     /// up to `limit` of them by primary key with `SKIP LOCKED`, re-checking that each is still
     /// ready. `heads` looks at more jobs than `limit`, so that workers claiming at the same moment
     /// find different ones. (The gate reads a snapshot: a job delivered late with an earlier
@@ -372,23 +372,6 @@ package struct EffectStore: Sendable {
             count = n
         }
         return count
-    }
-
-    /// ANALYZE jobs when its statistics are stale: more than 1,000 rows, and over 10 % of it,
-    /// changed since the last analyze. The claim's per-user gate is planned from these statistics;
-    /// a backlog that grew before autovacuum's first look (its naptime is a minute) was planned as
-    /// a near-empty table — a nested loop over every open job per candidate, 20 s per claim on a
-    /// 40,000-job backlog (seen in the benchmark) instead of 25 ms. Returns true when it analyzed.
-    @discardableResult
-    package func analyzeIfStale() async throws -> Bool {
-        var stale = false
-        for try await (changed, live) in try await client.query(
-            "SELECT n_mod_since_analyze, n_live_tup FROM pg_stat_user_tables WHERE relid = 'jobs'::regclass", logger: logger
-        ).decode((Int, Int).self) {
-            stale = changed > 1_000 && changed * 10 > live
-        }
-        if stale { try await client.query("ANALYZE jobs", logger: logger) }
-        return stale
     }
 
     /// Renews the leases of `jobs`, those of them `worker` still holds.

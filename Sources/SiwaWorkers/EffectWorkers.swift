@@ -99,13 +99,6 @@ package final class EffectWorkers: Service, Sendable {
                 eventLoopGroup: HTTPClient.defaultEventLoopGroup,
                 configuration: .init(redirectConfiguration: .disallow, timeout: .init(connect: .init(callbacks.timeout), read: .init(callbacks.timeout))))
         }
-        // Before the first claim: a backlog that built up while no worker ran must be planned for
-        // its real size (see `EffectStore.analyzeIfStale`).
-        do {
-            if try await store.analyzeIfStale() { logger.info("analyzed jobs before the first claim (statistics were stale)") }
-        } catch {
-            logger.warning("could not check the jobs table's statistics", metadata: ["error": "\(loggable(error))"])
-        }
         await withDiscardingTaskGroup { helpers in
             helpers.addTask { await self.heartbeats() }
             helpers.addTask { await self.maintenance() }
@@ -306,7 +299,6 @@ package final class EffectWorkers: Service, Sendable {
         var lastPrune = ContinuousClock.now - .seconds(3600)
         while !stopping {
             do {
-                if try await store.analyzeIfStale() { logger.debug("analyzed jobs (statistics were stale)") }
                 let rescued = try await store.rescueExpiredLeases(maxAttempts: configuration.maxAttempts)
                 if rescued > 0 {
                     logger.warning("rescued jobs whose worker stopped renewing its lease", metadata: ["count": "\(rescued)"])
