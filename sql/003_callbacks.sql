@@ -48,15 +48,17 @@ BEGIN
        AND pg_try_advisory_xact_lock(hashtext('siwa_effect_heads analyze')) THEN
         ANALYZE jobs;
     END IF;
-    RETURN QUERY
-        SELECT j.id FROM jobs j
-        WHERE j.lane = 'effects' AND j.state IN ('available', 'retryable') AND j.run_at <= now()
-          AND NOT EXISTS (
-              SELECT 1 FROM jobs e
-              WHERE e.aud = j.aud AND e.sub = j.sub AND e.lane = 'effects'
-                AND e.state IN ('available', 'retryable', 'running')
-                AND (e.event_time, e.id) < (j.event_time, j.id))
-        ORDER BY j.run_at, j.id
-        LIMIT max_jobs;
+    -- EXECUTE: planned for this call's limit and the current statistics (a cached generic plan,
+    -- made for an unknown limit, scanned every open job).
+    RETURN QUERY EXECUTE
+        'SELECT j.id FROM jobs j
+         WHERE j.lane = ''effects'' AND j.state IN (''available'', ''retryable'') AND j.run_at <= now()
+           AND NOT EXISTS (
+               SELECT 1 FROM jobs e
+               WHERE e.aud = j.aud AND e.sub = j.sub AND e.lane = ''effects''
+                 AND e.state IN (''available'', ''retryable'', ''running'')
+                 AND (e.event_time, e.id) < (j.event_time, j.id))
+         ORDER BY j.run_at, j.id
+         LIMIT ' || max_jobs::int;
 END
 $$;
