@@ -44,20 +44,19 @@ package struct EffectStore: Sendable {
     /// has two effect jobs in flight, while many users run in parallel.
     ///
     /// Two steps: `heads` finds eligible jobs — the per-user gate, read from the snapshot without
-    /// locks, in the SQL function `siwa_effect_heads` (sql/003), which first analyzes jobs when its
-    /// statistics are stale (planned from stale ones, a fresh backlog looked empty and each claim
-    /// became a nested loop over every open job: minutes per claim on 100,000 jobs) — and `candidates` locks
+    /// locks, one probe of `jobs_user_order` per candidate (why that index is not partial: sql/003)
+    /// — and `candidates` locks
     /// up to `limit` of them by primary key with `SKIP LOCKED`, re-checking that each is still
     /// ready. `heads` looks at more jobs than `limit`, so that workers claiming at the same moment
     /// find different ones. (The gate reads a snapshot: a job delivered late with an earlier
     /// event_time can run beside its user's later one; the effect rules make the result the same
     /// in any order.)
     package func claim(worker: String, limit: Int, lease: Duration) async throws -> [ClaimedJob] {
+        precondition(limit > 0)
         let leaseMillis = Int(lease.milliseconds)
         let rows = try await client.query(
             """
-            WITH heads AS MATERIALIZED (
-                SELECT siwa_effect_heads AS id FROM siwa_effect_heads(\(limit * 4))
+            WITH heads AS MATERIALIZED (\(unescaped: Self.headsSQL(limit: limit * 4))
             ), candidates AS (
                 SELECT id FROM jobs
                 WHERE id IN (SELECT id FROM heads) AND state IN ('available', 'retryable') AND run_at <= now()
@@ -81,6 +80,22 @@ package struct EffectStore: Sendable {
                     claimedAt: row.11))
         }
         return jobs
+    }
+
+    /// The claim's first step (EffectsHeads): ready effect jobs that are their user's earliest
+    /// unfinished one, oldest first.
+    package static func headsSQL(limit: Int) -> String {
+        """
+        SELECT j.id FROM jobs j
+        WHERE j.lane = 'effects' AND j.state IN ('available', 'retryable') AND j.run_at <= now()
+          AND NOT EXISTS (
+              SELECT 1 FROM jobs e
+              WHERE e.aud = j.aud AND e.sub = j.sub AND e.lane = 'effects'
+                AND e.state IN ('available', 'retryable', 'running')
+                AND (e.event_time, e.id) < (j.event_time, j.id))
+        ORDER BY j.run_at, j.id
+        LIMIT \(max(1, limit))
+        """
     }
 
     // MARK: EffectsApply
