@@ -94,6 +94,8 @@ let package = Package(
                 .product(name: "Hummingbird", package: "hummingbird"),
                 .product(name: "Prometheus", package: "swift-prometheus"),
             ],
+            // The API's contract, served at /openapi.yaml (the tests hold the server to it).
+            resources: [.embedInCode("openapi.yaml")],
             swiftSettings: swiftSettings
         ),
         // Composition root: validated Configuration + the service group (tests build it too).

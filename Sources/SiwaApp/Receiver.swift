@@ -26,6 +26,7 @@ package struct Receiver: Sendable {
     package let effects: EffectStore
     package let tokens: TokenStore
     let backend: BackendController?
+    let history: HistoryController?
     let databaseTimeout: Duration
     let metricsToken: String?
 
@@ -54,6 +55,8 @@ package struct Receiver: Sendable {
             settings: .init(
                 bundleIDs: Set(config.bundleIDs), clientIDs: config.clientIDs, sessionTTL: config.sessionTTL, clockSkew: config.clockSkew,
                 databaseTimeout: config.databaseTimeout), clock: clock)
+        self.history = !config.receives ? nil : HistoryController(
+            history: HistoryStore(client: client, logger: logger), rejections: rejectionStore)
         self.databaseTimeout = config.databaseTimeout
         self.metricsToken = config.metricsToken
         self.workers = !config.works ? nil : EffectWorkers(configuration: config.workerConfiguration, store: effects, logger: logger)
@@ -74,6 +77,12 @@ package struct Receiver: Sendable {
                 .add(middleware: APIErrorMiddleware())
                 .add(middleware: BearerAuthMiddleware(tokens: tokens, databaseTimeout: databaseTimeout))
             backend.register(on: v1)
+            history?.register(on: v1)
+        }
+        router.get("/openapi.yaml") { _, _ in
+            Response(
+                status: .ok, headers: [.contentType: "application/yaml; charset=utf-8"],
+                body: .init(byteBuffer: ByteBuffer(bytes: OpenAPIDocument.bytes)))
         }
         let registry = self.registry
         let metricsToken = self.metricsToken

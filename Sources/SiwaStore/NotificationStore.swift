@@ -288,6 +288,13 @@ package struct SQLBuilder {
         bind(value)
     }
 
+    /// A condition without a bound value (or whose values the caller binds next).
+    package mutating func condition(_ condition: String) {
+        text += hasWhere ? " AND " : " WHERE "
+        hasWhere = true
+        text += condition
+    }
+
     package mutating func append(_ fragment: String) { text += fragment }
 
     package mutating func bind(_ value: some PostgresNonThrowingEncodable & Sendable) {

@@ -1,0 +1,240 @@
+import Foundation
+import HTTPTypes
+import Hummingbird
+import Logging
+import NIOCore
+import SiwaDomain
+import SiwaStore
+
+/// The event history for backend teams (`/v1`, scope `notifications:read`).
+package struct HistoryController: Sendable {
+    let history: HistoryStore
+    let rejections: RejectionStore
+
+    package init(history: HistoryStore, rejections: RejectionStore) {
+        self.history = history
+        self.rejections = rejections
+    }
+
+    package func register(on group: RouterGroup<SiwaRequestContext>) {
+        group.get("notifications", use: list)
+        group.get("notifications/export", use: export)
+        group.get("notifications/:jti", use: show)
+        group.get("accounts/:aud/:sub/timeline", use: timeline)
+        group.get("stats/notifications", use: stats)
+        group.get("rejections", use: listRejections)
+    }
+
+    static let statuses: Set<String> = ["pending", "applied", "skipped", "retrying", "discarded"]
+
+    /// The filters shared by list and export, from the query string; errors name the parameter.
+    static func query(_ request: Request, limit: (default: Int, maximum: Int)) throws -> HistoryQuery {
+        let parameters = request.uri.queryParameters
+        var query = HistoryQuery()
+        query.aud = parameters["aud"].map(String.init)
+        query.sub = parameters["sub"].map(String.init)
+        query.types = parameters.getAll("type").map { EventType(apple: String($0))?.rawValue ?? String($0) }
+        query.statuses = parameters.getAll("status").map { String($0) }
+        if let unknown = query.statuses.first(where: { !statuses.contains($0) }) {
+            throw APIError.invalid("status \(unknown) is not one of \(statuses.sorted().joined(separator: ", "))")
+        }
+        if let field = parameters["time_field"] {
+            guard let timeField = HistoryQuery.TimeField(rawValue: String(field)) else {
+                throw APIError.invalid("time_field must be received_at or event_time (got \(field))")
+            }
+            query.timeField = timeField
+        }
+        query.from = try date(parameters["from"], name: "from")
+        query.to = try date(parameters["to"], name: "to")
+        if let from = query.from, let to = query.to, from >= to { throw APIError.invalid("from must be before to") }
+        query.limit = try JSONBody.limit(request, default: limit.default, maximum: limit.maximum)
+        if let text = parameters["cursor"] {
+            guard let cursor = HistoryCursor(text: String(text)), cursor.field == query.timeField.rawValue else {
+                throw APIError.invalid("cursor is not valid for this query: pass back the next_cursor of the previous page, with the same time_field")
+            }
+            query.after = (cursor.micros, cursor.id)
+        }
+        return query
+    }
+
+    static func date(_ text: Substring?, name: String) throws -> Date? {
+        guard let text else { return nil }
+        guard let date = JSONBody.date(.string(String(text))) else {
+            throw APIError.invalid("\(name) must be an ISO-8601 time like 2026-11-21T08:00:00Z (got \(text))")
+        }
+        return date
+    }
+
+    static func json(_ record: NotificationRecord) -> JSONValue {
+        [
+            "jti": .string(record.jti), "aud": .string(record.aud), "sub": record.sub.map(JSONValue.string) ?? .null,
+            "type": record.type.map(JSONValue.string) ?? .null, "raw_type": record.rawType.map(JSONValue.string) ?? .null,
+            "status": .string(record.status), "skip_reason": record.skipReason.map(JSONValue.string) ?? .null,
+            "event_time": BackendController.time(record.eventTime), "received_at": .string(iso8601(record.receivedAt)),
+            "deliveries": .number(Double(record.deliveries)), "email": record.email.map(JSONValue.string) ?? .null,
+            "is_private_email": record.isPrivateEmail.map(JSONValue.bool) ?? .null, "erased_at": BackendController.time(record.erasedAt),
+        ]
+    }
+
+    @Sendable func list(_ request: Request, context: SiwaRequestContext) async throws -> Response {
+        try context.require(.notificationsRead)
+        var query = try Self.query(request, limit: (100, 1000))
+        let limit = query.limit
+        query.limit = limit + 1
+        let page = try await history.notifications(query)
+        let items = page.prefix(limit)
+        let next = page.count > limit ? items.last.map { HistoryCursor(field: query.timeField.rawValue, micros: $0.sortMicros, id: $0.id).text } : nil
+        return .json(["items": .array(items.map(Self.json)), "next_cursor": next.map(JSONValue.string) ?? .null])
+    }
+
+    /// NDJSON, one notification a line, newest first, read in keyset pages of 1,000 and written as
+    /// they come: memory stays flat whatever the range.
+    @Sendable func export(_ request: Request, context: SiwaRequestContext) async throws -> Response {
+        try context.require(.notificationsRead)
+        var first = try Self.query(request, limit: (1000, 1000))
+        first.limit = 1000
+        let start = first
+        let history = self.history
+        let body = ResponseBody { writer in
+            var query = start
+            while true {
+                let page = try await history.notifications(query)
+                var buffer = ByteBuffer()
+                for record in page {
+                    buffer.writeString(Self.json(record).jsonText)
+                    buffer.writeInteger(UInt8(ascii: "\n"))
+                }
+                if buffer.readableBytes > 0 { try await writer.write(buffer) }
+                guard page.count == query.limit, let last = page.last else { break }
+                query.after = (last.sortMicros, last.id)
+            }
+            try await writer.finish(nil)
+        }
+        return Response(status: .ok, headers: [.contentType: "application/x-ndjson"], body: body)
+    }
+
+    @Sendable func show(_ request: Request, context: SiwaRequestContext) async throws -> Response {
+        try context.require(.notificationsRead)
+        let jti = context.parameters.get("jti")?.removingPercentEncoding ?? ""
+        guard let detail = try await history.notification(jti: jti) else { throw APIError.notFound("no notification with jti \(jti)") }
+        var object = Self.json(detail.record).objectValue ?? [:]
+        object["verification"] = [
+            "kid": .string(detail.kid), "iat": .string(iso8601(detail.issuedAt)), "exp": BackendController.time(detail.expiresAt),
+            "jti_derived": .bool(detail.jtiDerived),
+        ]
+        object["last_delivery_at"] = .string(iso8601(detail.lastDeliveryAt))
+        object["attempts"] = .array(detail.attempts.map { attempt in
+            [
+                "lane": .string(attempt.lane), "attempt": .number(Double(attempt.attempt)), "worker": .string(attempt.worker),
+                "started_at": .string(iso8601(attempt.startedAt)), "finished_at": .string(iso8601(attempt.finishedAt)),
+                "outcome": .string(attempt.outcome), "error": attempt.error.map(JSONValue.string) ?? .null,
+                "effect": attempt.effect.map(JSONValue.string) ?? .null,
+                "revoked_sessions": attempt.revokedSessions.map { .number(Double($0)) } ?? .null,
+                "http_status": attempt.httpStatus.map { .number(Double($0)) } ?? .null,
+            ]
+        })
+        return .json(.object(object))
+    }
+
+    @Sendable func timeline(_ request: Request, context: SiwaRequestContext) async throws -> Response {
+        try context.require(.notificationsRead)
+        let (aud, sub) = try BackendController.user(context)
+        let limit = try JSONBody.limit(request, default: 1000, maximum: 10_000)
+        let entries = try await history.timeline(aud: aud, sub: sub, limit: limit)
+        return .json([
+            "aud": .string(aud), "sub": .string(sub),
+            "items": .array(entries.map { entry in
+                var object = Self.json(entry.0).objectValue ?? [:]
+                object["effect"] = entry.effect.map(JSONValue.string) ?? .null
+                object["revoked_sessions"] = entry.revokedSessions.map { .number(Double($0)) } ?? .null
+                object["applied_at"] = BackendController.time(entry.appliedAt)
+                return .object(object)
+            }),
+        ])
+    }
+
+    static let buckets: [String: (seconds: Double, defaultRange: Double)] = [
+        "minute": (60, 3600), "hour": (3600, 7 * 86_400), "day": (86_400, 90 * 86_400),
+    ]
+
+    @Sendable func stats(_ request: Request, context: SiwaRequestContext) async throws -> Response {
+        try context.require(.notificationsRead)
+        let parameters = request.uri.queryParameters
+        let bucket = parameters["bucket"].map(String.init) ?? "hour"
+        guard let size = Self.buckets[bucket] else { throw APIError.invalid("bucket must be minute, hour or day (got \(bucket))") }
+        let to = try Self.date(parameters["to"], name: "to") ?? Date()
+        let from = try Self.date(parameters["from"], name: "from") ?? to.addingTimeInterval(-size.defaultRange)
+        guard from < to else { throw APIError.invalid("from must be before to") }
+        guard to.timeIntervalSince(from) / size.seconds <= 10_000 else {
+            throw APIError.invalid("from..to spans more than 10,000 \(bucket)s: narrow the range or use a larger bucket")
+        }
+        let types = parameters.getAll("type").map { EventType(apple: String($0))?.rawValue ?? String($0) }
+        let rows = try await history.stats(bucket: bucket, from: from, to: to, aud: parameters["aud"].map(String.init), types: types)
+        var buckets: [(Date, [String: JSONValue])] = []
+        for row in rows {
+            if buckets.last?.0 != row.start { buckets.append((row.start, [:])) }
+            buckets[buckets.count - 1].1[row.type] = .number(Double(row.count))
+        }
+        return .json([
+            "bucket": .string(bucket), "from": .string(iso8601(from)), "to": .string(iso8601(to)),
+            "items": .array(buckets.map { start, counts in
+                ["start": .string(iso8601(start)), "counts": .object(counts),
+                 "total": .number(counts.values.compactMap(\.numberValue).reduce(0, +))]
+            }),
+        ])
+    }
+
+    @Sendable func listRejections(_ request: Request, context: SiwaRequestContext) async throws -> Response {
+        try context.require(.notificationsRead)
+        let limit = try JSONBody.limit(request, default: 100, maximum: 1000)
+        let reason = request.uri.queryParameters["reason"].map(String.init)
+        if let reason, RejectionReason(rawValue: reason) == nil {
+            throw APIError.invalid("reason must be one of \(RejectionReason.allCases.map(\.rawValue).joined(separator: ", ")) (got \(reason))")
+        }
+        let since = try Self.date(request.uri.queryParameters["since"], name: "since") ?? Date().addingTimeInterval(-86_400)
+        let items = try await rejections.list(reason: reason, limit: limit)
+        let counts = try await rejections.counts(since: since)
+        return .json([
+            "items": .array(items.map { item in
+                [
+                    "id": .number(Double(item.id)), "received_at": .string(iso8601(item.receivedAt)), "reason": .string(item.reason),
+                    "message": .string(item.message), "body_size": .number(Double(item.bodySize)), "kid": item.kid.map(JSONValue.string) ?? .null,
+                    "aud": item.aud.map(JSONValue.string) ?? .null, "jti": item.jti.map(JSONValue.string) ?? .null,
+                    "remote_addr": item.remoteAddress.map(JSONValue.string) ?? .null, "token_kept": .bool(item.hasToken),
+                ]
+            }),
+            "totals_since": .string(iso8601(since)),
+            "totals": .array(counts.map { ["reason": .string($0.reason), "recorded": .number(Double($0.recorded)), "sampled_out": .number(Double($0.sampledOut))] }),
+            "next_cursor": .null,
+        ])
+    }
+}
+
+/// The opaque `next_cursor` of a notification list: base64url of "<field>.<time µs>.<id>".
+struct HistoryCursor {
+    var field: String
+    var micros: Int64
+    var id: Int
+
+    init(field: String, micros: Int64, id: Int) {
+        self.field = field
+        self.micros = micros
+        self.id = id
+    }
+
+    init?(text: String) {
+        guard let data = Base64URL.decode(text), let decoded = String(data: data, encoding: .utf8) else { return nil }
+        let parts = decoded.split(separator: ".")
+        guard parts.count == 3, let micros = Int64(parts[1]), let id = Int(parts[2]) else { return nil }
+        self.field = String(parts[0])
+        self.micros = micros
+        self.id = id
+    }
+
+    var text: String { Base64URL.encode(Array("\(field).\(micros).\(id)".utf8)) }
+}
+
+/// The OpenAPI document of the whole HTTP API (`Sources/SiwaHTTP/openapi.yaml`, built in).
+package enum OpenAPIDocument {
+    package static var bytes: [UInt8] { PackageResources.openapi_yaml }
+}

@@ -1,0 +1,201 @@
+import Foundation
+import Logging
+import PostgresNIO
+import SiwaDomain
+
+/// What the history API and CLI ask of stored notifications.
+package struct HistoryQuery: Sendable {
+    package enum TimeField: String, Sendable, CaseIterable { case receivedAt = "received_at", eventTime = "event_time" }
+
+    package var aud: String?
+    package var sub: String?
+    package var types: [String] = []
+    package var statuses: [String] = []
+    package var timeField = TimeField.receivedAt
+    package var from: Date?
+    package var to: Date?
+    package var limit = 100
+    /// Keyset position: the (time in µs since 1970, id) of the last row of the previous page. In
+    /// whole microseconds, compared in SQL: a group commit gives many rows the same received_at,
+    /// so a position that moved by a rounding error would skip or repeat rows.
+    package var after: (micros: Int64, id: Int)?
+
+    package init() {}
+}
+
+package struct NotificationRecord: Sendable {
+    package var id: Int
+    package var jti: String
+    package var aud: String
+    package var sub: String?
+    package var type: String?
+    package var rawType: String?
+    package var status: String
+    package var skipReason: String?
+    package var eventTime: Date?
+    package var receivedAt: Date
+    package var deliveries: Int
+    package var email: String?
+    package var isPrivateEmail: Bool?
+    package var erasedAt: Date?
+    /// The value of the query's time field in µs since 1970 (for cursors).
+    package var sortMicros: Int64
+}
+
+package struct AttemptRecord: Sendable {
+    package var lane: String
+    package var attempt: Int
+    package var worker: String
+    package var startedAt: Date
+    package var finishedAt: Date
+    package var outcome: String
+    package var error: String?
+    package var effect: String?
+    package var revokedSessions: Int?
+    package var httpStatus: Int?
+}
+
+package struct NotificationDetail: Sendable {
+    package var record: NotificationRecord
+    package var kid: String
+    package var issuedAt: Date
+    package var expiresAt: Date?
+    package var lastDeliveryAt: Date
+    package var jtiDerived: Bool
+    package var attempts: [AttemptRecord]
+}
+
+package struct StatsRow: Sendable {
+    package var start: Date
+    package var type: String
+    package var count: Int
+}
+
+/// Every query of the event history: one statement each, shaped for the indexes of sql/005.
+package struct HistoryStore: Sendable {
+    package let client: PostgresClient
+    let logger: Logger
+
+    package init(client: PostgresClient, logger: Logger) {
+        self.client = client
+        self.logger = logger
+    }
+
+    private static let columns = """
+        id, jti, aud, sub, type, raw_type, status::text, skip_reason, event_time, received_at, deliveries, email, is_private_email, erased_at
+        """
+    private typealias Row = (Int, String, String, String?, String?, String?, String, String?, Date?, Date, Int, String?, Bool?, Date?, Int64)
+
+    private static func record(_ row: Row) -> NotificationRecord {
+        NotificationRecord(
+            id: row.0, jti: row.1, aud: row.2, sub: row.3, type: row.4, rawType: row.5, status: row.6, skipReason: row.7, eventTime: row.8,
+            receivedAt: row.9, deliveries: row.10, email: row.11, isPrivateEmail: row.12, erasedAt: row.13, sortMicros: row.14)
+    }
+
+    // MARK: NotificationsList
+
+    /// Newest first by the query's time field, then id; `limit` rows after the keyset position.
+    package func notifications(_ query: HistoryQuery) async throws -> [NotificationRecord] {
+        let field = query.timeField.rawValue
+        var sql = SQLBuilder("SELECT \(Self.columns), (extract(epoch FROM \(field)) * 1000000)::bigint FROM notifications")
+        sql.filter("aud =", query.aud)
+        sql.filter("sub =", query.sub)
+        sql.filter("type = ANY(", query.types.isEmpty ? nil : query.types)
+        if !query.types.isEmpty { sql.append(")") }
+        sql.filter("status::text = ANY(", query.statuses.isEmpty ? nil : query.statuses)
+        if !query.statuses.isEmpty { sql.append(")") }
+        sql.filter("\(field) >=", query.from)
+        sql.filter("\(field) <", query.to)
+        if query.timeField == .eventTime { sql.condition("event_time IS NOT NULL") }
+        if let after = query.after {
+            sql.condition("(\(field), id) < (timestamptz 'epoch' + ")
+            sql.bind(after.micros)
+            sql.append(" * interval '1 microsecond', ")
+            sql.bind(after.id)
+            sql.append(")")
+        }
+        sql.append(" ORDER BY \(field) DESC, id DESC LIMIT ")
+        sql.bind(query.limit)
+        var records: [NotificationRecord] = []
+        for try await row in try await client.query(sql.query, logger: logger).decode(Row.self) {
+            records.append(Self.record(row))
+        }
+        return records
+    }
+
+    // MARK: NotificationsGet
+
+    package func notification(jti: String) async throws -> NotificationDetail? {
+        var detail: NotificationDetail?
+        for try await row in try await client.query(
+            """
+            SELECT \(unescaped: Self.columns), 0::bigint, kid, issued_at, expires_at, last_delivery_at, jti_derived
+            FROM notifications WHERE jti = \(jti)
+            """, logger: logger
+        ).decode((Int, String, String, String?, String?, String?, String, String?, Date?, Date, Int, String?, Bool?, Date?, Int64, String, Date, Date?, Date, Bool).self) {
+            let record = Self.record((row.0, row.1, row.2, row.3, row.4, row.5, row.6, row.7, row.8, row.9, row.10, row.11, row.12, row.13, row.14))
+            detail = NotificationDetail(
+                record: record, kid: row.15, issuedAt: row.16, expiresAt: row.17, lastDeliveryAt: row.18, jtiDerived: row.19, attempts: [])
+        }
+        guard var found = detail else { return nil }
+        for try await row in try await client.query(
+            """
+            SELECT lane, attempt, worker, started_at, finished_at, outcome, error, effect->>'effect', (effect->>'revoked_sessions')::int, http_status
+            FROM job_attempts WHERE notification_id = \(found.record.id) ORDER BY id
+            """, logger: logger
+        ).decode((String, Int, String, Date, Date, String, String?, String?, Int?, Int?).self) {
+            found.attempts.append(
+                AttemptRecord(
+                    lane: row.0, attempt: row.1, worker: row.2, startedAt: row.3, finishedAt: row.4, outcome: row.5, error: row.6, effect: row.7,
+                    revokedSessions: row.8, httpStatus: row.9))
+        }
+        return found
+    }
+
+    // MARK: Timeline
+
+    /// A user's notifications in event_time order, each with the effect its applied attempt
+    /// recorded (nil: not applied yet, skipped, or discarded).
+    package func timeline(aud: String, sub: String, limit: Int) async throws -> [(NotificationRecord, effect: String?, revokedSessions: Int?, appliedAt: Date?)] {
+        var entries: [(NotificationRecord, String?, Int?, Date?)] = []
+        for try await row in try await client.query(
+            """
+            SELECT n.id, n.jti, n.aud, n.sub, n.type, n.raw_type, n.status::text, n.skip_reason, n.event_time, n.received_at, n.deliveries,
+                n.email, n.is_private_email, n.erased_at, 0::bigint,
+                a.effect->>'effect', (a.effect->>'revoked_sessions')::int, a.finished_at
+            FROM notifications n
+            LEFT JOIN LATERAL (
+                SELECT effect, finished_at FROM job_attempts
+                WHERE notification_id = n.id AND lane = 'effects' AND outcome = 'applied' ORDER BY id DESC LIMIT 1
+            ) a ON true
+            WHERE n.aud = \(aud) AND n.sub = \(sub)
+            ORDER BY n.event_time, n.id
+            LIMIT \(limit)
+            """, logger: logger
+        ).decode((Int, String, String, String?, String?, String?, String, String?, Date?, Date, Int, String?, Bool?, Date?, Int64, String?, Int?, Date?).self) {
+            let record = Self.record((row.0, row.1, row.2, row.3, row.4, row.5, row.6, row.7, row.8, row.9, row.10, row.11, row.12, row.13, row.14))
+            entries.append((record, row.15, row.16, row.17))
+        }
+        return entries.map { ($0.0, effect: $0.1, revokedSessions: $0.2, appliedAt: $0.3) }
+    }
+
+    // MARK: NotificationsStats
+
+    /// Counts per `bucket` (minute, hour, day) of received_at and type, oldest first.
+    package func stats(bucket: String, from: Date, to: Date, aud: String?, types: [String]) async throws -> [StatsRow] {
+        var rows: [StatsRow] = []
+        for try await row in try await client.query(
+            """
+            SELECT date_trunc(\(bucket), received_at, 'UTC') AS start, coalesce(type, 'unreadable'), count(*)::bigint
+            FROM notifications
+            WHERE received_at >= \(from) AND received_at < \(to)
+              AND (\(aud)::text IS NULL OR aud = \(aud))
+              AND (cardinality(\(types)::text[]) = 0 OR type = ANY(\(types)::text[]))
+            GROUP BY 1, 2 ORDER BY 1, 2
+            """, logger: logger
+        ).decode((Date, String, Int).self) {
+            rows.append(StatsRow(start: row.0, type: row.1, count: row.2))
+        }
+        return rows
+    }
+}

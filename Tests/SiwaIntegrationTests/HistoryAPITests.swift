@@ -1,0 +1,147 @@
+import Foundation
+import NIOHTTP1
+import PostgresNIO
+import SiwaApp
+import SiwaDomain
+import SiwaEmbeddedPostgres
+import SiwaStore
+import SiwaTestSupport
+import Testing
+
+/// The event history API through real HTTP on a real database.
+@Suite("History API: notifications, timeline, stats, rejections, export, OpenAPI")
+struct HistoryAPITests {
+    static func items(_ answer: TestServer.Answer) -> [JSONValue] { answer.json?["items"]?.arrayValue ?? [] }
+
+    @Test("list: filters, newest first, keyset pages stable while new notifications arrive; bad parameters are named")
+    func list() async throws {
+        let e = try await EffectHarness.start()
+        let token = try await BackendAPITests.token(e.h, [.notificationsRead])
+        for index in 0..<5 { try await e.post("consent-revoked", sub: "hist-a", at: Int64(index) * 1_000, jti: "a-\(index)") }
+        try await e.post("email-disabled", sub: "hist-b", at: 10_000, email: "b@privaterelay.appleid.com", jti: "b-0")
+        try await e.drain()
+        let all = try await BackendAPITests.call(e.h, .GET, "/v1/notifications", token: token)
+        #expect(all.status == 200)
+        #expect(Self.items(all).compactMap { $0["jti"]?.stringValue } == ["b-0", "a-4", "a-3", "a-2", "a-1", "a-0"])
+        #expect(Self.items(all).first?["status"] == .string("applied"))
+
+        let first = try await BackendAPITests.call(e.h, .GET, "/v1/notifications?sub=hist-a&limit=2", token: token)
+        #expect(Self.items(first).compactMap { $0["jti"]?.stringValue } == ["a-4", "a-3"])
+        let cursor = try #require(first.json?["next_cursor"]?.stringValue)
+        try await e.post("consent-revoked", sub: "hist-a", at: 99_000, jti: "a-new")  // arrives between pages
+        let second = try await BackendAPITests.call(e.h, .GET, "/v1/notifications?sub=hist-a&limit=2&cursor=\(cursor)", token: token)
+        #expect(Self.items(second).compactMap { $0["jti"]?.stringValue } == ["a-2", "a-1"])
+        let byType = try await BackendAPITests.call(e.h, .GET, "/v1/notifications?type=email-disabled&status=applied", token: token)
+        #expect(Self.items(byType).compactMap { $0["jti"]?.stringValue } == ["b-0"])
+        let byEventTime = try await BackendAPITests.call(
+            e.h, .GET, "/v1/notifications?time_field=event_time&sub=hist-a&limit=1", token: token)
+        #expect(Self.items(byEventTime).first?["jti"] == .string("a-new"))
+
+        for (query, parameter) in [
+            ("status=done", "status"), ("time_field=sent_at", "time_field"), ("from=yesterday", "from"), ("limit=5000", "limit"),
+            ("cursor=bm9wZQ", "cursor"), ("from=2026-01-02T00:00:00Z&to=2026-01-01T00:00:00Z", "from"),
+        ] {
+            let bad = try await BackendAPITests.call(e.h, .GET, "/v1/notifications?\(query)", token: token)
+            #expect(bad.status == 400, "\(query)")
+            #expect(bad.json?["message"]?.stringValue?.hasPrefix(parameter) == true, "\(query): \(bad.body)")
+        }
+        let sessionsOnly = try await BackendAPITests.token(e.h, [.sessionsRead])
+        let denied = try await BackendAPITests.call(e.h, .GET, "/v1/notifications", token: sessionsOnly)
+        #expect(denied.status == 403 && denied.json?["message"]?.stringValue?.contains("notifications:read") == true)
+        await e.stop()
+    }
+
+    @Test("show: verification facts, deliveries and the attempt log; timeline: the user's events with what each changed")
+    func showAndTimeline() async throws {
+        let e = try await EffectHarness.start()
+        let token = try await BackendAPITests.token(e.h, [.notificationsRead])
+        _ = try await e.session(sub: "hist-c", createdAt: 500)
+        try await e.post("email-disabled", sub: "hist-c", at: 1_000, email: "c@privaterelay.appleid.com", jti: "c-1")
+        try await e.post("consent-revoked", sub: "hist-c", at: 2_000, jti: "c-2")
+        try await e.drain()
+        let shown = try await BackendAPITests.call(e.h, .GET, "/v1/notifications/c-2", token: token)
+        #expect(shown.status == 200)
+        #expect(shown.json?["verification"]?["kid"]?.stringValue?.isEmpty == false)
+        let attempts = shown.json?["attempts"]?.arrayValue ?? []
+        #expect(attempts.count == 1)
+        #expect(attempts.first?["outcome"] == .string("applied"))
+        #expect(attempts.first?["effect"] == .string("consent_revoked"))
+        #expect(attempts.first?["revoked_sessions"] == .number(1))
+        #expect(try await BackendAPITests.call(e.h, .GET, "/v1/notifications/nope", token: token).status == 404)
+
+        let timeline = try await BackendAPITests.call(e.h, .GET, "/v1/accounts/com.example.app/hist-c/timeline", token: token)
+        let entries = Self.items(timeline)
+        #expect(entries.compactMap { $0["jti"]?.stringValue } == ["c-1", "c-2"])
+        #expect(entries.compactMap { $0["effect"]?.stringValue } == ["email_forwarding_disabled", "consent_revoked"])
+        await e.stop()
+    }
+
+    @Test("stats count per bucket and type; rejections list with totals; export streams every matching row as NDJSON")
+    func statsRejectionsExport() async throws {
+        let e = try await EffectHarness.start()
+        let token = try await BackendAPITests.token(e.h, [.notificationsRead])
+        for index in 0..<3 { try await e.post("consent-revoked", sub: "stats-\(index)", at: Int64(index)) }
+        try await e.post("account-delete", sub: "stats-9", at: 5)
+        _ = try await e.h.server.post(jws: try e.h.forged(header: ["alg": "none", "kid": "x"]))
+        await e.h.flushRejections()
+        let stats = try await BackendAPITests.call(e.h, .GET, "/v1/stats/notifications?bucket=hour", token: token)
+        #expect(stats.status == 200)
+        let buckets = Self.items(stats)
+        #expect(buckets.count == 1)
+        #expect(buckets.first?["counts"]?["consent-revoked"] == .number(3))
+        #expect(buckets.first?["counts"]?["account-delete"] == .number(1))
+        #expect(buckets.first?["total"] == .number(4))
+        let filtered = try await BackendAPITests.call(e.h, .GET, "/v1/stats/notifications?bucket=minute&type=account-delete", token: token)
+        #expect(Self.items(filtered).first?["total"] == .number(1))
+        #expect(try await BackendAPITests.call(e.h, .GET, "/v1/stats/notifications?bucket=week", token: token).status == 400)
+
+        let rejections = try await BackendAPITests.call(e.h, .GET, "/v1/rejections", token: token)
+        #expect(Self.items(rejections).first?["reason"] == .string("unsupported_algorithm"))
+        #expect(rejections.json?["totals"]?.arrayValue?.contains { $0["reason"] == .string("unsupported_algorithm") } == true)
+
+        let export = try await BackendAPITests.call(e.h, .GET, "/v1/notifications/export?type=consent-revoked", token: token)
+        #expect(export.status == 200)
+        #expect(export.headers.first(name: "content-type") == "application/x-ndjson")
+        let lines = export.body.split(separator: "\n").compactMap { JSONValue.parse(Data($0.utf8)) }
+        #expect(lines.count == 3)
+        #expect(Set(lines.compactMap { $0["sub"]?.stringValue }) == ["stats-0", "stats-1", "stats-2"])
+        await e.stop()
+    }
+
+    @Test("export pages through more rows than one page without repeating or skipping any (shared received_at)")
+    func exportManyRows() async throws {
+        let h = try await Harness.start()
+        try await BulkLoad.notifications(count: 2_500, users: 2_500, aud: Harness.aud, client: h.server.client)  // one transaction: one received_at
+        let token = try await BackendAPITests.token(h, [.notificationsRead])
+        let export = try await BackendAPITests.call(h, .GET, "/v1/notifications/export", token: token)
+        let jtis = export.body.split(separator: "\n").compactMap { JSONValue.parse(Data($0.utf8))?["jti"]?.stringValue }
+        #expect(jtis.count == 2_500)
+        #expect(Set(jtis).count == 2_500)
+        await h.stop()
+    }
+
+    @Test("/openapi.yaml is served without a token, and schemathesis finds no server error, schema violation or undocumented status")
+    func openAPIContract() async throws {
+        let e = try await EffectHarness.start()
+        let document = try await e.h.server.request(.GET, "/openapi.yaml")
+        #expect(document.status == 200)
+        #expect(document.body.hasPrefix("openapi: 3.1"))
+        let token = try await BackendAPITests.token(e.h, [.admin])
+        _ = try await e.session(sub: "st-1", createdAt: 1)
+        try await e.post("consent-revoked", sub: "st-1", at: 10, jti: "st-jti")
+        try await e.drain()
+        let schemathesis = try #require(
+            ["/usr/local/bin/st", "/root/.pyenv/shims/st", "/usr/bin/st"].first { FileManager.default.isExecutableFile(atPath: $0) }
+                ?? ProcessInfo.processInfo.environment["PATH"]?.split(separator: ":").map { "\($0)/st" }.first { FileManager.default.isExecutableFile(atPath: $0) },
+            "schemathesis is not installed: scripts/test installs it (python3 -m pip install schemathesis)")
+        let result = try await Subprocess.run(
+            schemathesis,
+            ["run", "\(e.h.server.baseURL)/openapi.yaml", "--header", "Authorization: Bearer \(token)",
+             "--checks", "not_a_server_error,status_code_conformance,content_type_conformance,response_schema_conformance",
+             "--max-examples", "30", "--no-color"],
+            environment: ProcessInfo.processInfo.environment.merging(["SCHEMATHESIS_TELEMETRY": "false"]) { $1 })
+        #expect(result.succeeded, "\(result.standardOutput.suffix(6000))\n\(result.standardError.suffix(2000))")
+        #expect(result.standardOutput.contains("Tested: 15"), "every documented operation was exercised")
+        await e.stop()
+    }
+}
