@@ -75,6 +75,7 @@ package struct Receiver: Sendable {
         if let backend {
             let v1 = router.group("v1")
                 .add(middleware: APIErrorMiddleware())
+                .add(middleware: RejectNULMiddleware())
                 .add(middleware: BearerAuthMiddleware(tokens: tokens, databaseTimeout: databaseTimeout))
             backend.register(on: v1)
             history?.register(on: v1)

@@ -6,7 +6,8 @@ import SiwaStore
 
 struct NotificationsCommand: AsyncParsableCommand {
     static let configuration = CommandConfiguration(
-        commandName: "notifications", abstract: "Query recorded notifications.", subcommands: [List.self])
+        commandName: "notifications", abstract: "Query recorded notifications.",
+        subcommands: [List.self, Show.self, Timeline.self, Export.self, Stats.self])
 
     struct List: AsyncParsableCommand {
         static let configuration = CommandConfiguration(abstract: "List notifications, newest first.")
@@ -43,6 +44,183 @@ struct NotificationsCommand: AsyncParsableCommand {
                         [iso8601($0.receivedAt), $0.type ?? "-", $0.status.rawValue + ($0.skipReason.map { " (\($0))" } ?? ""), $0.aud,
                          $0.sub ?? "-", $0.eventTime.map(iso8601) ?? "-", "\($0.deliveries)", $0.jti]
                     }))
+            }
+        }
+    }
+}
+
+extension NotificationsCommand {
+    struct Show: AsyncParsableCommand {
+        static let configuration = CommandConfiguration(abstract: "One notification: verification facts, deliveries and every attempt.")
+        @OptionGroup var options: ConfigOptions
+        @Argument(help: "The notification's jti.") var jti: String
+        @Flag(help: "JSON, as GET /v1/notifications/{jti} answers.") var json = false
+
+        func run() async throws {
+            let config = try options.load(requireBundleIDs: false)
+            let logger = makeLogger()
+            let detail = try await Database.with(config, logger: logger) { database in
+                try await HistoryStore(client: database.client, logger: logger).notification(jti: jti)
+            }
+            guard let detail else {
+                printError("siwa-events: no notification with jti \(jti)")
+                throw ExitCode(1)
+            }
+            if json {
+                print(detail.json.jsonText)
+                return
+            }
+            let record = detail.record
+            print(table(["FIELD", "VALUE"], [
+                ["jti", record.jti], ["type", record.type ?? "-"], ["status", record.status + (record.skipReason.map { " (\($0))" } ?? "")],
+                ["aud", record.aud], ["sub", record.sub ?? "-"], ["event time", record.eventTime.map(iso8601) ?? "-"],
+                ["received", iso8601(record.receivedAt)], ["deliveries", "\(record.deliveries)"], ["kid", detail.kid],
+                ["iat", iso8601(detail.issuedAt)], ["erased", record.erasedAt.map(iso8601) ?? "-"],
+            ]))
+            print("")
+            print(detail.attempts.isEmpty ? "no attempts yet" : table(
+                ["LANE", "ATTEMPT", "OUTCOME", "EFFECT", "FINISHED", "WORKER", "ERROR"],
+                detail.attempts.map {
+                    [$0.lane, "\($0.attempt)", $0.outcome + ($0.httpStatus.map { " (HTTP \($0))" } ?? ""), $0.effect ?? "-",
+                     iso8601($0.finishedAt), $0.worker, $0.error ?? "-"]
+                }))
+        }
+    }
+
+    struct Timeline: AsyncParsableCommand {
+        static let configuration = CommandConfiguration(abstract: "A user's notifications in event_time order, with what each changed.")
+        @OptionGroup var options: ConfigOptions
+        @Option(help: "The app's bundle ID.") var aud: String
+        @Option(help: "Apple's user identifier.") var sub: String
+        @Flag(help: "One JSON object per line.") var json = false
+
+        func run() async throws {
+            let config = try options.load(requireBundleIDs: false)
+            let logger = makeLogger()
+            let entries = try await Database.with(config, logger: logger) { database in
+                try await HistoryStore(client: database.client, logger: logger).timeline(aud: aud, sub: sub, limit: 10_000)
+            }
+            if json {
+                for entry in entries { print(entry.json.jsonText) }
+            } else if entries.isEmpty {
+                print("nothing recorded for \(aud)/\(sub)")
+            } else {
+                print(table(
+                    ["EVENT TIME", "TYPE", "STATUS", "EFFECT", "REVOKED", "RECEIVED", "JTI"],
+                    entries.map {
+                        [$0.record.eventTime.map(iso8601) ?? "-", $0.record.type ?? "-", $0.record.status, $0.effect ?? "-",
+                         $0.revokedSessions.map(String.init) ?? "-", iso8601($0.record.receivedAt), $0.record.jti]
+                    }))
+            }
+        }
+    }
+
+    struct Export: AsyncParsableCommand {
+        static let configuration = CommandConfiguration(abstract: "Stream notifications as NDJSON (newest first), with progress on stderr.")
+        @OptionGroup var options: ConfigOptions
+        @Option(help: "Only this bundle ID.") var aud: String?
+        @Option(help: "Only this user.") var sub: String?
+        @Option(help: "Only these types (repeat).") var type: [String] = []
+        @Option(help: "Only these statuses (repeat).") var status: [String] = []
+        @Option(help: "From this ISO-8601 time (inclusive).") var from: String?
+        @Option(help: "To this ISO-8601 time (exclusive).") var to: String?
+        @Option(name: .customLong("time-field"), help: "received_at (default) or event_time.") var timeField: String = "received_at"
+        @Option(help: "Write here instead of stdout.") var output: String?
+
+        func validate() throws {
+            if HistoryQuery.TimeField(rawValue: timeField) == nil { throw ValidationError("--time-field must be received_at or event_time (got \"\(timeField)\")") }
+            if let bad = status.first(where: { ProcessingStatus(rawValue: $0) == nil }) {
+                throw ValidationError("--status must be one of \(ProcessingStatus.allCases.map(\.rawValue).joined(separator: ", ")) (got \"\(bad)\")")
+            }
+            for (flag, value) in [("--from", from), ("--to", to)] where value != nil && parseSince(value!, now: Date()) == nil {
+                throw ValidationError("\(flag) must be an ISO-8601 time like 2026-11-21T08:00:00Z (got \"\(value!)\")")
+            }
+        }
+
+        func run() async throws {
+            let config = try options.load(requireBundleIDs: false)
+            let logger = makeLogger()
+            var query = HistoryQuery()
+            query.aud = aud
+            query.sub = sub
+            query.types = type.map { EventType(apple: $0)?.rawValue ?? $0 }
+            query.statuses = status
+            query.timeField = HistoryQuery.TimeField(rawValue: timeField)!
+            query.from = from.flatMap { parseSince($0, now: Date()) }
+            query.to = to.flatMap { parseSince($0, now: Date()) }
+            query.limit = 1000
+            let first = query
+            let handle: FileHandle
+            if let output {
+                guard FileManager.default.createFile(atPath: output, contents: nil), let opened = FileHandle(forWritingAtPath: output) else {
+                    printError("siwa-events: --output \(output): cannot create the file")
+                    throw ExitCode(1)
+                }
+                handle = opened
+            } else {
+                handle = .standardOutput
+            }
+            let started = Date()
+            let total = try await Database.with(config, logger: logger) { database in
+                let store = HistoryStore(client: database.client, logger: logger)
+                var query = first
+                var count = 0
+                var lastReport = 0
+                while true {
+                    let page = try await store.notifications(query)
+                    var chunk: [UInt8] = []
+                    for record in page {
+                        chunk.append(contentsOf: record.json.jsonText.utf8)
+                        chunk.append(UInt8(ascii: "\n"))
+                    }
+                    try handle.write(contentsOf: chunk)
+                    count += page.count
+                    if count - lastReport >= 10_000 {
+                        lastReport = count
+                        printError("exported \(count) notifications…")
+                    }
+                    guard page.count == query.limit, let last = page.last else { break }
+                    query.after = (last.sortMicros, last.id)
+                }
+                return count
+            }
+            if output != nil { try handle.close() }
+            printError("exported \(total) notifications in \(String(format: "%.1f", Date().timeIntervalSince(started))) s")
+        }
+    }
+
+    struct Stats: AsyncParsableCommand {
+        static let configuration = CommandConfiguration(abstract: "Notifications per time bucket and type.")
+        @OptionGroup var options: ConfigOptions
+        @Option(help: "minute, hour (default) or day.") var bucket: String = "hour"
+        @Option(help: "From this time: ISO-8601 or a duration ago (default: 1h, 7d or 90d before --to).") var from: String?
+        @Option(help: "To this ISO-8601 time (default: now).") var to: String?
+        @Option(help: "Only this bundle ID.") var aud: String?
+        @Option(help: "Only these types (repeat).") var type: [String] = []
+        @Flag(help: "One JSON object per line.") var json = false
+
+        func validate() throws {
+            if HistoryStore.buckets[bucket] == nil { throw ValidationError("--bucket must be minute, hour or day (got \"\(bucket)\")") }
+            for (flag, value) in [("--from", from), ("--to", to)] where value != nil && parseSince(value!, now: Date()) == nil {
+                throw ValidationError("\(flag) must be an ISO-8601 time like 2026-11-21T08:00:00Z or a duration like 2h (got \"\(value!)\")")
+            }
+        }
+
+        func run() async throws {
+            let config = try options.load(requireBundleIDs: false)
+            let logger = makeLogger()
+            let end = to.flatMap { parseSince($0, now: Date()) } ?? Date()
+            let start = from.flatMap { parseSince($0, now: end) } ?? end.addingTimeInterval(-HistoryStore.buckets[bucket]!.defaultRange)
+            let rows = try await Database.with(config, logger: logger) { database in
+                try await HistoryStore(client: database.client, logger: logger).stats(
+                    bucket: bucket, from: start, to: end, aud: aud, types: type.map { EventType(apple: $0)?.rawValue ?? $0 })
+            }
+            if json {
+                for row in rows { print(JSONValue.object(["start": .string(iso8601(row.start)), "type": .string(row.type), "count": .number(Double(row.count))]).jsonText) }
+            } else if rows.isEmpty {
+                print("no notifications between \(iso8601(start)) and \(iso8601(end))")
+            } else {
+                print(table(["\(bucket.uppercased()) START", "TYPE", "COUNT"], rows.map { [iso8601($0.start), $0.type, "\($0.count)"] }))
             }
         }
     }

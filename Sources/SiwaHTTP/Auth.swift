@@ -84,3 +84,18 @@ package struct APIErrorMiddleware: RouterMiddleware {
         }
     }
 }
+
+/// PostgreSQL text cannot hold NUL: a parameter carrying one (`%00`) is refused up front with a
+/// 400 naming the problem, instead of failing in the database as a 500.
+package struct RejectNULMiddleware: RouterMiddleware {
+    package typealias Context = SiwaRequestContext
+
+    package init() {}
+
+    package func handle(_ request: Request, context: Context, next: (Request, Context) async throws -> Response) async throws -> Response {
+        if request.uri.string.range(of: "%00", options: .caseInsensitive) != nil {
+            throw APIError.invalid("parameters must not contain NUL characters (%00)")
+        }
+        return try await next(request, context)
+    }
+}

@@ -271,8 +271,8 @@ enum JSONBody {
     }
 
     static func string(_ body: [String: JSONValue], _ field: String, hint: String) throws -> String {
-        guard let value = body[field]?.stringValue, !value.isEmpty, value.utf8.count <= 255 else {
-            throw APIError.invalid("\(field) must be a non-empty string of at most 255 bytes: \(hint)")
+        guard let value = body[field]?.stringValue, !value.isEmpty, value.utf8.count <= 255, !value.utf8.contains(0) else {
+            throw APIError.invalid("\(field) must be a non-empty string of at most 255 bytes, without NUL: \(hint)")
         }
         return value
     }

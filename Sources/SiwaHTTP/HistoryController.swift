@@ -65,17 +65,6 @@ package struct HistoryController: Sendable {
         return date
     }
 
-    static func json(_ record: NotificationRecord) -> JSONValue {
-        [
-            "jti": .string(record.jti), "aud": .string(record.aud), "sub": record.sub.map(JSONValue.string) ?? .null,
-            "type": record.type.map(JSONValue.string) ?? .null, "raw_type": record.rawType.map(JSONValue.string) ?? .null,
-            "status": .string(record.status), "skip_reason": record.skipReason.map(JSONValue.string) ?? .null,
-            "event_time": BackendController.time(record.eventTime), "received_at": .string(iso8601(record.receivedAt)),
-            "deliveries": .number(Double(record.deliveries)), "email": record.email.map(JSONValue.string) ?? .null,
-            "is_private_email": record.isPrivateEmail.map(JSONValue.bool) ?? .null, "erased_at": BackendController.time(record.erasedAt),
-        ]
-    }
-
     @Sendable func list(_ request: Request, context: SiwaRequestContext) async throws -> Response {
         try context.require(.notificationsRead)
         var query = try Self.query(request, limit: (100, 1000))
@@ -84,7 +73,7 @@ package struct HistoryController: Sendable {
         let page = try await history.notifications(query)
         let items = page.prefix(limit)
         let next = page.count > limit ? items.last.map { HistoryCursor(field: query.timeField.rawValue, micros: $0.sortMicros, id: $0.id).text } : nil
-        return .json(["items": .array(items.map(Self.json)), "next_cursor": next.map(JSONValue.string) ?? .null])
+        return .json(["items": .array(items.map(\.json)), "next_cursor": next.map(JSONValue.string) ?? .null])
     }
 
     /// NDJSON, one notification a line, newest first, read in keyset pages of 1,000 and written as
@@ -93,20 +82,24 @@ package struct HistoryController: Sendable {
         try context.require(.notificationsRead)
         var first = try Self.query(request, limit: (1000, 1000))
         first.limit = 1000
+        // The first page is read before the answer starts, so that a failure is still a proper
+        // error status; a failure after that can only cut the stream short.
+        let firstPage = try await history.notifications(first)
         let start = first
         let history = self.history
         let body = ResponseBody { writer in
             var query = start
+            var page = firstPage
             while true {
-                let page = try await history.notifications(query)
                 var buffer = ByteBuffer()
                 for record in page {
-                    buffer.writeString(Self.json(record).jsonText)
+                    buffer.writeString(record.json.jsonText)
                     buffer.writeInteger(UInt8(ascii: "\n"))
                 }
                 if buffer.readableBytes > 0 { try await writer.write(buffer) }
                 guard page.count == query.limit, let last = page.last else { break }
                 query.after = (last.sortMicros, last.id)
+                page = try await history.notifications(query)
             }
             try await writer.finish(nil)
         }
@@ -117,23 +110,7 @@ package struct HistoryController: Sendable {
         try context.require(.notificationsRead)
         let jti = context.parameters.get("jti")?.removingPercentEncoding ?? ""
         guard let detail = try await history.notification(jti: jti) else { throw APIError.notFound("no notification with jti \(jti)") }
-        var object = Self.json(detail.record).objectValue ?? [:]
-        object["verification"] = [
-            "kid": .string(detail.kid), "iat": .string(iso8601(detail.issuedAt)), "exp": BackendController.time(detail.expiresAt),
-            "jti_derived": .bool(detail.jtiDerived),
-        ]
-        object["last_delivery_at"] = .string(iso8601(detail.lastDeliveryAt))
-        object["attempts"] = .array(detail.attempts.map { attempt in
-            [
-                "lane": .string(attempt.lane), "attempt": .number(Double(attempt.attempt)), "worker": .string(attempt.worker),
-                "started_at": .string(iso8601(attempt.startedAt)), "finished_at": .string(iso8601(attempt.finishedAt)),
-                "outcome": .string(attempt.outcome), "error": attempt.error.map(JSONValue.string) ?? .null,
-                "effect": attempt.effect.map(JSONValue.string) ?? .null,
-                "revoked_sessions": attempt.revokedSessions.map { .number(Double($0)) } ?? .null,
-                "http_status": attempt.httpStatus.map { .number(Double($0)) } ?? .null,
-            ]
-        })
-        return .json(.object(object))
+        return .json(detail.json)
     }
 
     @Sendable func timeline(_ request: Request, context: SiwaRequestContext) async throws -> Response {
@@ -141,27 +118,14 @@ package struct HistoryController: Sendable {
         let (aud, sub) = try BackendController.user(context)
         let limit = try JSONBody.limit(request, default: 1000, maximum: 10_000)
         let entries = try await history.timeline(aud: aud, sub: sub, limit: limit)
-        return .json([
-            "aud": .string(aud), "sub": .string(sub),
-            "items": .array(entries.map { entry in
-                var object = Self.json(entry.0).objectValue ?? [:]
-                object["effect"] = entry.effect.map(JSONValue.string) ?? .null
-                object["revoked_sessions"] = entry.revokedSessions.map { .number(Double($0)) } ?? .null
-                object["applied_at"] = BackendController.time(entry.appliedAt)
-                return .object(object)
-            }),
-        ])
+        return .json(["aud": .string(aud), "sub": .string(sub), "items": .array(entries.map(\.json))])
     }
-
-    static let buckets: [String: (seconds: Double, defaultRange: Double)] = [
-        "minute": (60, 3600), "hour": (3600, 7 * 86_400), "day": (86_400, 90 * 86_400),
-    ]
 
     @Sendable func stats(_ request: Request, context: SiwaRequestContext) async throws -> Response {
         try context.require(.notificationsRead)
         let parameters = request.uri.queryParameters
         let bucket = parameters["bucket"].map(String.init) ?? "hour"
-        guard let size = Self.buckets[bucket] else { throw APIError.invalid("bucket must be minute, hour or day (got \(bucket))") }
+        guard let size = HistoryStore.buckets[bucket] else { throw APIError.invalid("bucket must be minute, hour or day (got \(bucket))") }
         let to = try Self.date(parameters["to"], name: "to") ?? Date()
         let from = try Self.date(parameters["from"], name: "from") ?? to.addingTimeInterval(-size.defaultRange)
         guard from < to else { throw APIError.invalid("from must be before to") }

@@ -65,6 +65,13 @@ package struct NotificationDetail: Sendable {
     package var attempts: [AttemptRecord]
 }
 
+package struct TimelineEntry: Sendable {
+    package var record: NotificationRecord
+    package var effect: String?
+    package var revokedSessions: Int?
+    package var appliedAt: Date?
+}
+
 package struct StatsRow: Sendable {
     package var start: Date
     package var type: String
@@ -156,8 +163,8 @@ package struct HistoryStore: Sendable {
 
     /// A user's notifications in event_time order, each with the effect its applied attempt
     /// recorded (nil: not applied yet, skipped, or discarded).
-    package func timeline(aud: String, sub: String, limit: Int) async throws -> [(NotificationRecord, effect: String?, revokedSessions: Int?, appliedAt: Date?)] {
-        var entries: [(NotificationRecord, String?, Int?, Date?)] = []
+    package func timeline(aud: String, sub: String, limit: Int) async throws -> [TimelineEntry] {
+        var entries: [TimelineEntry] = []
         for try await row in try await client.query(
             """
             SELECT n.id, n.jti, n.aud, n.sub, n.type, n.raw_type, n.status::text, n.skip_reason, n.event_time, n.received_at, n.deliveries,
@@ -174,12 +181,17 @@ package struct HistoryStore: Sendable {
             """, logger: logger
         ).decode((Int, String, String, String?, String?, String?, String, String?, Date?, Date, Int, String?, Bool?, Date?, Int64, String?, Int?, Date?).self) {
             let record = Self.record((row.0, row.1, row.2, row.3, row.4, row.5, row.6, row.7, row.8, row.9, row.10, row.11, row.12, row.13, row.14))
-            entries.append((record, row.15, row.16, row.17))
+            entries.append(TimelineEntry(record: record, effect: row.15, revokedSessions: row.16, appliedAt: row.17))
         }
-        return entries.map { ($0.0, effect: $0.1, revokedSessions: $0.2, appliedAt: $0.3) }
+        return entries
     }
 
     // MARK: NotificationsStats
+
+    /// Bucket sizes and the default range of a stats query, in seconds.
+    package static let buckets: [String: (seconds: Double, defaultRange: Double)] = [
+        "minute": (60, 3600), "hour": (3600, 7 * 86_400), "day": (86_400, 90 * 86_400),
+    ]
 
     /// Counts per `bucket` (minute, hour, day) of received_at and type, oldest first.
     package func stats(bucket: String, from: Date, to: Date, aud: String?, types: [String]) async throws -> [StatsRow] {
@@ -197,5 +209,52 @@ package struct HistoryStore: Sendable {
             rows.append(StatsRow(start: row.0, type: row.1, count: row.2))
         }
         return rows
+    }
+}
+
+// MARK: Wire shapes (the API's and the CLI's --json)
+
+private func time(_ date: Date?) -> JSONValue { date.map { .string(iso8601($0)) } ?? .null }
+
+extension NotificationRecord {
+    package var json: JSONValue {
+        [
+            "jti": .string(jti), "aud": .string(aud), "sub": sub.map(JSONValue.string) ?? .null, "type": type.map(JSONValue.string) ?? .null,
+            "raw_type": rawType.map(JSONValue.string) ?? .null, "status": .string(status), "skip_reason": skipReason.map(JSONValue.string) ?? .null,
+            "event_time": time(eventTime), "received_at": .string(iso8601(receivedAt)), "deliveries": .number(Double(deliveries)),
+            "email": email.map(JSONValue.string) ?? .null, "is_private_email": isPrivateEmail.map(JSONValue.bool) ?? .null,
+            "erased_at": time(erasedAt),
+        ]
+    }
+}
+
+extension AttemptRecord {
+    package var json: JSONValue {
+        [
+            "lane": .string(lane), "attempt": .number(Double(attempt)), "worker": .string(worker), "started_at": .string(iso8601(startedAt)),
+            "finished_at": .string(iso8601(finishedAt)), "outcome": .string(outcome), "error": error.map(JSONValue.string) ?? .null,
+            "effect": effect.map(JSONValue.string) ?? .null, "revoked_sessions": revokedSessions.map { .number(Double($0)) } ?? .null,
+            "http_status": httpStatus.map { .number(Double($0)) } ?? .null,
+        ]
+    }
+}
+
+extension NotificationDetail {
+    package var json: JSONValue {
+        var object = record.json.objectValue ?? [:]
+        object["verification"] = ["kid": .string(kid), "iat": .string(iso8601(issuedAt)), "exp": time(expiresAt), "jti_derived": .bool(jtiDerived)]
+        object["last_delivery_at"] = .string(iso8601(lastDeliveryAt))
+        object["attempts"] = .array(attempts.map(\.json))
+        return .object(object)
+    }
+}
+
+extension TimelineEntry {
+    package var json: JSONValue {
+        var object = record.json.objectValue ?? [:]
+        object["effect"] = effect.map(JSONValue.string) ?? .null
+        object["revoked_sessions"] = revokedSessions.map { .number(Double($0)) } ?? .null
+        object["applied_at"] = time(appliedAt)
+        return .object(object)
     }
 }

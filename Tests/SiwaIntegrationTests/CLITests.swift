@@ -190,4 +190,37 @@ struct CLITests {
         let erase = try await Self.run(["accounts", "erase", "--aud", "com.example.app", "--sub", "001.cli.erase"], environment: environment, directory: "/tmp")
         #expect(erase.status == 0 && erase.stdout.contains("revoked 0 sessions"))
     }
+
+    @Test("notifications show, timeline, export (NDJSON, progress on stderr) and stats through the real binary")
+    func historyCommands() async throws {
+        let database = try await TestCluster.shared.makeDatabase()
+        let client = PostgresClient(configuration: database)
+        try await withThrowingDiscardingTaskGroup { group in
+            group.addTask { await client.run() }
+            try await BulkLoad.notifications(count: 12_000, users: 3_000, aud: "com.example.app", client: client)
+            group.cancelAll()
+        }
+        let socketDirectory = ((database.unixSocketPath ?? "") as NSString).deletingLastPathComponent
+        let environment = ["DATABASE_URL": "postgres://\(database.username)@/\(database.database ?? "")?host=\(socketDirectory)"]
+        let file = "/tmp/siwa-export-\(UUID().uuidString.prefix(8)).ndjson"
+        defer { try? FileManager.default.removeItem(atPath: file) }
+        let export = try await Self.run(["notifications", "export", "--output", file], environment: environment, directory: "/tmp")
+        #expect(export.status == 0, "\(export.stderr)")
+        #expect(export.stderr.contains("exported 10000 notifications…"))
+        #expect(export.stderr.contains("exported 12000 notifications in"))
+        let lines = try String(contentsOfFile: file, encoding: .utf8).split(separator: "\n")
+        #expect(lines.count == 12_000)
+        #expect(Set(lines.compactMap { JSONValue.parse(Data($0.utf8))?["jti"]?.stringValue }).count == 12_000)
+
+        let shown = try await Self.run(["notifications", "show", "bulk-7", "--json"], environment: environment, directory: "/tmp")
+        #expect(JSONValue.parse(Data(shown.stdout.utf8))?["jti"] == .string("bulk-7"))
+        #expect(try await Self.run(["notifications", "show", "nope"], environment: environment, directory: "/tmp").status == 1)
+        let timeline = try await Self.run(["notifications", "timeline", "--aud", "com.example.app", "--sub", "bulk-user-7", "--json"], environment: environment, directory: "/tmp")
+        #expect(timeline.stdout.split(separator: "\n").count == 4)  // users 3,000 × 4 notifications each
+        let stats = try await Self.run(["notifications", "stats", "--bucket", "day", "--from", "2h", "--json"], environment: environment, directory: "/tmp")
+        let total = stats.stdout.split(separator: "\n").compactMap { JSONValue.parse(Data($0.utf8))?["count"]?.numberValue }.reduce(0, +)
+        #expect(total == 12_000)
+        let badBucket = try await Self.run(["notifications", "stats", "--bucket", "week"], environment: environment, directory: "/tmp")
+        #expect(badBucket.status == 64 && badBucket.stderr.contains("--bucket"))
+    }
 }
