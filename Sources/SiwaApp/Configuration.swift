@@ -40,6 +40,7 @@ package struct Configuration: Sendable {
     /// Identity-token client IDs → the bundle ID whose accounts they sign in to.
     package var clientIDs: [String: String] = [:]
     package var sessionTTL: Duration = .seconds(30 * 86_400)
+    package var historyRetention: Duration = .seconds(400 * 86_400)
     package var metricsToken: String?
     package var callbackURL: URL?
     package var callbackSigner: WebhookSigner?
@@ -82,6 +83,7 @@ package struct Configuration: Sendable {
         ("SIWA_JOB_NOTIFY", "--job-notify", "on|off: LISTEN for enqueue notifications"),
         ("SIWA_ERASE_ON_DELETE", "--erase-on-delete", "true|false: erase a deleted account's email everywhere"),
         ("SIWA_APPLE_CLIENT_IDS", "--client-ids", "identity-token aud values accepted by POST /v1/sessions: id or servicesID=bundleID"),
+        ("SIWA_HISTORY_RETENTION", "--history-retention", "notifications and rejections older than this are pruned"),
         ("SIWA_SESSION_TTL", "--session-ttl", "lifetime of a session created without expires_at"),
         ("SIWA_METRICS_TOKEN", "--metrics-token", "when set, /metrics needs Authorization: Bearer <it>"),
         ("SIWA_CALLBACK_URL", "--callback-url", "http(s) endpoint POSTed a signed callback after each effect (unset: none)"),
@@ -206,6 +208,7 @@ package struct Configuration: Sendable {
             config.clientIDs = map
         }
         config.sessionTTL = try duration("SIWA_SESSION_TTL", default: config.sessionTTL)
+        config.historyRetention = try duration("SIWA_HISTORY_RETENTION", default: config.historyRetention)
         if let token = value("SIWA_METRICS_TOKEN") {
             guard token.utf8.count >= 16 else {
                 throw ConfigurationError(variable: flag("SIWA_METRICS_TOKEN"), message: "must be at least 16 characters (e.g. openssl rand -hex 16)")

@@ -163,6 +163,7 @@ extension Configuration {
         workers.pollInterval = jobPollInterval
         workers.listen = jobNotify
         workers.eraseOnDelete = eraseOnDelete
+        workers.historyRetention = historyRetention
         if let callbackURL, let callbackSigner {
             var callbacks = EffectWorkers.Callbacks(url: callbackURL, signer: callbackSigner)
             callbacks.timeout = callbackTimeout

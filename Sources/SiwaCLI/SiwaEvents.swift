@@ -67,6 +67,8 @@ struct ConfigOptions: ParsableArguments {
     var eraseOnDelete: String?
     @Option(name: .customLong("client-ids"), help: "Identity-token aud values for POST /v1/sessions: id or servicesID=bundleID (SIWA_APPLE_CLIENT_IDS).")
     var clientIDs: String?
+    @Option(name: .customLong("history-retention"), help: "Notifications and rejections older than this are pruned, e.g. 400d (SIWA_HISTORY_RETENTION).")
+    var historyRetention: String?
     @Option(name: .customLong("session-ttl"), help: "Lifetime of a session created without expires_at, e.g. 30d (SIWA_SESSION_TTL).")
     var sessionTTL: String?
     @Option(name: .customLong("metrics-token"), help: "When set, /metrics needs Authorization: Bearer <it> (SIWA_METRICS_TOKEN).")
@@ -91,7 +93,7 @@ struct ConfigOptions: ParsableArguments {
             "SIWA_JOB_MAX_ATTEMPTS": jobMaxAttempts, "SIWA_JOB_RETENTION": jobRetention, "SIWA_JOB_POLL_INTERVAL": jobPollInterval,
             "SIWA_JOB_NOTIFY": jobNotify, "SIWA_ERASE_ON_DELETE": eraseOnDelete, "SIWA_CALLBACK_URL": callbackURL,
             "SIWA_CALLBACK_SECRET": callbackSecret, "SIWA_CALLBACK_TIMEOUT": callbackTimeout, "SIWA_CALLBACK_CONCURRENCY": callbackConcurrency,
-            "SIWA_APPLE_CLIENT_IDS": clientIDs, "SIWA_SESSION_TTL": sessionTTL, "SIWA_METRICS_TOKEN": metricsToken,
+            "SIWA_APPLE_CLIENT_IDS": clientIDs, "SIWA_SESSION_TTL": sessionTTL, "SIWA_HISTORY_RETENTION": historyRetention, "SIWA_METRICS_TOKEN": metricsToken,
         ]
         do {
             return try Configuration.load(

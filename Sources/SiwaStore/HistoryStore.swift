@@ -186,6 +186,36 @@ package struct HistoryStore: Sendable {
         return entries
     }
 
+    // MARK: NotificationsPrune
+
+    /// Deletes up to `limit` notifications received before `retention` ago (their jobs and attempt
+    /// log go with them), oldest first, and as many rejections. One short statement per call, so
+    /// ingest never waits on it; callers repeat while it returns a full batch. Notifications whose
+    /// effect is still pending or retrying are kept.
+    @discardableResult
+    package func prune(retention: Duration, limit: Int = 1000) async throws -> Int {
+        let seconds = Int(retention.components.seconds)
+        var deleted = 0
+        for try await (n,) in try await client.query(
+            """
+            WITH old AS (
+                SELECT id FROM notifications
+                WHERE received_at < now() - \(seconds) * interval '1 second' AND status NOT IN ('pending', 'retrying')
+                ORDER BY received_at LIMIT \(limit)
+            ), pruned AS (
+                DELETE FROM notifications WHERE id IN (SELECT id FROM old) RETURNING id
+            ), rejections_pruned AS (
+                DELETE FROM rejections WHERE id IN (
+                    SELECT id FROM rejections WHERE received_at < now() - \(seconds) * interval '1 second' ORDER BY received_at LIMIT \(limit))
+            )
+            SELECT count(*)::bigint FROM pruned
+            """, logger: logger
+        ).decode((Int,).self) {
+            deleted = n
+        }
+        return deleted
+    }
+
     // MARK: NotificationsStats
 
     /// Bucket sizes and the default range of a stats query, in seconds.

@@ -31,6 +31,8 @@ package final class EffectWorkers: Service, Sendable {
         package var backoff = RetryBackoff()
         package var eraseOnDelete = true
         package var retention: Duration = .seconds(7 * 86_400)
+        /// Notifications (and rejections) older than this are pruned in the background.
+        package var historyRetention: Duration = .seconds(400 * 86_400)
         /// LISTEN for `siwa_jobs` (off: poll only, e.g. behind a transaction-mode pooler).
         package var listen = true
         package var maintenanceInterval: Duration = .seconds(5)
@@ -308,6 +310,15 @@ package final class EffectWorkers: Service, Sendable {
                     lastPrune = ContinuousClock.now
                     let pruned = try await store.prune(retention: configuration.retention)
                     if pruned > 0 { logger.info("pruned finished jobs", metadata: ["count": "\(pruned)"]) }
+                    // History past SIWA_HISTORY_RETENTION, a thousand rows at a time, at most 50,000 a minute.
+                    let history = HistoryStore(client: store.client, logger: logger)
+                    var removed = 0
+                    for _ in 0..<50 {
+                        let batch = try await history.prune(retention: configuration.historyRetention)
+                        removed += batch
+                        if batch < 1000 || stopping { break }
+                    }
+                    if removed > 0 { logger.info("pruned notifications past their retention", metadata: ["count": "\(removed)"]) }
                 }
             } catch {
                 logger.warning("queue maintenance failed; will retry", metadata: ["error": "\(loggable(error))"])

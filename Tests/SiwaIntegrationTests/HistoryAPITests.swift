@@ -144,4 +144,20 @@ struct HistoryAPITests {
         #expect(result.standardOutput.contains("Tested: 15"), "every documented operation was exercised")
         await e.stop()
     }
+
+    @Test("retention: notifications past SIWA_HISTORY_RETENTION go in batches, with their jobs and attempts; unapplied ones stay")
+    func retention() async throws {
+        let h = try await Harness.start()
+        let client = h.server.client
+        try await BulkLoad.notifications(count: 2_500, users: 2_500, aud: Harness.aud, client: client)
+        try await client.query("UPDATE notifications SET received_at = now() - interval '500 days', status = 'applied' WHERE id % 10 <> 0")
+        try await client.query("UPDATE notifications SET received_at = now() - interval '500 days' WHERE id % 10 = 0")  // still pending
+        let history = HistoryStore(client: client, logger: h.logs.logger())
+        #expect(try await history.prune(retention: .seconds(400 * 86_400)) == 1_000)  // one batch
+        while try await history.prune(retention: .seconds(400 * 86_400)) > 0 {}
+        #expect(try await h.count("SELECT count(*) FROM notifications") == 250)
+        #expect(try await h.count("SELECT count(*) FROM notifications WHERE status <> 'pending'") == 0)
+        #expect(try await h.count("SELECT count(*) FROM jobs") == 250)
+        await h.stop()
+    }
 }
