@@ -10,7 +10,7 @@ import SiwaDomain
 @main
 struct SiwaBench: AsyncParsableCommand {
     static let configuration = CommandConfiguration(
-        commandName: "siwa-bench", abstract: "Benchmarks for siwa-events.", subcommands: [Sign.self, Ingest.self, Verify.self])
+        commandName: "siwa-bench", abstract: "Benchmarks for siwa-events.", subcommands: [Sign.self, Ingest.self, Verify.self, History.self])
 }
 
 /// Pre-signs notifications (signing is ~1 ms each, so it is done before the clock starts).
@@ -176,5 +176,56 @@ final class Results: @unchecked Sendable {
         lock.lock()
         defer { lock.unlock() }
         return (latencies, statuses)
+    }
+}
+
+/// History API latency over real HTTP, one request at a time: a user's notifications, a time-range
+/// page, hourly stats for 7 days, and NDJSON export throughput.
+struct History: AsyncParsableCommand {
+    static let configuration = CommandConfiguration(abstract: "Query the history API and report latency percentiles and export rows/s.")
+    @Option(help: "Server base URL.") var url: String
+    @Option(help: "A token with notifications:read.") var token: String
+    @Option(help: "Users are <prefix>-user-<n>.") var prefix: String = "hist"
+    @Option(help: "How many users were loaded.") var users: Int = 100_000
+    @Option(help: "Requests per query kind.") var requests: Int = 500
+
+    func run() async throws {
+        let client = HTTPClient(eventLoopGroupProvider: .singleton)
+        func get(_ path: String) async throws -> (Duration, Int) {
+            var request = HTTPClientRequest(url: url + path)
+            request.headers.add(name: "Authorization", value: "Bearer \(token)")
+            let started = ContinuousClock.now
+            let response = try await client.execute(request, timeout: .seconds(120))
+            var bytes = 0
+            var lines = 0
+            for try await chunk in response.body {
+                bytes += chunk.readableBytes
+                lines += chunk.readableBytesView.lazy.filter { $0 == UInt8(ascii: "\n") }.count
+            }
+            guard response.status == .ok else { throw ValidationError("GET \(path) answered \(response.status.code)") }
+            return (ContinuousClock.now - started, lines)
+        }
+        func report(_ label: String, _ path: (Int) -> String, count: Int) async throws {
+            var latencies: [Double] = []
+            for index in 0..<count {
+                let (elapsed, _) = try await get(path(index))
+                latencies.append(Double(elapsed.components.attoseconds) / 1e15 + Double(elapsed.components.seconds) * 1000)
+            }
+            latencies.sort()
+            func p(_ q: Double) -> Double { latencies[min(latencies.count - 1, Int((Double(latencies.count) * q).rounded(.up)) - 1)] }
+            print(String(format: "%@: n=%d p50=%.2fms p99=%.2fms max=%.2fms", label, count, p(0.5), p(0.99), p(1.0)))
+        }
+        let now = Date()
+        func iso(_ date: Date) -> String { date.formatted(.iso8601) }
+        try await report("history by sub", { "/v1/notifications?sub=\(prefix)-user-\(($0 * 7919) % users)" }, count: requests)
+        try await report("history time-range page (1 h window, 100 rows)", { index in
+            let end = now.addingTimeInterval(-Double((index * 3571) % (6 * 86_400)))
+            return "/v1/notifications?from=\(iso(end.addingTimeInterval(-3600)))&to=\(iso(end))&limit=100"
+        }, count: requests)
+        try await report("history hourly stats, 7 days", { _ in "/v1/stats/notifications?bucket=hour&from=\(iso(now.addingTimeInterval(-7 * 86_400)))" }, count: 20)
+        let (elapsed, lines) = try await get("/v1/notifications/export")
+        let seconds = Double(elapsed.components.seconds) + Double(elapsed.components.attoseconds) / 1e18
+        print(String(format: "history export: %d rows in %.1fs = %.0f rows/s (NDJSON over HTTP)", lines, seconds, Double(lines) / seconds))
+        try await client.shutdown()
     }
 }
