@@ -223,18 +223,19 @@ package struct HistoryStore: Sendable {
         "minute": (60, 3600), "hour": (3600, 7 * 86_400), "day": (86_400, 90 * 86_400),
     ]
 
-    /// Counts per `bucket` (minute, hour, day) of received_at and type, oldest first, from the
-    /// per-minute counts (sql/005).
+    /// Counts per `bucket` (minute, hour, day) of received_at and type, oldest first. Counted on
+    /// demand (a million rows over 7 days: 400-800 ms, BENCHMARKS.md); a rollup off the ingest path
+    /// is the planned fix.
     package func stats(bucket: String, from: Date, to: Date, aud: String?, types: [String]) async throws -> [StatsRow] {
         var rows: [StatsRow] = []
         for try await row in try await client.query(
             """
-            SELECT date_trunc(\(bucket), minute, 'UTC') AS start, type, sum(count)::bigint
-            FROM notification_counts
-            WHERE minute >= date_trunc('minute', \(from)::timestamptz, 'UTC') AND minute < \(to)
+            SELECT date_trunc(\(bucket), received_at, 'UTC') AS start, coalesce(type, 'unreadable'), count(*)::bigint
+            FROM notifications
+            WHERE received_at >= \(from) AND received_at < \(to)
               AND (\(aud)::text IS NULL OR aud = \(aud))
               AND (cardinality(\(types)::text[]) = 0 OR type = ANY(\(types)::text[]))
-            GROUP BY 1, 2 HAVING sum(count) > 0 ORDER BY 1, 2
+            GROUP BY 1, 2 ORDER BY 1, 2
             """, logger: logger
         ).decode((Date, String, Int).self) {
             rows.append(StatsRow(start: row.0, type: row.1, count: row.2))
