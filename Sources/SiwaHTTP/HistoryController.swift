@@ -156,7 +156,15 @@ package struct HistoryController: Sendable {
             throw APIError.invalid("reason must be one of \(RejectionReason.allCases.map(\.rawValue).joined(separator: ", ")) (got \(reason))")
         }
         let since = try Self.date(request.uri.queryParameters["since"], name: "since") ?? Date().addingTimeInterval(-86_400)
-        let items = try await rejections.list(reason: reason, limit: limit)
+        let after = try request.uri.queryParameters["cursor"].map { text in
+            guard let cursor = HistoryCursor(text: String(text)), cursor.field == "rejections" else {
+                throw APIError.invalid("cursor is not valid: pass back the next_cursor of the previous page")
+            }
+            return (micros: cursor.micros, id: cursor.id)
+        }
+        let page = try await rejections.list(reason: reason, limit: limit + 1, after: after)
+        let items = page.prefix(limit)
+        let next = page.count > limit ? items.last.map { HistoryCursor(field: "rejections", micros: $0.sortMicros, id: $0.id).text } : nil
         let counts = try await rejections.counts(since: since)
         return .json([
             "items": .array(items.map { item in
@@ -169,7 +177,7 @@ package struct HistoryController: Sendable {
             }),
             "totals_since": .string(iso8601(since)),
             "totals": .array(counts.map { ["reason": .string($0.reason), "recorded": .number(Double($0.recorded)), "sampled_out": .number(Double($0.sampledOut))] }),
-            "next_cursor": .null,
+            "next_cursor": next.map(JSONValue.string) ?? .null,
         ])
     }
 }

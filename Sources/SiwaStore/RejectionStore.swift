@@ -70,6 +70,8 @@ package struct StoredRejection: Sendable, Codable {
     package var hasToken: Bool
     package var replayedAt: Date?
     package var replayOutcome: String?
+    /// received_at in µs since 1970 (exact, for keyset cursors).
+    package var sortMicros: Int64 = 0
 }
 
 package struct ReplayCandidate: Sendable {
@@ -139,23 +141,32 @@ package struct RejectionStore: Sendable {
 
     // MARK: RejectionsList
 
-    package func list(reason: String?, limit: Int) async throws -> [StoredRejection] {
+    /// Newest first; `after` is the (received_at µs, id) of the last row of the previous page.
+    package func list(reason: String?, limit: Int, after: (micros: Int64, id: Int)? = nil) async throws -> [StoredRejection] {
         var sql = SQLBuilder(
             """
-            SELECT id, received_at, remote_addr, reason, message, body_size, kid, aud, jti, token IS NOT NULL, replayed_at, replay_outcome
+            SELECT id, received_at, remote_addr, reason, message, body_size, kid, aud, jti, token IS NOT NULL, replayed_at, replay_outcome,
+                (extract(epoch FROM received_at) * 1000000)::bigint
             FROM rejections
             """)
         sql.filter("reason =", reason)
+        if let after {
+            sql.condition("(received_at, id) < (timestamptz 'epoch' + ")
+            sql.bind(after.micros)
+            sql.append(" * interval '1 microsecond', ")
+            sql.bind(after.id)
+            sql.append(")")
+        }
         sql.append(" ORDER BY received_at DESC, id DESC LIMIT ")
         sql.bind(max(1, min(limit, 10_000)))
         var result: [StoredRejection] = []
         for try await row in try await client.query(sql.query, logger: logger).decode(
-            (Int, Date, String?, String, String, Int, String?, String?, String?, Bool, Date?, String?).self)
+            (Int, Date, String?, String, String, Int, String?, String?, String?, Bool, Date?, String?, Int64).self)
         {
             result.append(
                 StoredRejection(
                     id: row.0, receivedAt: row.1, remoteAddress: row.2, reason: row.3, message: row.4, bodySize: row.5, kid: row.6,
-                    aud: row.7, jti: row.8, hasToken: row.9, replayedAt: row.10, replayOutcome: row.11))
+                    aud: row.7, jti: row.8, hasToken: row.9, replayedAt: row.10, replayOutcome: row.11, sortMicros: row.12))
         }
         return result
     }

@@ -95,8 +95,15 @@ struct HistoryAPITests {
         #expect(Self.items(filtered).first?["total"] == .number(1))
         #expect(try await BackendAPITests.call(e.h, .GET, "/v1/stats/notifications?bucket=week", token: token).status == 400)
 
-        let rejections = try await BackendAPITests.call(e.h, .GET, "/v1/rejections", token: token)
+        _ = try await e.h.server.post(jws: try e.h.forged(header: ["alg": "HS256", "kid": "x"]))
+        await e.h.flushRejections()
+        let rejections = try await BackendAPITests.call(e.h, .GET, "/v1/rejections?limit=1", token: token)
         #expect(Self.items(rejections).first?["reason"] == .string("unsupported_algorithm"))
+        let rejectionCursor = try #require(rejections.json?["next_cursor"]?.stringValue)
+        let older = try await BackendAPITests.call(e.h, .GET, "/v1/rejections?limit=1&cursor=\(rejectionCursor)", token: token)
+        #expect(Self.items(older).count == 1)
+        #expect(Self.items(older).first?["id"] != Self.items(rejections).first?["id"])
+        #expect(older.json?["next_cursor"] == .null)
         #expect(rejections.json?["totals"]?.arrayValue?.contains { $0["reason"] == .string("unsupported_algorithm") } == true)
 
         let export = try await BackendAPITests.call(e.h, .GET, "/v1/notifications/export?type=consent-revoked", token: token)
