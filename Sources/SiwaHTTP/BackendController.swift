@@ -176,9 +176,9 @@ package struct BackendController: Sendable {
             }
             return cursor
         }
-        let page = try await accounts.sessions(aud: aud, sub: sub, limit: limit + 1, after: cursor.map { ($0.createdAt, $0.id) })
+        let page = try await accounts.sessions(aud: aud, sub: sub, limit: limit + 1, after: cursor.map { ($0.micros, $0.id) })
         let items = page.prefix(limit)
-        let next = page.count > limit ? items.last.map { SessionCursor(createdAt: $0.createdAt, id: UUID(uuidString: $0.id)!).text } : nil
+        let next = page.count > limit ? items.last.map { SessionCursor(micros: $0.createdMicros, id: UUID(uuidString: $0.id)!).text } : nil
         return .json(.object(["items": .array(items.map(Self.json)), "next_cursor": next.map(JSONValue.string) ?? .null]))
     }
 
@@ -219,13 +219,14 @@ package struct BackendController: Sendable {
     }
 }
 
-/// The opaque `next_cursor` of a session list: base64url of "<created_at µs>.<id>".
+/// The opaque `next_cursor` of a session list: base64url of "<created_at µs>.<id>" (exact: the
+/// store compares microseconds in SQL).
 struct SessionCursor {
-    var createdAt: Date
+    var micros: Int64
     var id: UUID
 
-    init(createdAt: Date, id: UUID) {
-        self.createdAt = createdAt
+    init(micros: Int64, id: UUID) {
+        self.micros = micros
         self.id = id
     }
 
@@ -233,13 +234,11 @@ struct SessionCursor {
         guard let data = Base64URL.decode(text), let decoded = String(data: data, encoding: .utf8) else { return nil }
         let parts = decoded.split(separator: ".", maxSplits: 1)
         guard parts.count == 2, let micros = Int64(parts[0]), let id = UUID(uuidString: String(parts[1])) else { return nil }
-        self.createdAt = Date(timeIntervalSince1970: Double(micros) / 1_000_000)
+        self.micros = micros
         self.id = id
     }
 
-    var text: String {
-        Base64URL.encode(Array("\(Int64((createdAt.timeIntervalSince1970 * 1_000_000).rounded())).\(id.uuidString.lowercased())".utf8))
-    }
+    var text: String { Base64URL.encode(Array("\(micros).\(id.uuidString.lowercased())".utf8)) }
 }
 
 /// Reading `/v1` request bodies and parameters, with errors that name the field.

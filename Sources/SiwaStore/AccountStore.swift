@@ -13,6 +13,8 @@ package struct Session: Sendable, Equatable {
     package var revokedReason: String?
     /// Not revoked and not expired, as of the query.
     package var active: Bool
+    /// created_at in µs since 1970 (exact, for keyset cursors).
+    package var createdMicros: Int64
 }
 
 package struct Account: Sendable {
@@ -51,12 +53,12 @@ package struct AccountStore: Sendable {
 
     private static let sessionColumns = """
         id::text, aud, sub, created_at, expires_at, revoked_at, revoked_reason,
-        (revoked_at IS NULL AND (expires_at IS NULL OR expires_at > now()))
+        (revoked_at IS NULL AND (expires_at IS NULL OR expires_at > now())), (extract(epoch FROM created_at) * 1000000)::bigint
         """
-    private typealias SessionRow = (String, String, String, Date, Date?, Date?, String?, Bool)
+    private typealias SessionRow = (String, String, String, Date, Date?, Date?, String?, Bool, Int64)
 
     private static func session(_ row: SessionRow) -> Session {
-        Session(id: row.0, aud: row.1, sub: row.2, createdAt: row.3, expiresAt: row.4, revokedAt: row.5, revokedReason: row.6, active: row.7)
+        Session(id: row.0, aud: row.1, sub: row.2, createdAt: row.3, expiresAt: row.4, revokedAt: row.5, revokedReason: row.6, active: row.7, createdMicros: row.8)
     }
 
     // MARK: SessionsCreate
@@ -134,14 +136,15 @@ package struct AccountStore: Sendable {
         return nil
     }
 
-    /// The user's sessions, newest first, `limit` at a time after `cursor` (created_at, id).
-    package func sessions(aud: String, sub: String, limit: Int, after cursor: (createdAt: Date, id: UUID)?) async throws -> [Session] {
+    /// The user's sessions, newest first, `limit` at a time after `cursor` (created_at µs, id).
+    package func sessions(aud: String, sub: String, limit: Int, after cursor: (micros: Int64, id: UUID)?) async throws -> [Session] {
         var sessions: [Session] = []
         for try await row in try await client.query(
             """
             SELECT \(unescaped: Self.sessionColumns) FROM sessions
             WHERE aud = \(aud) AND sub = \(sub)
-              AND (\(cursor?.createdAt)::timestamptz IS NULL OR (created_at, id) < (\(cursor?.createdAt), \(cursor?.id)))
+              AND (\(cursor?.micros)::bigint IS NULL
+                   OR (created_at, id) < (timestamptz 'epoch' + \(cursor?.micros)::bigint * interval '1 microsecond', \(cursor?.id)::uuid))
             ORDER BY created_at DESC, id DESC
             LIMIT \(limit)
             """, logger: logger
