@@ -95,7 +95,8 @@ let package = Package(
                 .product(name: "Prometheus", package: "swift-prometheus"),
             ],
             // The API's contract, served at /openapi.yaml (the tests hold the server to it).
-            resources: [.embedInCode("openapi.yaml")],
+            // and the dashboard's static files (served at /, /app.js, /app.css).
+            resources: [.embedInCode("openapi.yaml"), .embedInCode("Web/index.html"), .embedInCode("Web/app.js"), .embedInCode("Web/app.css")],
             swiftSettings: swiftSettings
         ),
         // Composition root: validated Configuration + the service group (tests build it too).

@@ -80,6 +80,7 @@ package struct Receiver: Sendable {
             backend.register(on: v1)
             history?.register(on: v1)
         }
+        if backend != nil { WebController().register(on: router) }
         router.get("/openapi.yaml") { _, _ in
             Response(
                 status: .ok, headers: [.contentType: "application/yaml; charset=utf-8"],

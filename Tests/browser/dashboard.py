@@ -1,0 +1,61 @@
+"""Drives the dashboard in headless Chromium (Debian's chromium + chromium-driver) with selenium.
+
+Usage: dashboard.py BASE_URL TOKEN SUB JTI XSS_SUB SCREENSHOT
+Exits 0 when every check passes; prints what failed otherwise.
+"""
+import sys
+
+from selenium import webdriver
+from selenium.webdriver.chrome.service import Service
+from selenium.webdriver.common.by import By
+from selenium.webdriver.support import expected_conditions as EC
+from selenium.webdriver.support.ui import WebDriverWait
+
+base, token, sub, jti, xss_sub, screenshot = sys.argv[1:7]
+options = webdriver.ChromeOptions()
+options.binary_location = "/usr/bin/chromium"
+for argument in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--window-size=1400,1800"):
+    options.add_argument(argument)
+driver = webdriver.Chrome(service=Service("/usr/bin/chromedriver"), options=options)
+wait = WebDriverWait(driver, 20)
+try:
+    driver.get(base + "/")
+    # A wrong token is refused with a message; the right one signs in.
+    driver.find_element(By.ID, "token").send_keys("siwa_wrong")
+    driver.find_element(By.CSS_SELECTOR, "#signin-form button").click()
+    wait.until(EC.text_to_be_present_in_element((By.ID, "signin-error"), "unknown"))
+    field = driver.find_element(By.ID, "token")
+    field.clear()
+    field.send_keys(token)
+    driver.find_element(By.CSS_SELECTOR, "#signin-form button").click()
+    wait.until(EC.visibility_of_element_located((By.ID, "search")))
+    assert driver.execute_script("return sessionStorage.getItem('siwa-token')") == token, "token not in sessionStorage"
+    assert driver.execute_script("return localStorage.length") == 0, "something was put in localStorage"
+    # Search the seeded user and find their notification.
+    driver.find_element(By.CSS_SELECTOR, "#search input[name=sub]").send_keys(sub)
+    driver.find_element(By.CSS_SELECTOR, "#search button").click()
+    wait.until(EC.text_to_be_present_in_element((By.CSS_SELECTOR, "#results tbody"), jti))
+    rows = driver.find_elements(By.CSS_SELECTOR, "#results tbody tr")
+    assert all(sub in row.text for row in rows), "a row of another user: " + repr([row.text for row in rows])
+    # Their timeline.
+    driver.find_element(By.CSS_SELECTOR, "#results tbody button.link").click()
+    wait.until(EC.text_to_be_present_in_element((By.ID, "timeline"), "consent-revoked"))
+    # The chart drew bars from the stats.
+    wait.until(lambda d: len(d.find_elements(By.CSS_SELECTOR, "#chart rect")) > 0)
+    # Attacker-controlled values stay text: the markup in this sub never becomes an element.
+    field = driver.find_element(By.CSS_SELECTOR, "#search input[name=sub]")
+    field.clear()
+    field.send_keys(xss_sub)
+    driver.find_element(By.CSS_SELECTOR, "#search button").click()
+    wait.until(EC.text_to_be_present_in_element((By.CSS_SELECTOR, "#results tbody"), "<img"))
+    assert driver.execute_script("return window.__xss === undefined"), "a value from the data ran as script"
+    assert not driver.find_elements(By.CSS_SELECTOR, "#results tbody img"), "a value from the data became markup"
+    driver.save_screenshot(screenshot)
+    print("dashboard: all checks passed")
+except Exception as error:  # noqa: BLE001 - report any failure with the page state
+    driver.save_screenshot(screenshot)
+    print("dashboard check failed:", repr(error))
+    print(driver.page_source[:4000])
+    sys.exit(1)
+finally:
+    driver.quit()
