@@ -170,16 +170,11 @@ package struct BackendController: Sendable {
         try context.require(.sessionsRead)
         let (aud, sub) = try Self.user(context)
         let limit = try JSONBody.limit(request, default: 100, maximum: 1000)
-        let cursor = try request.uri.queryParameters["cursor"].map { text in
-            guard let cursor = SessionCursor(text: String(text)) else {
-                throw APIError.invalid("cursor is not valid: pass back the next_cursor of the previous page")
-            }
-            return cursor
-        }
-        let page = try await accounts.sessions(aud: aud, sub: sub, limit: limit + 1, after: cursor.map { ($0.micros, $0.id) })
-        let items = page.prefix(limit)
-        let next = page.count > limit ? items.last.map { SessionCursor(micros: $0.createdMicros, id: UUID(uuidString: $0.id)!).text } : nil
-        return .json(.object(["items": .array(items.map(Self.json)), "next_cursor": next.map(JSONValue.string) ?? .null]))
+        let after = try KeysetCursor.parameter(
+            request, scope: "sessions", id: UUID.init(uuidString:), message: "cursor is not valid: pass back the next_cursor of the previous page")
+        let rows = try await accounts.sessions(aud: aud, sub: sub, limit: limit + 1, after: after)
+        let page = KeysetCursor.page(rows, limit: limit, scope: "sessions") { ($0.createdMicros, $0.id) }
+        return .json(.object(["items": .array(page.items.map(Self.json)), "next_cursor": page.next]))
     }
 
     @Sendable func erase(_ request: Request, context: SiwaRequestContext) async throws -> Response {
@@ -217,28 +212,6 @@ package struct BackendController: Sendable {
         else { throw APIError.invalid("the path must be /v1/accounts/{aud}/{sub}") }
         return (aud, sub)
     }
-}
-
-/// The opaque `next_cursor` of a session list: base64url of "<created_at µs>.<id>" (exact: the
-/// store compares microseconds in SQL).
-struct SessionCursor {
-    var micros: Int64
-    var id: UUID
-
-    init(micros: Int64, id: UUID) {
-        self.micros = micros
-        self.id = id
-    }
-
-    init?(text: String) {
-        guard let data = Base64URL.decode(text), let decoded = String(data: data, encoding: .utf8) else { return nil }
-        let parts = decoded.split(separator: ".", maxSplits: 1)
-        guard parts.count == 2, let micros = Int64(parts[0]), let id = UUID(uuidString: String(parts[1])) else { return nil }
-        self.micros = micros
-        self.id = id
-    }
-
-    var text: String { Base64URL.encode(Array("\(micros).\(id.uuidString.lowercased())".utf8)) }
 }
 
 /// Reading `/v1` request bodies and parameters, with errors that name the field.

@@ -48,12 +48,9 @@ package struct HistoryController: Sendable {
         query.to = try date(parameters["to"], name: "to")
         if let from = query.from, let to = query.to, from >= to { throw APIError.invalid("from must be before to") }
         query.limit = try JSONBody.limit(request, default: limit.default, maximum: limit.maximum)
-        if let text = parameters["cursor"] {
-            guard let cursor = HistoryCursor(text: String(text)), cursor.field == query.timeField.rawValue else {
-                throw APIError.invalid("cursor is not valid for this query: pass back the next_cursor of the previous page, with the same time_field")
-            }
-            query.after = (cursor.micros, cursor.id)
-        }
+        query.after = try KeysetCursor.parameter(
+            request, scope: query.timeField.rawValue, id: { Int($0) },
+            message: "cursor is not valid for this query: pass back the next_cursor of the previous page, with the same time_field")
         return query
     }
 
@@ -70,10 +67,9 @@ package struct HistoryController: Sendable {
         var query = try Self.query(request, limit: (100, 1000))
         let limit = query.limit
         query.limit = limit + 1
-        let page = try await history.notifications(query)
-        let items = page.prefix(limit)
-        let next = page.count > limit ? items.last.map { HistoryCursor(field: query.timeField.rawValue, micros: $0.sortMicros, id: $0.id).text } : nil
-        return .json(["items": .array(items.map(\.json)), "next_cursor": next.map(JSONValue.string) ?? .null])
+        let rows = try await history.notifications(query)
+        let page = KeysetCursor.page(rows, limit: limit, scope: query.timeField.rawValue) { ($0.sortMicros, String($0.id)) }
+        return .json(["items": .array(page.items.map(\.json)), "next_cursor": page.next])
     }
 
     /// NDJSON, one notification a line, newest first, read in keyset pages of 1,000 and written as
@@ -156,18 +152,13 @@ package struct HistoryController: Sendable {
             throw APIError.invalid("reason must be one of \(RejectionReason.allCases.map(\.rawValue).joined(separator: ", ")) (got \(reason))")
         }
         let since = try Self.date(request.uri.queryParameters["since"], name: "since") ?? Date().addingTimeInterval(-86_400)
-        let after = try request.uri.queryParameters["cursor"].map { text in
-            guard let cursor = HistoryCursor(text: String(text)), cursor.field == "rejections" else {
-                throw APIError.invalid("cursor is not valid: pass back the next_cursor of the previous page")
-            }
-            return (micros: cursor.micros, id: cursor.id)
-        }
-        let page = try await rejections.list(reason: reason, limit: limit + 1, after: after)
-        let items = page.prefix(limit)
-        let next = page.count > limit ? items.last.map { HistoryCursor(field: "rejections", micros: $0.sortMicros, id: $0.id).text } : nil
+        let after = try KeysetCursor.parameter(
+            request, scope: "rejections", id: { Int($0) }, message: "cursor is not valid: pass back the next_cursor of the previous page")
+        let rows = try await rejections.list(reason: reason, limit: limit + 1, after: after)
+        let page = KeysetCursor.page(rows, limit: limit, scope: "rejections") { ($0.sortMicros, String($0.id)) }
         let counts = try await rejections.counts(since: since)
         return .json([
-            "items": .array(items.map { item in
+            "items": .array(page.items.map { item in
                 [
                     "id": .number(Double(item.id)), "received_at": .string(iso8601(item.receivedAt)), "reason": .string(item.reason),
                     "message": .string(item.message), "body_size": .number(Double(item.bodySize)), "kid": item.kid.map(JSONValue.string) ?? .null,
@@ -177,33 +168,9 @@ package struct HistoryController: Sendable {
             }),
             "totals_since": .string(iso8601(since)),
             "totals": .array(counts.map { ["reason": .string($0.reason), "recorded": .number(Double($0.recorded)), "sampled_out": .number(Double($0.sampledOut))] }),
-            "next_cursor": next.map(JSONValue.string) ?? .null,
+            "next_cursor": page.next,
         ])
     }
-}
-
-/// The opaque `next_cursor` of a notification list: base64url of "<field>.<time µs>.<id>".
-struct HistoryCursor {
-    var field: String
-    var micros: Int64
-    var id: Int
-
-    init(field: String, micros: Int64, id: Int) {
-        self.field = field
-        self.micros = micros
-        self.id = id
-    }
-
-    init?(text: String) {
-        guard let data = Base64URL.decode(text), let decoded = String(data: data, encoding: .utf8) else { return nil }
-        let parts = decoded.split(separator: ".")
-        guard parts.count == 3, let micros = Int64(parts[1]), let id = Int(parts[2]) else { return nil }
-        self.field = String(parts[0])
-        self.micros = micros
-        self.id = id
-    }
-
-    var text: String { Base64URL.encode(Array("\(field).\(micros).\(id)".utf8)) }
 }
 
 /// The OpenAPI document of the whole HTTP API (`Sources/SiwaHTTP/openapi.yaml`, built in).
