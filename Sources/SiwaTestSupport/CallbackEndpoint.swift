@@ -61,13 +61,7 @@ package final class CallbackEndpoint: Sendable {
             }
             return Response(status: .init(code: status))
         }
-        let started = OnceContinuation<Int>()
-        let app = Application(
-            router: router, configuration: .init(address: .hostname("127.0.0.1", port: 0)),
-            onServerRunning: { started.resume(.success($0.localAddress?.port ?? 0)) },
-            logger: Logger(label: "callback-endpoint", factory: { _ in SwiftLogNoOpLogHandler() }))
-        let task = Task { try await app.run() }
-        let port = try await started.value
+        let (port, task) = try await startLoopbackServer(router, label: "callback-endpoint")
         return CallbackEndpoint(url: URL(string: "http://127.0.0.1:\(port)/siwa/callbacks")!, shared: shared, task: task)
     }
 

@@ -39,13 +39,7 @@ package final class JWKSServer: Sendable {
             if failing { return Response(status: .serviceUnavailable) }
             return Response(status: .ok, headers: [.contentType: "application/json"], body: .init(byteBuffer: ByteBuffer(bytes: document)))
         }
-        let started = OnceContinuation<Int>()
-        let app = Application(
-            router: router, configuration: .init(address: .hostname("127.0.0.1", port: 0)),
-            onServerRunning: { started.resume(.success($0.localAddress?.port ?? 0)) },
-            logger: Logger(label: "jwks-server", factory: { _ in SwiftLogNoOpLogHandler() }))
-        let task = Task { try await app.run() }
-        let port = try await started.value
+        let (port, task) = try await startLoopbackServer(router, label: "jwks-server")
         return JWKSServer(url: URL(string: "http://127.0.0.1:\(port)/auth/keys")!, shared: shared, task: task)
     }
 
@@ -57,4 +51,16 @@ package final class JWKSServer: Sendable {
         task.cancel()
         _ = await task.result
     }
+}
+
+/// Runs `router` on a free loopback port until the returned task is cancelled: the stand-ins for
+/// servers a test talks to (Apple's key set, a backend's callback endpoint).
+func startLoopbackServer(_ router: Router<BasicRequestContext>, label: String) async throws -> (port: Int, task: Task<Void, any Error>) {
+    let started = OnceContinuation<Int>()
+    let app = Application(
+        router: router, configuration: .init(address: .hostname("127.0.0.1", port: 0)),
+        onServerRunning: { started.resume(.success($0.localAddress?.port ?? 0)) },
+        logger: Logger(label: label, factory: { _ in SwiftLogNoOpLogHandler() }))
+    let task = Task { try await app.run() }
+    return (try await started.value, task)
 }

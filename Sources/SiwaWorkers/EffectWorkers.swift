@@ -111,10 +111,13 @@ package final class EffectWorkers: Service, Sendable {
             await withGracefulShutdownHandler {
                 await withDiscardingTaskGroup { loops in
                     for index in 0..<configuration.workers {
-                        loops.addTask { await self.loop(worker: self.workerName(index)) }
+                        let worker = self.workerName(index)
+                        loops.addTask { await self.poll(worker, doorbell: self.doorbell) { try await self.runOnce(worker: worker) } }
                     }
                     if let http {
-                        loops.addTask { await self.callbackLoop(http: http) }
+                        loops.addTask {
+                            await self.poll(self.callbackWorkerName, doorbell: self.callbackDoorbell) { try await self.runCallbacksOnce(http: http) }
+                        }
                     }
                 }
             } onGracefulShutdown: {
@@ -139,13 +142,14 @@ package final class EffectWorkers: Service, Sendable {
 
     private var stopping: Bool { Task.isCancelled || Task.isShuttingDownGracefully }
 
-    private func loop(worker: String) async {
+    /// Runs `once` until shutdown: again at once after a batch, after a ring of `doorbell` or the
+    /// poll interval when nothing was ready, a second after a database error.
+    private func poll(_ worker: String, doorbell: Doorbell, _ once: () async throws -> Int) async {
         while !stopping {
             do {
-                let processed = try await runOnce(worker: worker)
-                if processed == 0 { await doorbell.wait(timeout: configuration.pollInterval) }
+                if try await once() == 0 { await doorbell.wait(timeout: configuration.pollInterval) }
             } catch {
-                logger.warning("effect worker: database error; retrying", metadata: ["worker": "\(worker)", "error": "\(loggable(error))"])
+                logger.warning("worker: database error; retrying", metadata: ["worker": "\(worker)", "error": "\(loggable(error))"])
                 try? await Task.sleep(for: .seconds(1))
             }
         }
@@ -156,10 +160,16 @@ package final class EffectWorkers: Service, Sendable {
     package func runOnce(worker: String) async throws -> Int {
         let jobs = try await store.claim(worker: worker, limit: configuration.batchSize, lease: configuration.lease)
         guard !jobs.isEmpty else { return 0 }
-        inHand.withLock { $0[worker] = jobs.map(\.id) }
-        defer { _ = inHand.withLock { $0.removeValue(forKey: worker) } }
-        await process(jobs, worker: worker)
+        await holding(jobs.map(\.id), as: worker) { await process(jobs, worker: worker) }
         return jobs.count
+    }
+
+    /// Runs `work` with `jobs` registered as in hand for `worker`: the heartbeat renews their
+    /// leases until it returns, and no longer.
+    private func holding(_ jobs: [Int], as worker: String, _ work: () async -> Void) async {
+        inHand.withLock { $0[worker] = jobs }
+        defer { _ = inHand.withLock { $0.removeValue(forKey: worker) } }
+        await work()
     }
 
     private func process(_ jobs: [ClaimedJob], worker: String) async {
@@ -204,18 +214,6 @@ package final class EffectWorkers: Service, Sendable {
 
     // MARK: Callbacks
 
-    private func callbackLoop(http: HTTPClient) async {
-        while !stopping {
-            do {
-                let delivered = try await runCallbacksOnce(http: http)
-                if delivered == 0 { await callbackDoorbell.wait(timeout: configuration.pollInterval) }
-            } catch {
-                logger.warning("callback deliverer: database error; retrying", metadata: ["error": "\(loggable(error))"])
-                try? await Task.sleep(for: .seconds(1))
-            }
-        }
-    }
-
     /// Claims one batch of callbacks and attempts each, concurrently. Returns how many it claimed
     /// (0 also when no callback endpoint is configured).
     @discardableResult
@@ -224,11 +222,11 @@ package final class EffectWorkers: Service, Sendable {
         let worker = callbackWorkerName
         let claimed = try await callbackStore.claim(worker: worker, limit: callbacks.concurrency, lease: configuration.lease)
         guard !claimed.isEmpty else { return 0 }
-        inHand.withLock { $0[worker] = claimed.map(\.id) }
-        defer { _ = inHand.withLock { $0.removeValue(forKey: worker) } }
-        await withDiscardingTaskGroup { group in
-            for callback in claimed {
-                group.addTask { await self.deliver(callback, callbacks, http: http) }
+        await holding(claimed.map(\.id), as: worker) {
+            await withDiscardingTaskGroup { group in
+                for callback in claimed {
+                    group.addTask { await self.deliver(callback, callbacks, http: http) }
+                }
             }
         }
         return claimed.count
