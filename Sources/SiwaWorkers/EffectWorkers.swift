@@ -330,19 +330,31 @@ package final class EffectWorkers: Service, Sendable {
     private func listen() async {
         while !stopping {
             do {
-                try await store.client.withConnection { connection in
-                    try await connection.listen(on: "siwa_jobs") { notifications in
-                        // Catch up on anything enqueued before LISTEN took effect.
-                        self.doorbell.ring()
-                        self.callbackDoorbell.ring()
-                        for try await notification in notifications {
-                            if notification.payload == "callbacks" {
-                                self.callbackDoorbell.ring()
-                            } else {
+                // LISTEN holds a pooled connection. It gives it back every 10 s and takes one again:
+                // after a database outage postgres-nio's pool opens a single connection for the
+                // requests queued meanwhile and serves the others only as connections come back;
+                // if LISTEN held that one for good, every other query waited forever (seen: a
+                // worker-restart test run with only the LISTEN connection open after the restart).
+                try await withThrowingTaskGroup(of: Void.self) { group in
+                    group.addTask {
+                        try await self.store.client.withConnection { connection in
+                            try await connection.listen(on: "siwa_jobs") { notifications in
+                                // Catch up on anything enqueued before LISTEN took effect.
                                 self.doorbell.ring()
+                                self.callbackDoorbell.ring()
+                                for try await notification in notifications {
+                                    if notification.payload == "callbacks" {
+                                        self.callbackDoorbell.ring()
+                                    } else {
+                                        self.doorbell.ring()
+                                    }
+                                }
                             }
                         }
                     }
+                    group.addTask { try await Task.sleep(for: .seconds(10)) }
+                    try await group.next()
+                    group.cancelAll()
                 }
             } catch {
                 if stopping { return }
