@@ -222,7 +222,8 @@ struct History: AsyncParsableCommand {
             let end = now.addingTimeInterval(-Double((index * 3571) % (6 * 86_400)))
             return "/v1/notifications?from=\(iso(end.addingTimeInterval(-3600)))&to=\(iso(end))&limit=100"
         }, count: requests)
-        try await report("history hourly stats, 7 days", { _ in "/v1/stats/notifications?bucket=hour&from=\(iso(now.addingTimeInterval(-7 * 86_400)))" }, count: 20)
+        try await report("history hourly stats, 7 days", { _ in "/v1/stats/notifications?bucket=hour&from=\(iso(now.addingTimeInterval(-7 * 86_400)))" }, count: 100)
+        try await report("history daily stats, 90 days", { _ in "/v1/stats/notifications?bucket=day" }, count: 100)
         let (elapsed, lines) = try await get("/v1/notifications/export")
         let seconds = Double(elapsed.components.seconds) + Double(elapsed.components.attoseconds) / 1e18
         print(String(format: "history export: %d rows in %.1fs = %.0f rows/s (NDJSON over HTTP)", lines, seconds, Double(lines) / seconds))

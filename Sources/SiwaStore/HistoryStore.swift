@@ -204,6 +204,9 @@ package struct HistoryStore: Sendable {
                 ORDER BY received_at LIMIT \(limit)
             ), pruned AS (
                 DELETE FROM notifications WHERE id IN (SELECT id FROM old) RETURNING id
+            ), emptied AS (
+                -- Minutes whose notifications were all pruned (their counts folded to zero).
+                DELETE FROM notification_counts WHERE minute < now() - \(seconds) * interval '1 second' AND count = 0
             ), rejections_pruned AS (
                 DELETE FROM rejections WHERE id IN (
                     SELECT id FROM rejections WHERE received_at < now() - \(seconds) * interval '1 second' ORDER BY received_at LIMIT \(limit))
@@ -223,24 +226,55 @@ package struct HistoryStore: Sendable {
         "minute": (60, 3600), "hour": (3600, 7 * 86_400), "day": (86_400, 90 * 86_400),
     ]
 
-    /// Counts per `bucket` (minute, hour, day) of received_at and type, oldest first. Counted on
-    /// demand (a million rows over 7 days: 400-800 ms, BENCHMARKS.md); a rollup off the ingest path
-    /// is the planned fix.
+    /// Counts per `bucket` (minute, hour, day) of received_at and type, oldest first, for the
+    /// minutes that start in [from rounded down to the minute, to). Read from the per-minute counts
+    /// (006_stats_rollup.sql) plus the deltas not folded yet: exact, without touching notifications.
     package func stats(bucket: String, from: Date, to: Date, aud: String?, types: [String]) async throws -> [StatsRow] {
         var rows: [StatsRow] = []
         for try await row in try await client.query(
             """
-            SELECT date_trunc(\(bucket), received_at, 'UTC') AS start, coalesce(type, 'unreadable'), count(*)::bigint
-            FROM notifications
-            WHERE received_at >= \(from) AND received_at < \(to)
-              AND (\(aud)::text IS NULL OR aud = \(aud))
-              AND (cardinality(\(types)::text[]) = 0 OR type = ANY(\(types)::text[]))
-            GROUP BY 1, 2 ORDER BY 1, 2
+            SELECT date_trunc(\(bucket), minute, 'UTC') AS start, type, sum(n)::bigint
+            FROM (
+                SELECT minute, aud, type, count AS n FROM notification_counts
+                WHERE minute >= date_trunc('minute', \(from), 'UTC') AND minute < \(to)
+                UNION ALL
+                SELECT minute, aud, type, delta FROM notification_count_deltas
+                WHERE minute >= date_trunc('minute', \(from), 'UTC') AND minute < \(to)
+            ) counts
+            WHERE (\(aud)::text IS NULL OR aud = \(aud)) AND (cardinality(\(types)::text[]) = 0 OR type = ANY(\(types)::text[]))
+            GROUP BY 1, 2 HAVING sum(n) <> 0 ORDER BY 1, 2
             """, logger: logger
         ).decode((Date, String, Int).self) {
             rows.append(StatsRow(start: row.0, type: row.1, count: row.2))
         }
         return rows
+    }
+
+    package static let foldLimit = 20_000
+
+    /// Folds up to `limit` deltas appended by the count triggers into notification_counts (the
+    /// workers' maintenance, every few seconds). Safe to run from several processes at once: each
+    /// delta is deleted, and so added, once. Returns how many deltas it folded.
+    @discardableResult
+    package func foldCounts(limit: Int = foldLimit) async throws -> Int {
+        var folded = 0
+        for try await (n,) in try await client.query(
+            """
+            WITH moved AS (
+                DELETE FROM notification_count_deltas
+                WHERE ctid = ANY(ARRAY(SELECT ctid FROM notification_count_deltas LIMIT \(limit)))
+                RETURNING minute, aud, type, delta
+            ), added AS (
+                INSERT INTO notification_counts AS c (minute, aud, type, count)
+                SELECT minute, aud, type, sum(delta) FROM moved GROUP BY 1, 2, 3
+                ON CONFLICT (minute, aud, type) DO UPDATE SET count = c.count + excluded.count
+            )
+            SELECT count(*)::bigint FROM moved
+            """, logger: logger
+        ).decode((Int,).self) {
+            folded = n
+        }
+        return folded
     }
 }
 

@@ -304,12 +304,16 @@ package final class EffectWorkers: Service, Sendable {
                     logger.warning("rescued jobs whose worker stopped renewing its lease", metadata: ["count": "\(rescued)"])
                     doorbell.ring()
                 }
+                // Stats counts: fold what the ingest triggers appended (bounded per round).
+                let history = HistoryStore(client: store.client, logger: logger)
+                for _ in 0..<10 {
+                    if try await history.foldCounts() < HistoryStore.foldLimit || stopping { break }
+                }
                 if ContinuousClock.now - lastPrune > .seconds(60) {
                     lastPrune = ContinuousClock.now
                     let pruned = try await store.prune(retention: configuration.retention)
                     if pruned > 0 { logger.info("pruned finished jobs", metadata: ["count": "\(pruned)"]) }
                     // History past SIWA_HISTORY_RETENTION, a thousand rows at a time, at most 50,000 a minute.
-                    let history = HistoryStore(client: store.client, logger: logger)
                     var removed = 0
                     for _ in 0..<50 {
                         let batch = try await history.prune(retention: configuration.historyRetention)

@@ -152,13 +152,39 @@ struct HistoryAPITests {
         await e.stop()
     }
 
-    @Test("retention: notifications past SIWA_HISTORY_RETENTION go in batches, with their jobs and attempts; unapplied ones stay")
+    @Test("retention: notifications past SIWA_HISTORY_RETENTION go in batches, with their jobs and attempts; unapplied ones stay; stats follow")
     func retention() async throws {
         let h = try await Harness.start()
         let client = h.server.client
+        let token = try await BackendAPITests.token(h, [.notificationsRead])
+        /// Stats totals per type over the last hour, as the API answers them.
+        func statsTotals() async throws -> [String: Double] {
+            let answer = try await BackendAPITests.call(h, .GET, "/v1/stats/notifications?bucket=day", token: token)
+            #expect(answer.status == 200)
+            var totals: [String: Double] = [:]
+            for item in Self.items(answer) {
+                for (type, count) in item["counts"]?.objectValue ?? [:] { totals[type, default: 0] += count.numberValue ?? 0 }
+            }
+            return totals
+        }
+        /// The same, counted from the notifications themselves.
+        func storedTotals() async throws -> [String: Double] {
+            var totals: [String: Double] = [:]
+            for try await (type, count) in try await client.query("SELECT type, count(*)::bigint FROM notifications GROUP BY type").decode((String, Int).self) {
+                totals[type] = Double(count)
+            }
+            return totals
+        }
         try await BulkLoad.notifications(count: 2_500, users: 2_500, aud: Harness.aud, client: client)
         try await client.query("UPDATE notifications SET status = 'applied' WHERE id % 10 <> 0")  // a tenth still pending
         let history = HistoryStore(client: client, logger: h.logs.logger())
+        // Counted the moment they commit (deltas not folded yet), and the same after the fold.
+        let loaded = try await storedTotals()
+        #expect(loaded.values.reduce(0, +) == 2_500)
+        #expect(try await statsTotals() == loaded)
+        #expect(try await history.foldCounts() > 0)
+        #expect(try await statsTotals() == loaded)
+
         #expect(try await history.prune(retention: .seconds(3600)) == 0)  // all received just now: within retention
         try await Task.sleep(for: .milliseconds(1100))
         #expect(try await history.prune(retention: .seconds(1)) == 1_000)  // now past it: one batch at a time
@@ -166,6 +192,13 @@ struct HistoryAPITests {
         #expect(try await h.count("SELECT count(*) FROM notifications") == 250)
         #expect(try await h.count("SELECT count(*) FROM notifications WHERE status <> 'pending'") == 0)
         #expect(try await h.count("SELECT count(*) FROM jobs") == 250)
+        // Pruned notifications leave the stats too, before and after folding.
+        let kept = try await storedTotals()
+        #expect(kept.values.reduce(0, +) == 250)
+        #expect(try await statsTotals() == kept)
+        while try await history.foldCounts() > 0 {}
+        #expect(try await statsTotals() == kept)
+        #expect(try await h.count("SELECT count(*) FROM notification_count_deltas") == 0)
         await h.stop()
     }
 }
