@@ -207,6 +207,9 @@ package struct HistoryStore: Sendable {
             ), emptied AS (
                 -- Minutes whose notifications were all pruned (their counts folded to zero).
                 DELETE FROM notification_counts WHERE minute < now() - \(seconds) * interval '1 second' AND count = 0
+            ), aged AS (
+                -- Per-second counts only serve the spike window.
+                DELETE FROM notification_counts_recent WHERE second < now() - interval '1 day'
             ), rejections_pruned AS (
                 DELETE FROM rejections WHERE id IN (
                     SELECT id FROM rejections WHERE received_at < now() - \(seconds) * interval '1 second' ORDER BY received_at LIMIT \(limit))
@@ -238,8 +241,8 @@ package struct HistoryStore: Sendable {
                 SELECT minute, aud, type, count AS n FROM notification_counts
                 WHERE minute >= date_trunc('minute', \(from), 'UTC') AND minute < \(to)
                 UNION ALL
-                SELECT minute, aud, type, delta FROM notification_count_deltas
-                WHERE minute >= date_trunc('minute', \(from), 'UTC') AND minute < \(to)
+                SELECT date_trunc('minute', second, 'UTC'), aud, type, delta FROM notification_count_deltas
+                WHERE second >= date_trunc('minute', \(from), 'UTC') AND second < \(to)
             ) counts
             WHERE (\(aud)::text IS NULL OR aud = \(aud)) AND (cardinality(\(types)::text[]) = 0 OR type = ANY(\(types)::text[]))
             GROUP BY 1, 2 HAVING sum(n) <> 0 ORDER BY 1, 2
@@ -263,11 +266,20 @@ package struct HistoryStore: Sendable {
             WITH moved AS (
                 DELETE FROM notification_count_deltas
                 WHERE ctid = ANY(ARRAY(SELECT ctid FROM notification_count_deltas LIMIT \(limit)))
-                RETURNING minute, aud, type, delta
-            ), added AS (
+                RETURNING second, aud, type, delta
+            ), minutes AS (
                 INSERT INTO notification_counts AS c (minute, aud, type, count)
-                SELECT minute, aud, type, sum(delta) FROM moved GROUP BY 1, 2, 3
+                SELECT date_trunc('minute', second, 'UTC'), aud, type, sum(delta) FROM moved GROUP BY 1, 2, 3
                 ON CONFLICT (minute, aud, type) DO UPDATE SET count = c.count + excluded.count
+            ), seconds AS (
+                INSERT INTO notification_counts_recent AS c (second, aud, type, count)
+                SELECT second, aud, type, sum(delta) FROM moved WHERE second > now() - interval '1 day' GROUP BY 1, 2, 3
+                ON CONFLICT (second, aud, type) DO UPDATE SET count = c.count + excluded.count
+            ), seen AS (
+                INSERT INTO app_first_seen AS f (aud, first_seen)
+                SELECT aud, min(second) FROM moved WHERE delta > 0 GROUP BY aud
+                ON CONFLICT (aud) DO UPDATE SET first_seen = least(f.first_seen, excluded.first_seen)
+                WHERE excluded.first_seen < f.first_seen
             )
             SELECT count(*)::bigint FROM moved
             """, logger: logger

@@ -12,6 +12,7 @@ let embedded: [(file: String, bytes: [UInt8])] = [
     ("004_backend_api.sql", PackageResources._04_backend_api_sql),
     ("005_history.sql", PackageResources._05_history_sql),
     ("006_stats_rollup.sql", PackageResources._06_stats_rollup_sql),
+    ("007_alerts.sql", PackageResources._07_alerts_sql),
 ]
 
 /// A numbered SQL migration from `sql/` (built into the binary, so it runs from any directory).

@@ -255,9 +255,12 @@ package struct NotificationStore: Sendable {
 
 package enum StoreError: Error, CustomStringConvertible {
     case conflictUnresolved(jti: String)
+    /// A statement that always returns a row returned none.
+    case noRow(String)
     package var description: String {
         switch self {
         case .conflictUnresolved(let jti): "could not record or find notification \(jti) after retries"
+        case .noRow(let statement): "\(statement) returned no row"
         }
     }
 }

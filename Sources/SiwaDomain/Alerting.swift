@@ -1,0 +1,257 @@
+import Foundation
+
+/// What the built-in alerting watches.
+package enum AlertKind: String, Sendable, CaseIterable, Codable {
+    /// consent-revoked and/or account-delete notifications far above their usual rate.
+    case revocationSpike = "revocation_spike"
+    /// Effect or delivery jobs that ran out of attempts.
+    case jobsDiscarded = "jobs_discarded"
+    /// The oldest ready job has waited longer than the threshold.
+    case queueLag = "queue_lag"
+    /// Deliveries refused because their RS256 signature did not verify.
+    case badSignatures = "bad_signatures"
+    /// `siwa-events alerts test`: checks every sink, never fires by itself.
+    case test
+}
+
+/// One alert series: a kind, and for a revocation spike the app (`aud`) and the revocation type
+/// (`consent-revoked`, `account-delete`, or `revocations` for both together).
+package struct AlertKey: Hashable, Sendable, CustomStringConvertible {
+    package var kind: AlertKind
+    package var aud: String?
+    package var type: String?
+
+    package init(kind: AlertKind, aud: String? = nil, type: String? = nil) {
+        self.kind = kind
+        self.aud = aud
+        self.type = type
+    }
+
+    package var description: String { [kind.rawValue, aud, type].compactMap { $0 }.joined(separator: "/") }
+}
+
+/// The revocation types a spike is watched for, each alone and both together.
+package enum RevocationSeries {
+    package static let types = [EventType.consentRevoked.rawValue, EventType.accountDelete.rawValue]
+    package static let both = "revocations"
+}
+
+/// The spike rule's settings (`SIWA_SPIKE_*`).
+package struct SpikeSettings: Sendable, Equatable {
+    /// How often the detector evaluates.
+    package var interval: Duration = .seconds(30)
+    /// The window whose count is compared with the baseline.
+    package var window: Duration = .seconds(300)
+    /// A spike needs at least this many revocations in the window…
+    package var minCount = 20
+    /// …and at least this many times the baseline.
+    package var factor = 5.0
+    /// With no history for the app (less than a day), this many in the window fire on their own.
+    package var newAppCount = 50
+    /// A firing alert resolves once its series has been normal this long.
+    package var resolveAfter: Duration = .seconds(900)
+
+    package init() {}
+}
+
+/// Revocation spikes: the baseline is seasonal (the same time of day) and robust (a median).
+///
+/// For each of the 7 days before `now`, take the count in the hour centred on this time of day
+/// (an hour rather than the window itself, so a quiet 5 minutes on one day is not a baseline of
+/// zero), scale it to the window's length, and take the **median** over the days the app has
+/// history for. A spike on one, two or three of those days leaves the median where it was; daily
+/// and weekly rhythms are followed because each day is compared at the same hour. An app with no
+/// history a day back (a new app) has no baseline and is held to an absolute count instead.
+package enum SpikeRule {
+    package static let historyDays = 7
+    package static let neighbourhood: TimeInterval = 3600
+
+    /// The ranges whose counts the rule needs at `now`: the window ending now, and the hour
+    /// centred on this time of day on each of the 7 previous days (most recent first).
+    package static func ranges(now: Date, window: Duration) -> (window: Range<Date>, days: [Range<Date>]) {
+        let windowRange = now.addingTimeInterval(-window.timeInterval)..<now
+        let days = (1...historyDays).map { day -> Range<Date> in
+            let centre = now.addingTimeInterval(-Double(day) * 86_400 - window.timeInterval / 2)
+            return centre.addingTimeInterval(-neighbourhood / 2)..<centre.addingTimeInterval(neighbourhood / 2)
+        }
+        return (windowRange, days)
+    }
+
+    /// The expected count in one window: the median over the days with history of that day's
+    /// hour count scaled to the window. nil when no day has history (`firstSeen` after each
+    /// day's hour began, or unknown): a new app.
+    package static func baseline(dayCounts: [Int], days: [Range<Date>], firstSeen: Date?, window: Duration) -> Double? {
+        guard let firstSeen else { return nil }
+        let scale = window.timeInterval / neighbourhood
+        let known = zip(dayCounts, days).filter { $0.1.lowerBound >= firstSeen }.map { Double($0.0) * scale }.sorted()
+        guard !known.isEmpty else { return nil }
+        let middle = known.count / 2
+        return known.count % 2 == 1 ? known[middle] : (known[middle - 1] + known[middle]) / 2
+    }
+
+    /// Whether `count` in the window is a spike against `baseline` (nil: a new app).
+    package static func observe(count: Int, baseline: Double?, settings: SpikeSettings) -> AlertObservation {
+        guard let baseline else {
+            return AlertObservation(value: count, baseline: nil, threshold: Double(settings.newAppCount), breaching: count >= settings.newAppCount)
+        }
+        let threshold = max(Double(settings.minCount), settings.factor * baseline)
+        return AlertObservation(value: count, baseline: baseline, threshold: threshold, breaching: Double(count) >= threshold)
+    }
+}
+
+/// One evaluation of one series: its value (a count, or seconds of lag), what it was compared
+/// with, and whether it is over the line.
+package struct AlertObservation: Sendable, Equatable {
+    package var value: Int
+    package var baseline: Double?
+    package var threshold: Double
+    package var breaching: Bool
+
+    package init(value: Int, baseline: Double?, threshold: Double, breaching: Bool) {
+        self.value = value
+        self.baseline = baseline
+        self.threshold = threshold
+        self.breaching = breaching
+    }
+
+    /// A plain threshold: breaching at `threshold` or more (operational alerts).
+    package static func atLeast(_ threshold: Int, value: Int) -> AlertObservation {
+        AlertObservation(value: value, baseline: nil, threshold: Double(threshold), breaching: value >= threshold)
+    }
+
+    /// value ÷ baseline, when there is a baseline above zero.
+    package var ratio: Double? { baseline.flatMap { $0 > 0 ? Double(value) / $0 : nil } }
+}
+
+/// A firing alert: one per episode, from the first breaching evaluation until the series has
+/// been normal for the resolve delay.
+package struct AlertEpisode: Sendable, Equatable {
+    package var key: AlertKey
+    package var startedAt: Date
+    /// The latest evaluation's value.
+    package var value: Int
+    /// The largest value of the episode, with the baseline and threshold it was compared with.
+    package var peak: Int
+    package var baseline: Double?
+    package var threshold: Double
+    /// Since when the series has been back to normal (nil while breaching).
+    package var normalSince: Date?
+
+    package init(key: AlertKey, startedAt: Date, value: Int, peak: Int, baseline: Double?, threshold: Double, normalSince: Date? = nil) {
+        self.key = key
+        self.startedAt = startedAt
+        self.value = value
+        self.peak = peak
+        self.baseline = baseline
+        self.threshold = threshold
+        self.normalSince = normalSince
+    }
+
+    /// peak ÷ baseline, when there is a baseline above zero.
+    package var ratio: Double? { baseline.flatMap { $0 > 0 ? Double(peak) / $0 : nil } }
+}
+
+/// What one evaluation does to a series.
+package enum AlertDecision: Sendable, Equatable {
+    /// Nothing open and nothing breaching, or nothing worth writing.
+    case none
+    /// A new episode: record it and tell the sinks.
+    case fire(AlertEpisode)
+    /// The open episode's figures changed (a new peak, normal since…): record, tell nobody.
+    case update(AlertEpisode)
+    /// Normal for the resolve delay: close the episode and tell the sinks.
+    case resolve(AlertEpisode, at: Date)
+}
+
+/// The alert lifecycle, pure: `firing` at the first breaching evaluation, one episode however
+/// long it lasts, `resolved` after `resolveAfter` of normal evaluations (a breach in between
+/// starts the wait again).
+package enum AlertLifecycle {
+    package static func step(
+        open: AlertEpisode?, key: AlertKey, observation: AlertObservation, now: Date, resolveAfter: Duration
+    ) -> AlertDecision {
+        guard var episode = open else {
+            guard observation.breaching else { return .none }
+            return .fire(
+                AlertEpisode(
+                    key: key, startedAt: now, value: observation.value, peak: observation.value, baseline: observation.baseline,
+                    threshold: observation.threshold))
+        }
+        let before = episode
+        episode.value = observation.value
+        if observation.breaching {
+            episode.normalSince = nil
+            if observation.value > episode.peak {
+                episode.peak = observation.value
+                episode.baseline = observation.baseline
+                episode.threshold = observation.threshold
+            }
+        } else {
+            let since = episode.normalSince ?? now
+            if now.timeIntervalSince(since) >= resolveAfter.timeInterval { return .resolve(episode, at: now) }
+            episode.normalSince = since
+        }
+        return episode == before ? .none : .update(episode)
+    }
+}
+
+/// What the sinks receive about an alert: one `firing` and one `resolved` message per episode.
+package struct AlertMessage: Sendable, Equatable {
+    package var id: Int
+    package var episode: AlertEpisode
+    package var window: Duration
+    package var resolvedAt: Date?
+
+    package init(id: Int, episode: AlertEpisode, window: Duration, resolvedAt: Date?) {
+        self.id = id
+        self.episode = episode
+        self.window = window
+        self.resolvedAt = resolvedAt
+    }
+
+    package var state: String { resolvedAt == nil ? "firing" : "resolved" }
+
+    /// The webhook body: `{"id","kind","state","aud","type","window","count","baseline","ratio",
+    /// "started_at","resolved_at"}`; window in seconds, count the episode's peak.
+    package var json: JSONValue {
+        [
+            "id": .number(Double(id)), "kind": .string(episode.key.kind.rawValue), "state": .string(state),
+            "aud": episode.key.aud.map(JSONValue.string) ?? .null, "type": episode.key.type.map(JSONValue.string) ?? .null,
+            "window": .number(window.timeInterval.rounded()), "count": .number(Double(episode.peak)),
+            "baseline": episode.baseline.map { .number(($0 * 100).rounded() / 100) } ?? .null,
+            "ratio": episode.ratio.map { .number(($0 * 100).rounded() / 100) } ?? .null,
+            "threshold": .number((episode.threshold * 100).rounded() / 100),
+            "started_at": .string(iso8601(episode.startedAt)), "resolved_at": resolvedAt.map { .string(iso8601($0)) } ?? .null,
+        ]
+    }
+
+    /// The same facts in words, for a Slack-compatible incoming webhook (`{"text": …}`).
+    package var slack: JSONValue {
+        ["text": .string(text)]
+    }
+
+    /// One line for people (Slack, logs).
+    package var text: String {
+        let key = episode.key
+        let window = DurationSyntax.format(self.window)
+        let subject: String
+        switch key.kind {
+        case .revocationSpike:
+            let what = key.type == RevocationSeries.both ? "revocations (consent-revoked + account-delete)" : (key.type ?? "revocations")
+            let versus = episode.baseline.map { String(format: "usually %.1f", $0) } ?? "no history yet"
+            let ratio = episode.ratio.map { String(format: ", %.1f×", $0) } ?? ""
+            subject = "\(what) for \(key.aud ?? "every app"): \(episode.peak) in \(window) (\(versus)\(ratio))"
+        case .jobsDiscarded:
+            subject = "\(episode.peak) jobs discarded after their last attempt in \(window)"
+        case .queueLag:
+            subject = "the oldest ready job waited \(episode.peak) s (threshold \(Int(episode.threshold)) s)"
+        case .badSignatures:
+            subject = "\(episode.peak) deliveries with a bad signature in \(window)"
+        case .test:
+            subject = "test alert from siwa-events alerts test: this sink works"
+        }
+        let prefix = resolvedAt == nil ? "🔴 FIRING" : "✅ RESOLVED"
+        let since = "since \(iso8601(episode.startedAt))" + (resolvedAt.map { ", resolved \(iso8601($0))" } ?? "")
+        return "\(prefix) [\(key.kind.rawValue)] \(subject); \(since) (alert \(id))"
+    }
+}

@@ -1,0 +1,342 @@
+import Foundation
+import Logging
+import PostgresNIO
+import SiwaDomain
+
+/// A stored alert (one episode).
+package struct AlertRecord: Sendable {
+    package var id: Int
+    package var state: String
+    package var window: Duration
+    package var resolvedAt: Date?
+    package var episode: AlertEpisode
+    package var silencedBy: Int?
+
+    package var message: AlertMessage { AlertMessage(id: id, episode: episode, window: window, resolvedAt: resolvedAt) }
+}
+
+/// A silence: no sink hears about alerts of `kind` (for `aud`, or every app) until `until`.
+package struct AlertSilence: Sendable {
+    package var id: Int
+    package var kind: AlertKind
+    package var aud: String?
+    package var until: Date
+    package var createdAt: Date
+    package var createdBy: String
+    package var reason: String?
+}
+
+/// Revocation counts of one app and type at one evaluation: the window's, and the hour around
+/// this time of day on each of the 7 previous days (`SpikeRule.ranges`).
+package struct SpikeCounts: Sendable {
+    package var aud: String
+    package var type: String
+    package var window: Int
+    package var days: [Int]
+}
+
+/// A sink message to enqueue: which sink, which message kind (`alert_firing`, `alert_resolved`,
+/// `alert_test`), the exact body.
+package struct SinkMessage: Sendable {
+    package var target: String
+    package var kind: String
+    package var body: String
+
+    package init(target: String, kind: String, body: String) {
+        self.target = target
+        self.kind = kind
+        self.body = body
+    }
+}
+
+/// Every SQL statement of alerting: the evaluator's lease, the counts it reads, episodes,
+/// silences, and sink messages enqueued in the `alerts` lane (delivered by `CallbackStore`'s
+/// claim and record, shared with callbacks).
+package struct AlertStore: Sendable {
+    package let client: PostgresClient
+    let logger: Logger
+
+    package init(client: PostgresClient, logger: Logger) {
+        self.client = client
+        self.logger = logger
+    }
+
+    // MARK: LeasesAcquire
+
+    /// Takes or renews the lease `name` for `holder` for `ttl`; false while another holder's
+    /// lease runs.
+    package func acquire(lease name: String, holder: String, ttl: Duration) async throws -> Bool {
+        var held = false
+        for try await (_,) in try await client.query(
+            """
+            INSERT INTO leases AS l (name, holder, expires_at)
+            VALUES (\(name), \(holder), now() + \(Int(ttl.milliseconds)) * interval '1 millisecond')
+            ON CONFLICT (name) DO UPDATE SET holder = excluded.holder, expires_at = excluded.expires_at
+            WHERE l.holder = excluded.holder OR l.expires_at < now()
+            RETURNING holder
+            """, logger: logger
+        ).decode((String,).self) {
+            held = true
+        }
+        return held
+    }
+
+    /// Gives the lease up (graceful shutdown), so another process takes over at once.
+    package func release(lease name: String, holder: String) async throws {
+        try await client.query("DELETE FROM leases WHERE name = \(name) AND holder = \(holder)", logger: logger)
+    }
+
+    // MARK: SpikeCounts
+
+    /// Counts of consent-revoked and account-delete per app with any in the window ending `now`:
+    /// the window's (per second, from the recent rollup and the deltas not folded yet) and the 7
+    /// day-hours of the baseline (per minute). An app or type absent had none in the window.
+    package func spikeCounts(now: Date, window: Duration) async throws -> [SpikeCounts] {
+        let ranges = SpikeRule.ranges(now: now, window: window)
+        let from = ranges.window.lowerBound
+        var byKey: [String: SpikeCounts] = [:]
+        for try await (index, aud, type, count) in try await client.query(
+            """
+            WITH win AS (
+                SELECT aud, type, sum(n)::bigint AS n FROM (
+                    SELECT aud, type, count AS n FROM notification_counts_recent
+                    WHERE second >= \(from) AND second < \(now) AND type IN ('consent-revoked', 'account-delete')
+                    UNION ALL
+                    SELECT aud, type, delta FROM notification_count_deltas
+                    WHERE second >= \(from) AND second < \(now) AND type IN ('consent-revoked', 'account-delete')
+                ) w GROUP BY aud, type HAVING sum(n) > 0
+            ), days AS (
+                SELECT i::int AS idx, lo, hi
+                FROM unnest(\(ranges.days.map(\.lowerBound))::timestamptz[], \(ranges.days.map(\.upperBound))::timestamptz[]) WITH ORDINALITY AS r(lo, hi, i)
+            )
+            SELECT 0, aud, type, n FROM win
+            UNION ALL
+            SELECT d.idx, c.aud, c.type, sum(c.count)::bigint
+            FROM days d JOIN notification_counts c ON c.minute >= d.lo AND c.minute < d.hi
+            WHERE c.type IN ('consent-revoked', 'account-delete') AND c.aud IN (SELECT aud FROM win)
+            GROUP BY d.idx, c.aud, c.type
+            """, logger: logger
+        ).decode((Int, String, String, Int).self) {
+            let key = aud + "\u{0}" + type
+            var entry = byKey[key] ?? SpikeCounts(aud: aud, type: type, window: 0, days: Array(repeating: 0, count: SpikeRule.historyDays))
+            if index == 0 { entry.window = count } else { entry.days[index - 1] = count }
+            byKey[key] = entry
+        }
+        return byKey.values.sorted { ($0.aud, $0.type) < ($1.aud, $1.type) }
+    }
+
+    /// When each app's first notification arrived (apps absent: none folded yet — new).
+    package func firstSeen(auds: [String]) async throws -> [String: Date] {
+        var result: [String: Date] = [:]
+        for try await (aud, date) in try await client.query(
+            "SELECT aud, first_seen FROM app_first_seen WHERE aud = ANY(\(auds)::text[])", logger: logger
+        ).decode((String, Date).self) {
+            result[aud] = date
+        }
+        return result
+    }
+
+    // MARK: OperationalSignals
+
+    /// The operational alerts' inputs: seconds the oldest ready job (any lane) has waited, jobs
+    /// discarded and deliveries refused for a bad signature (recorded or sampled out) since `since`.
+    package func operationalSignals(since: Date) async throws -> (queueLag: Int, discarded: Int, badSignatures: Int) {
+        var result = (0, 0, 0)
+        for try await row in try await client.query(
+            """
+            SELECT
+                coalesce((SELECT extract(epoch FROM now() - min(run_at))::bigint FROM jobs
+                          WHERE state IN ('available', 'retryable') AND run_at <= now()), 0),
+                (SELECT count(*) FROM jobs WHERE state = 'discarded' AND finished_at >= \(since))::bigint,
+                coalesce((SELECT sum(recorded + sampled_out) FROM rejection_counts
+                          WHERE reason = 'bad_signature' AND minute >= date_trunc('minute', \(since))), 0)::bigint
+            """, logger: logger
+        ).decode((Int, Int, Int).self) {
+            result = row
+        }
+        return result
+    }
+
+    // MARK: AlertsOpen, AlertsRecord
+
+    package func open() async throws -> [AlertRecord] {
+        try await records("WHERE state = 'firing'", limit: 10_000)
+    }
+
+    /// Opens an episode: the alert row, and one message per sink unless a silence covers it.
+    /// Returns the record, or nil when a concurrent evaluator opened the same series first.
+    package func fire(_ episode: AlertEpisode, window: Duration, sinks: (AlertMessage) -> [SinkMessage]) async throws -> AlertRecord? {
+        try await client.transaction(logger: logger) { connection -> AlertRecord? in
+            var inserted: (Int, Int?)?
+            for try await row in try await connection.query(
+                """
+                WITH silence AS (
+                    SELECT id FROM alert_silences
+                    WHERE kind = \(episode.key.kind.rawValue) AND (aud IS NULL OR aud = \(episode.key.aud)) AND until > now()
+                    ORDER BY until DESC LIMIT 1
+                )
+                INSERT INTO alerts (kind, aud, type, state, started_at, window_seconds, value, peak, baseline, threshold, silenced_by)
+                VALUES (\(episode.key.kind.rawValue), \(episode.key.aud), \(episode.key.type), 'firing', \(episode.startedAt),
+                    \(Int(window.timeInterval.rounded())), \(episode.value), \(episode.peak), \(episode.baseline), \(episode.threshold),
+                    (SELECT id FROM silence))
+                ON CONFLICT DO NOTHING
+                RETURNING id, silenced_by
+                """, logger: logger
+            ).decode((Int, Int?).self) {
+                inserted = row
+            }
+            guard let (id, silencedBy) = inserted else { return nil }
+            let record = AlertRecord(id: id, state: "firing", window: window, resolvedAt: nil, episode: episode, silencedBy: silencedBy)
+            if silencedBy == nil { try await Self.enqueue(sinks(record.message), alertID: id, on: connection, logger: logger) }
+            return record
+        }
+    }
+
+    /// Writes an open episode's new figures (peak, normal since).
+    package func update(_ id: Int, _ episode: AlertEpisode) async throws {
+        try await client.query(
+            """
+            UPDATE alerts SET value = \(episode.value), peak = \(episode.peak), baseline = \(episode.baseline), threshold = \(episode.threshold),
+                normal_since = \(episode.normalSince)
+            WHERE id = \(id) AND state = 'firing'
+            """, logger: logger)
+    }
+
+    /// Closes an episode and tells the sinks (unless it fired silenced: nobody heard of it).
+    package func resolve(_ record: AlertRecord, at: Date, sinks: (AlertMessage) -> [SinkMessage]) async throws {
+        try await client.transaction(logger: logger) { connection in
+            var resolved = false
+            for try await (_,) in try await connection.query(
+                """
+                UPDATE alerts SET state = 'resolved', resolved_at = \(at), value = \(record.episode.value), normal_since = \(record.episode.normalSince)
+                WHERE id = \(record.id) AND state = 'firing' RETURNING id
+                """, logger: logger
+            ).decode((Int,).self) {
+                resolved = true
+            }
+            guard resolved, record.silencedBy == nil else { return }
+            var message = record.message
+            message.resolvedAt = at
+            try await Self.enqueue(sinks(message), alertID: record.id, on: connection, logger: logger)
+        }
+    }
+
+    /// `alerts test`: a test alert (stored resolved, so it never shows as open) and one message
+    /// per sink. Returns the alert id.
+    package func test(window: Duration, sinks: (AlertMessage) -> [SinkMessage]) async throws -> Int {
+        try await client.transaction(logger: logger) { connection -> Int in
+            var id = 0
+            for try await (n, started) in try await connection.query(
+                """
+                INSERT INTO alerts (kind, state, started_at, resolved_at, window_seconds, value, peak, threshold)
+                VALUES ('test', 'resolved', now(), now(), \(Int(window.timeInterval.rounded())), 1, 1, 1)
+                RETURNING id, started_at
+                """, logger: logger
+            ).decode((Int, Date).self) {
+                id = n
+                let episode = AlertEpisode(key: AlertKey(kind: .test), startedAt: started, value: 1, peak: 1, baseline: nil, threshold: 1)
+                let messages = sinks(AlertMessage(id: n, episode: episode, window: window, resolvedAt: nil))
+                try await Self.enqueue(messages, alertID: n, on: connection, logger: logger)
+            }
+            return id
+        }
+    }
+
+    private static func enqueue(_ messages: [SinkMessage], alertID: Int, on connection: PostgresConnection, logger: Logger) async throws {
+        guard !messages.isEmpty else { return }
+        try await connection.query(
+            """
+            WITH queued AS (
+                INSERT INTO jobs (lane, kind, alert_id, target, payload, run_at)
+                SELECT 'alerts', m.kind, \(alertID), m.target, m.body, now()
+                FROM unnest(\(messages.map(\.target))::text[], \(messages.map(\.kind))::text[], \(messages.map(\.body))::text[]) AS m(target, kind, body)
+                ON CONFLICT DO NOTHING
+                RETURNING id
+            )
+            SELECT pg_notify('siwa_jobs', 'alerts') FROM (SELECT 1 FROM queued LIMIT 1) q
+            """, logger: logger)
+    }
+
+    // MARK: AlertsList
+
+    /// Newest first; `state` firing or resolved (nil: both).
+    package func list(state: String?, limit: Int) async throws -> [AlertRecord] {
+        switch state {
+        case "firing": try await records("WHERE state = 'firing'", limit: limit)
+        case "resolved": try await records("WHERE state = 'resolved'", limit: limit)
+        default: try await records("", limit: limit)
+        }
+    }
+
+    private func records(_ condition: String, limit: Int) async throws -> [AlertRecord] {
+        var result: [AlertRecord] = []
+        let query = PostgresQuery(
+            unsafeSQL: """
+                SELECT id, kind, aud, type, state, started_at, resolved_at, window_seconds, value, peak, baseline, threshold, normal_since, silenced_by
+                FROM alerts \(condition) ORDER BY started_at DESC, id DESC LIMIT $1
+                """, binds: { var b = PostgresBindings(); b.append(max(1, min(limit, 10_000))); return b }())
+        for try await row in try await client.query(query, logger: logger).decode(
+            (Int, String, String?, String?, String, Date, Date?, Int, Int, Int, Double?, Double, Date?, Int?).self)
+        {
+            let key = AlertKey(kind: AlertKind(rawValue: row.1) ?? .test, aud: row.2, type: row.3)
+            let episode = AlertEpisode(
+                key: key, startedAt: row.5, value: row.8, peak: row.9, baseline: row.10, threshold: row.11, normalSince: row.12)
+            result.append(AlertRecord(id: row.0, state: row.4, window: .seconds(row.7), resolvedAt: row.6, episode: episode, silencedBy: row.13))
+        }
+        return result
+    }
+
+    // MARK: SilencesCreate, SilencesList
+
+    package func silence(kind: AlertKind, aud: String?, for duration: Duration, by actor: String, reason: String?) async throws -> AlertSilence {
+        var silence: AlertSilence?
+        for try await row in try await client.query(
+            """
+            INSERT INTO alert_silences (kind, aud, until, created_by, reason)
+            VALUES (\(kind.rawValue), \(aud), now() + \(Int(duration.milliseconds)) * interval '1 millisecond', \(actor), \(reason))
+            RETURNING id, until, created_at
+            """, logger: logger
+        ).decode((Int, Date, Date).self) {
+            silence = AlertSilence(id: row.0, kind: kind, aud: aud, until: row.1, createdAt: row.2, createdBy: actor, reason: reason)
+        }
+        guard let silence else { throw StoreError.noRow("alert_silences insert") }
+        return silence
+    }
+
+    /// Silences still running (and, with `expired`, the last day's ended ones too), newest first.
+    package func silences(includeExpired: Bool) async throws -> [AlertSilence] {
+        var result: [AlertSilence] = []
+        for try await row in try await client.query(
+            """
+            SELECT id, kind, aud, until, created_at, created_by, reason FROM alert_silences
+            WHERE until > now() - CASE WHEN \(includeExpired) THEN interval '1 day' ELSE interval '0' END
+            ORDER BY created_at DESC, id DESC LIMIT 1000
+            """, logger: logger
+        ).decode((Int, String, String?, Date, Date, String, String?).self) {
+            result.append(
+                AlertSilence(id: row.0, kind: AlertKind(rawValue: row.1) ?? .test, aud: row.2, until: row.3, createdAt: row.4, createdBy: row.5, reason: row.6))
+        }
+        return result
+    }
+}
+
+extension AlertRecord {
+    /// The API's and the CLI's --json shape: the webhook message plus state and silence.
+    package var json: JSONValue {
+        var object = message.json.objectValue ?? [:]
+        object["value"] = .number(Double(episode.value))
+        object["normal_since"] = episode.normalSince.map { .string(iso8601($0)) } ?? .null
+        object["silenced"] = .bool(silencedBy != nil)
+        return .object(object)
+    }
+}
+
+extension AlertSilence {
+    package var json: JSONValue {
+        [
+            "id": .number(Double(id)), "kind": .string(kind.rawValue), "aud": aud.map(JSONValue.string) ?? .null,
+            "until": .string(iso8601(until)), "created_at": .string(iso8601(createdAt)), "created_by": .string(createdBy),
+            "reason": reason.map(JSONValue.string) ?? .null,
+        ]
+    }
+}
