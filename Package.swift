@@ -78,6 +78,7 @@ let package = Package(
             dependencies: [
                 "SiwaDomain", "SiwaStore",
                 .product(name: "AsyncHTTPClient", package: "async-http-client"),
+                .product(name: "Prometheus", package: "swift-prometheus"),
                 .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "NIOHTTP1", package: "swift-nio"),
                 .product(name: "PostgresNIO", package: "postgres-nio"),

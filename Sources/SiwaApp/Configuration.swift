@@ -46,6 +46,12 @@ package struct Configuration: Sendable {
     package var callbackSigner: WebhookSigner?
     package var callbackTimeout: Duration = .seconds(10)
     package var callbackConcurrency = 16
+    package var spike = SpikeSettings()
+    package var alertWebhooks: [URL] = []
+    package var alertSlackURL: URL?
+    package var alertQueueLag: Duration = .seconds(120)
+    package var alertBadSignatures = 20
+    package var alertDiscardedJobs = 1
 
     /// The receiving process's HTTP routes and key cache are needed (roles all, receiver).
     package var receives: Bool { role != .worker }
@@ -90,6 +96,17 @@ package struct Configuration: Sendable {
         ("SIWA_CALLBACK_SECRET", "--callback-secret", "space-separated whsec_ secrets that sign callbacks (all sign: rotation)"),
         ("SIWA_CALLBACK_TIMEOUT", "--callback-timeout", "one callback attempt's limit"),
         ("SIWA_CALLBACK_CONCURRENCY", "--callback-concurrency", "callbacks in flight at once per process"),
+        ("SIWA_SPIKE_INTERVAL", "--spike-interval", "how often alerts are evaluated"),
+        ("SIWA_SPIKE_WINDOW", "--spike-window", "the window whose revocations are compared with the baseline"),
+        ("SIWA_SPIKE_MIN_COUNT", "--spike-min-count", "a spike needs at least this many revocations in the window"),
+        ("SIWA_SPIKE_FACTOR", "--spike-factor", "…and at least this many times the baseline"),
+        ("SIWA_SPIKE_NEW_APP_COUNT", "--spike-new-app-count", "an app with under a day of history fires at this many in the window"),
+        ("SIWA_SPIKE_RESOLVE_AFTER", "--spike-resolve-after", "an alert resolves after this long back to normal"),
+        ("SIWA_ALERT_WEBHOOK_URLS", "--alert-webhook-urls", "comma-separated http(s) URLs POSTed each alert, signed with SIWA_CALLBACK_SECRET"),
+        ("SIWA_ALERT_SLACK_URL", "--alert-slack-url", "a Slack-compatible incoming-webhook URL for alerts"),
+        ("SIWA_ALERT_QUEUE_LAG", "--alert-queue-lag", "queue_lag fires when the oldest ready job has waited this long"),
+        ("SIWA_ALERT_BAD_SIGNATURES", "--alert-bad-signatures", "bad_signatures fires at this many in the spike window"),
+        ("SIWA_ALERT_DISCARDED_JOBS", "--alert-discarded-jobs", "jobs_discarded fires at this many discards in the spike window"),
     ]
 
     /// Builds the configuration from `environment`, with `overrides` (flag values keyed by variable
@@ -190,9 +207,57 @@ package struct Configuration: Sendable {
                 throw ConfigurationError(variable: flag("SIWA_CALLBACK_SECRET"), message: error.description)
             }
             config.callbackURL = url
-        } else if value("SIWA_CALLBACK_SECRET") != nil {
-            throw ConfigurationError(variable: flag("SIWA_CALLBACK_URL"), message: "is not set, but SIWA_CALLBACK_SECRET is: set the URL callbacks go to, or unset the secret")
+        } else if value("SIWA_CALLBACK_SECRET") != nil && value("SIWA_ALERT_WEBHOOK_URLS") == nil {
+            throw ConfigurationError(
+                variable: flag("SIWA_CALLBACK_URL"),
+                message: "is not set, but SIWA_CALLBACK_SECRET is: set the URL callbacks go to (or SIWA_ALERT_WEBHOOK_URLS), or unset the secret")
         }
+        func httpURL(_ name: String, _ text: String) throws(ConfigurationError) -> URL {
+            guard let url = URL(string: text), ["https", "http"].contains(url.scheme?.lowercased() ?? ""), url.host?.isEmpty == false else {
+                throw ConfigurationError(variable: flag(name), message: "must be an https:// or http:// URL (got \"\(text)\")")
+            }
+            return url
+        }
+        if let text = value("SIWA_ALERT_WEBHOOK_URLS") {
+            for part in text.split(separator: ",").map({ $0.trimmingCharacters(in: .whitespaces) }).filter({ !$0.isEmpty }) {
+                config.alertWebhooks.append(try httpURL("SIWA_ALERT_WEBHOOK_URLS", part))
+            }
+            if config.callbackSigner == nil {
+                guard let secrets = value("SIWA_CALLBACK_SECRET") else {
+                    throw ConfigurationError(
+                        variable: flag("SIWA_CALLBACK_SECRET"),
+                        message: "is required when SIWA_ALERT_WEBHOOK_URLS is set: alert webhooks are signed like callbacks; create one with `siwa-events callbacks secret`")
+                }
+                do {
+                    config.callbackSigner = try WebhookSigner(secrets: secrets)
+                } catch {
+                    throw ConfigurationError(variable: flag("SIWA_CALLBACK_SECRET"), message: error.description)
+                }
+            }
+        }
+        if let text = value("SIWA_ALERT_SLACK_URL") { config.alertSlackURL = try httpURL("SIWA_ALERT_SLACK_URL", text) }
+        func positive(_ name: String, _ fallback: Duration) throws(ConfigurationError) -> Duration {
+            let value = try duration(name, default: fallback)
+            guard value >= .seconds(1) else { throw ConfigurationError(variable: flag(name), message: "must be at least 1s (got \(DurationSyntax.format(value)))") }
+            return value
+        }
+        config.spike.interval = try positive("SIWA_SPIKE_INTERVAL", config.spike.interval)
+        config.spike.window = try positive("SIWA_SPIKE_WINDOW", config.spike.window)
+        guard config.spike.window <= .seconds(6 * 3600) else {
+            throw ConfigurationError(variable: flag("SIWA_SPIKE_WINDOW"), message: "must be at most 6h (per-second counts are kept a day)")
+        }
+        config.spike.resolveAfter = try duration("SIWA_SPIKE_RESOLVE_AFTER", default: config.spike.resolveAfter)
+        config.spike.minCount = try integer("SIWA_SPIKE_MIN_COUNT", 1...10_000_000, default: config.spike.minCount)
+        config.spike.newAppCount = try integer("SIWA_SPIKE_NEW_APP_COUNT", 1...10_000_000, default: config.spike.newAppCount)
+        if let text = value("SIWA_SPIKE_FACTOR") {
+            guard let factor = Double(text), factor.isFinite, factor > 1, factor <= 1000 else {
+                throw ConfigurationError(variable: flag("SIWA_SPIKE_FACTOR"), message: "must be a number above 1 and at most 1000, e.g. 5 or 2.5 (got \"\(text)\")")
+            }
+            config.spike.factor = factor
+        }
+        config.alertQueueLag = try positive("SIWA_ALERT_QUEUE_LAG", config.alertQueueLag)
+        config.alertBadSignatures = try integer("SIWA_ALERT_BAD_SIGNATURES", 1...10_000_000, default: config.alertBadSignatures)
+        config.alertDiscardedJobs = try integer("SIWA_ALERT_DISCARDED_JOBS", 1...10_000_000, default: config.alertDiscardedJobs)
         if let text = value("SIWA_APPLE_CLIENT_IDS") {
             var map: [String: String] = [:]
             for entry in text.split(separator: ",").map({ $0.trimmingCharacters(in: .whitespaces) }).filter({ !$0.isEmpty }) {

@@ -23,10 +23,12 @@ package struct Receiver: Sendable {
     let notifications: NotificationsController?
     let health: HealthController
     package let workers: EffectWorkers?
+    package let alerts: AlertMonitor?
     package let effects: EffectStore
     package let tokens: TokenStore
     let backend: BackendController?
     let history: HistoryController?
+    let alertsAPI: AlertsController?
     let databaseTimeout: Duration
     let metricsToken: String?
 
@@ -57,9 +59,16 @@ package struct Receiver: Sendable {
                 databaseTimeout: config.databaseTimeout), clock: clock)
         self.history = !config.receives ? nil : HistoryController(
             history: HistoryStore(client: client, logger: logger), rejections: rejectionStore)
+        self.alertsAPI = !config.receives ? nil : AlertsController(alerts: AlertStore(client: client, logger: logger))
         self.databaseTimeout = config.databaseTimeout
         self.metricsToken = config.metricsToken
-        self.workers = !config.works ? nil : EffectWorkers(configuration: config.workerConfiguration, store: effects, logger: logger)
+        let workers = !config.works ? nil : EffectWorkers(configuration: config.workerConfiguration, store: effects, logger: logger)
+        self.workers = workers
+        self.alerts = workers.map {
+            AlertMonitor(
+                configuration: config.alertConfiguration, store: AlertStore(client: client, logger: logger), logger: logger, identity: $0.identity,
+                metrics: AlertMetrics(registry: registry))
+        }
         self.store = store
         self.rejectionStore = rejectionStore
         self.keys = keys
@@ -79,6 +88,7 @@ package struct Receiver: Sendable {
                 .add(middleware: BearerAuthMiddleware(tokens: tokens, databaseTimeout: databaseTimeout))
             backend.register(on: v1)
             history?.register(on: v1)
+            alertsAPI?.register(on: v1)
         }
         if backend != nil { WebController().register(on: router) }
         router.get("/openapi.yaml") { _, _ in
@@ -114,7 +124,7 @@ package struct Receiver: Sendable {
         var app = Application(
             router: router(),
             configuration: .init(address: .hostname(config.host, port: config.port), serverName: nil),
-            services: [client] + (config.receives ? [keys, rejections] : []) + (workers.map { [$0] } ?? []),
+            services: [client] + (config.receives ? [keys, rejections] : []) + (workers.map { [$0] } ?? []) + (alerts.map { [$0] } ?? []),
             onServerRunning: onServerRunning,
             logger: logger)
         let keys = self.keys
@@ -165,6 +175,7 @@ extension Configuration {
         workers.listen = jobNotify
         workers.eraseOnDelete = eraseOnDelete
         workers.historyRetention = historyRetention
+        workers.alertSinks = alertSinks
         if let callbackURL, let callbackSigner {
             var callbacks = EffectWorkers.Callbacks(url: callbackURL, signer: callbackSigner)
             callbacks.timeout = callbackTimeout
@@ -172,6 +183,22 @@ extension Configuration {
             workers.callbacks = callbacks
         }
         return workers
+    }
+}
+
+extension Configuration {
+    package var alertSinks: AlertSinks {
+        AlertSinks(webhooks: alertWebhooks, slack: alertSlackURL, signer: callbackSigner)
+    }
+
+    package var alertConfiguration: AlertMonitor.Configuration {
+        var alerts = AlertMonitor.Configuration()
+        alerts.spike = spike
+        alerts.queueLag = alertQueueLag
+        alerts.badSignatures = alertBadSignatures
+        alerts.discardedJobs = alertDiscardedJobs
+        alerts.sinks = alertSinks
+        return alerts
     }
 }
 

@@ -10,7 +10,7 @@ struct SiwaEvents: AsyncParsableCommand {
         commandName: "siwa-events",
         abstract: "Receive, verify and record Sign in with Apple server-to-server notifications.",
         subcommands: [
-            Serve.self, Migrate.self, NotificationsCommand.self, RejectionsCommand.self, JobsCommand.self, CallbacksCommand.self, ReplayCommand.self, TokensCommand.self, AccountsCommand.self, AuditCommand.self,
+            Serve.self, Migrate.self, NotificationsCommand.self, RejectionsCommand.self, JobsCommand.self, CallbacksCommand.self, AlertsCommand.self, ReplayCommand.self, TokensCommand.self, AccountsCommand.self, AuditCommand.self,
             DatabaseCommand.self, Verify.self,
             KeysCommand.self, Send.self,
         ])
@@ -81,6 +81,28 @@ struct ConfigOptions: ParsableArguments {
     var callbackTimeout: String?
     @Option(name: .customLong("callback-concurrency"), help: "Callbacks in flight at once (SIWA_CALLBACK_CONCURRENCY, default 16).")
     var callbackConcurrency: String?
+    @Option(name: .customLong("spike-interval"), help: "How often alerts are evaluated, e.g. 30s (SIWA_SPIKE_INTERVAL).")
+    var spikeInterval: String?
+    @Option(name: .customLong("spike-window"), help: "Window compared with the baseline, e.g. 5m (SIWA_SPIKE_WINDOW).")
+    var spikeWindow: String?
+    @Option(name: .customLong("spike-min-count"), help: "Revocations a spike needs in the window (SIWA_SPIKE_MIN_COUNT, default 20).")
+    var spikeMinCount: String?
+    @Option(name: .customLong("spike-factor"), help: "Times the baseline a spike needs (SIWA_SPIKE_FACTOR, default 5).")
+    var spikeFactor: String?
+    @Option(name: .customLong("spike-new-app-count"), help: "Revocations in the window that fire for an app without history (SIWA_SPIKE_NEW_APP_COUNT, default 50).")
+    var spikeNewAppCount: String?
+    @Option(name: .customLong("spike-resolve-after"), help: "Normal this long resolves an alert, e.g. 15m (SIWA_SPIKE_RESOLVE_AFTER).")
+    var spikeResolveAfter: String?
+    @Option(name: .customLong("alert-webhook-urls"), help: "Comma-separated URLs POSTed each alert, signed (SIWA_ALERT_WEBHOOK_URLS).")
+    var alertWebhookURLs: String?
+    @Option(name: .customLong("alert-slack-url"), help: "Slack-compatible incoming-webhook URL (SIWA_ALERT_SLACK_URL).")
+    var alertSlackURL: String?
+    @Option(name: .customLong("alert-queue-lag"), help: "Oldest ready job's wait that fires queue_lag, e.g. 2m (SIWA_ALERT_QUEUE_LAG).")
+    var alertQueueLag: String?
+    @Option(name: .customLong("alert-bad-signatures"), help: "Bad signatures in the window that fire (SIWA_ALERT_BAD_SIGNATURES, default 20).")
+    var alertBadSignatures: String?
+    @Option(name: .customLong("alert-discarded-jobs"), help: "Discarded jobs in the window that fire (SIWA_ALERT_DISCARDED_JOBS, default 1).")
+    var alertDiscardedJobs: String?
 
     func load(requireBundleIDs: Bool) throws -> Configuration {
         let overrides: [String: String?] = [
@@ -94,6 +116,10 @@ struct ConfigOptions: ParsableArguments {
             "SIWA_JOB_NOTIFY": jobNotify, "SIWA_ERASE_ON_DELETE": eraseOnDelete, "SIWA_CALLBACK_URL": callbackURL,
             "SIWA_CALLBACK_SECRET": callbackSecret, "SIWA_CALLBACK_TIMEOUT": callbackTimeout, "SIWA_CALLBACK_CONCURRENCY": callbackConcurrency,
             "SIWA_APPLE_CLIENT_IDS": clientIDs, "SIWA_SESSION_TTL": sessionTTL, "SIWA_HISTORY_RETENTION": historyRetention, "SIWA_METRICS_TOKEN": metricsToken,
+            "SIWA_SPIKE_INTERVAL": spikeInterval, "SIWA_SPIKE_WINDOW": spikeWindow, "SIWA_SPIKE_MIN_COUNT": spikeMinCount, "SIWA_SPIKE_FACTOR": spikeFactor,
+            "SIWA_SPIKE_NEW_APP_COUNT": spikeNewAppCount, "SIWA_SPIKE_RESOLVE_AFTER": spikeResolveAfter, "SIWA_ALERT_WEBHOOK_URLS": alertWebhookURLs,
+            "SIWA_ALERT_SLACK_URL": alertSlackURL, "SIWA_ALERT_QUEUE_LAG": alertQueueLag, "SIWA_ALERT_BAD_SIGNATURES": alertBadSignatures,
+            "SIWA_ALERT_DISCARDED_JOBS": alertDiscardedJobs,
         ]
         do {
             return try Configuration.load(

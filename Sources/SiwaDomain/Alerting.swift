@@ -1,3 +1,4 @@
+import Crypto
 import Foundation
 
 /// What the built-in alerting watches.
@@ -253,5 +254,56 @@ package struct AlertMessage: Sendable, Equatable {
         let prefix = resolvedAt == nil ? "🔴 FIRING" : "✅ RESOLVED"
         let since = "since \(iso8601(episode.startedAt))" + (resolvedAt.map { ", resolved \(iso8601($0))" } ?? "")
         return "\(prefix) [\(key.kind.rawValue)] \(subject); \(since) (alert \(id))"
+    }
+}
+
+/// Where alerts go besides the log: webhooks (`SIWA_ALERT_WEBHOOK_URLS`, signed like callbacks)
+/// and a Slack-compatible incoming webhook (`SIWA_ALERT_SLACK_URL`). A job names its sink by a
+/// hash, never by URL (Slack URLs are secrets): `webhook:<16 hex>` or `slack`.
+package struct AlertSinks: Sendable {
+    package var webhooks: [URL]
+    package var slack: URL?
+    /// Signs webhook messages (`SIWA_CALLBACK_SECRET`); required with webhooks.
+    package var signer: WebhookSigner?
+    package var timeout: Duration = .seconds(10)
+
+    package init(webhooks: [URL] = [], slack: URL? = nil, signer: WebhookSigner? = nil) {
+        self.webhooks = webhooks
+        self.slack = slack
+        self.signer = signer
+    }
+
+    package var isEmpty: Bool { webhooks.isEmpty && slack == nil }
+
+    package static func target(webhook url: URL) -> String {
+        "webhook:" + SHA256.hash(data: Data(url.absoluteString.utf8)).prefix(8).map { String(format: "%02x", $0) }.joined()
+    }
+
+    /// One message per sink: the JSON body to webhooks, the text to Slack.
+    package func messages(_ message: AlertMessage) -> [SinkMessage] {
+        let kind = message.episode.key.kind == .test ? "alert_test" : "alert_\(message.state)"
+        return webhooks.map { SinkMessage(target: Self.target(webhook: $0), kind: kind, body: message.json.jsonText) }
+            + (slack == nil ? [] : [SinkMessage(target: "slack", kind: kind, body: message.slack.jsonText)])
+    }
+
+    /// The URL a target names and whether to sign for it; nil when no configured sink has that
+    /// name any more (the configuration changed since it was queued).
+    package func resolve(_ target: String) -> (url: URL, signed: Bool)? {
+        if target == "slack" { return slack.map { ($0, false) } }
+        return webhooks.first { Self.target(webhook: $0) == target }.map { ($0, true) }
+    }
+}
+
+/// A sink message to enqueue: which sink, which message kind (`alert_firing`, `alert_resolved`,
+/// `alert_test`), the exact body.
+package struct SinkMessage: Sendable, Equatable {
+    package var target: String
+    package var kind: String
+    package var body: String
+
+    package init(target: String, kind: String, body: String) {
+        self.target = target
+        self.kind = kind
+        self.body = body
     }
 }

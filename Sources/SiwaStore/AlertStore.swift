@@ -33,19 +33,12 @@ package struct SpikeCounts: Sendable {
     package var type: String
     package var window: Int
     package var days: [Int]
-}
 
-/// A sink message to enqueue: which sink, which message kind (`alert_firing`, `alert_resolved`,
-/// `alert_test`), the exact body.
-package struct SinkMessage: Sendable {
-    package var target: String
-    package var kind: String
-    package var body: String
-
-    package init(target: String, kind: String, body: String) {
-        self.target = target
-        self.kind = kind
-        self.body = body
+    package init(aud: String, type: String, window: Int, days: [Int]) {
+        self.aud = aud
+        self.type = type
+        self.window = window
+        self.days = days
     }
 }
 
@@ -338,5 +331,28 @@ extension AlertSilence {
             "until": .string(iso8601(until)), "created_at": .string(iso8601(createdAt)), "created_by": .string(createdBy),
             "reason": reason.map(JSONValue.string) ?? .null,
         ]
+    }
+}
+
+/// One sink message of an alert and how its delivery went.
+package struct AlertDelivery: Sendable {
+    package var target: String
+    package var state: String
+    package var lastStatus: Int?
+    package var lastError: String?
+}
+
+extension AlertStore {
+    // MARK: AlertDeliveriesList
+
+    package func deliveries(alertID: Int) async throws -> [AlertDelivery] {
+        var result: [AlertDelivery] = []
+        for try await row in try await client.query(
+            "SELECT target, state::text, last_status, last_error FROM jobs WHERE lane = 'alerts' AND alert_id = \(alertID) ORDER BY id",
+            logger: logger
+        ).decode((String, String, Int?, String?).self) {
+            result.append(AlertDelivery(target: row.0, state: row.1, lastStatus: row.2, lastError: row.3))
+        }
+        return result
     }
 }

@@ -3,18 +3,34 @@ import Logging
 import PostgresNIO
 import SiwaDomain
 
-/// A callback job held by a deliverer: what to send and under which message id.
+/// The queue lanes whose jobs are HTTP deliveries: callbacks to the backend, alerts to sinks.
+package enum DeliveryLane: String, Sendable {
+    case callbacks, alerts
+}
+
+/// A delivery job held by a deliverer: what to send, where, and under which message id.
 package struct ClaimedCallback: Sendable {
     package var id: Int
     package var attempt: Int
-    package var notificationID: Int
+    package var lane: DeliveryLane
+    /// Callbacks: the notification; alerts: nil.
+    package var notificationID: Int?
     package var jti: String
+    /// Alerts: the alert, the sink (`slack`, `webhook:<hash>`) and the message kind.
+    package var alertID: Int?
+    package var target: String?
+    package var kind: String
     package var body: String
     package var claimedAt: Date
 
-    /// The Standard Webhooks `webhook-id`: one per notification, the same on every retry and
-    /// redelivery, so the backend can use it as an idempotency key.
-    package var webhookID: String { CallbackStore.webhookID(notificationID: notificationID) }
+    /// The Standard Webhooks `webhook-id`: one per message, the same on every retry and
+    /// redelivery, so the receiver can use it as an idempotency key.
+    package var webhookID: String {
+        switch lane {
+        case .callbacks: CallbackStore.webhookID(notificationID: notificationID ?? 0)
+        case .alerts: "alert_\(alertID ?? 0)_\(kind.replacingOccurrences(of: "alert_", with: ""))"
+        }
+    }
 }
 
 /// One delivery attempt's result.
@@ -38,29 +54,33 @@ package struct CallbackStore: Sendable {
 
     package static func webhookID(notificationID: Int) -> String { "msg_\(notificationID)" }
 
-    // MARK: CallbacksClaim
+    // MARK: DeliveriesClaim
 
-    /// Claims up to `limit` ready callbacks, oldest first. No per-user gate: a callback carries its
-    /// event_time, and a receiver orders by it if it needs to.
-    package func claim(worker: String, limit: Int, lease: Duration) async throws -> [ClaimedCallback] {
+    /// Claims up to `limit` ready deliveries of `lane`, oldest first. No per-user gate: a callback
+    /// carries its event_time, and a receiver orders by it if it needs to.
+    package func claim(lane: DeliveryLane = .callbacks, worker: String, limit: Int, lease: Duration) async throws -> [ClaimedCallback] {
         let rows = try await client.query(
             """
             WITH candidates AS (
                 SELECT id FROM jobs
-                WHERE lane = 'callbacks' AND state IN ('available', 'retryable') AND run_at <= now()
+                WHERE lane = \(lane.rawValue) AND state IN ('available', 'retryable') AND run_at <= now()
                 ORDER BY run_at, id
                 LIMIT \(limit)
                 FOR UPDATE SKIP LOCKED
             )
             UPDATE jobs SET state = 'running', attempt = jobs.attempt + 1, attempted_at = now(), locked_by = \(worker),
                 lease_expires_at = now() + \(Int(lease.milliseconds)) * interval '1 millisecond'
-            FROM candidates, notifications n
-            WHERE jobs.id = candidates.id AND n.id = jobs.notification_id
-            RETURNING jobs.id, jobs.attempt, n.id, n.jti, jobs.payload, jobs.attempted_at
+            FROM candidates
+            WHERE jobs.id = candidates.id
+            RETURNING jobs.id, jobs.attempt, jobs.notification_id, (SELECT n.jti FROM notifications n WHERE n.id = jobs.notification_id),
+                jobs.alert_id, jobs.target, jobs.kind, jobs.payload, jobs.attempted_at
             """, logger: logger)
         var claimed: [ClaimedCallback] = []
-        for try await row in rows.decode((Int, Int, Int, String, String, Date).self) {
-            claimed.append(ClaimedCallback(id: row.0, attempt: row.1, notificationID: row.2, jti: row.3, body: row.4, claimedAt: row.5))
+        for try await row in rows.decode((Int, Int, Int?, String?, Int?, String?, String, String, Date).self) {
+            claimed.append(
+                ClaimedCallback(
+                    id: row.0, attempt: row.1, lane: lane, notificationID: row.2, jti: row.3 ?? "", alertID: row.4, target: row.5, kind: row.6,
+                    body: row.7, claimedAt: row.8))
         }
         return claimed
     }
@@ -93,12 +113,12 @@ package struct CallbackStore: Sendable {
                     run_at = CASE WHEN \(delivered) THEN run_at ELSE now() + \(Int(delay.milliseconds)) * interval '1 millisecond' END,
                     last_status = \(status), last_error = \(error), locked_by = NULL, lease_expires_at = NULL
                 WHERE id = \(callback.id) AND attempt = \(callback.attempt) AND state = 'running' AND locked_by = \(worker)
-                RETURNING id, notification_id, attempt, attempted_at, state
+                RETURNING id, notification_id, alert_id, attempt, attempted_at, state
             ), logged AS (
-                INSERT INTO job_attempts (job_id, notification_id, attempt, worker, started_at, outcome, error, lane, http_status)
-                SELECT id, notification_id, attempt, \(worker), attempted_at,
+                INSERT INTO job_attempts (job_id, notification_id, alert_id, attempt, worker, started_at, outcome, error, lane, http_status)
+                SELECT id, notification_id, alert_id, attempt, \(worker), attempted_at,
                     CASE state WHEN 'completed' THEN 'delivered' WHEN 'discarded' THEN 'discarded' ELSE 'retrying' END,
-                    \(error), 'callbacks', \(status)
+                    \(error), \(callback.lane.rawValue), \(status)
                 FROM recorded
             )
             SELECT state::text FROM recorded

@@ -372,14 +372,14 @@ package struct EffectStore: Sendable {
                     run_at = now(), locked_by = NULL, lease_expires_at = NULL,
                     last_error = 'lease expired: worker ' || e.locked_by || ' stopped renewing it'
                 FROM expired e WHERE j.id = e.id
-                RETURNING j.id, j.notification_id, j.attempt, j.attempted_at, j.state, j.lane, e.locked_by
+                RETURNING j.id, j.notification_id, j.alert_id, j.attempt, j.attempted_at, j.state, j.lane, e.locked_by
             ), marked AS (
                 UPDATE notifications n SET status = CASE WHEN r.state = 'discarded' THEN 'discarded'::notification_status
                                                          ELSE 'retrying'::notification_status END
                 FROM rescued r WHERE n.id = r.notification_id AND r.lane = 'effects'
             ), logged AS (
-                INSERT INTO job_attempts (job_id, notification_id, attempt, worker, started_at, outcome, error, lane)
-                SELECT id, notification_id, attempt, locked_by, attempted_at, 'lease_expired', 'lease expired', lane FROM rescued
+                INSERT INTO job_attempts (job_id, notification_id, alert_id, attempt, worker, started_at, outcome, error, lane)
+                SELECT id, notification_id, alert_id, attempt, locked_by, attempted_at, 'lease_expired', 'lease expired', lane FROM rescued
             )
             SELECT count(*)::bigint FROM rescued
             """, logger: logger

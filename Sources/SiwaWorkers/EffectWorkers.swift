@@ -38,6 +38,8 @@ package final class EffectWorkers: Service, Sendable {
         package var maintenanceInterval: Duration = .seconds(5)
         /// Where to POST callbacks after effects (nil: no callbacks).
         package var callbacks: Callbacks?
+        /// Where alert messages go (lane `alerts`; empty: the log only).
+        package var alertSinks = AlertSinks()
 
         package init() {}
     }
@@ -63,6 +65,7 @@ package final class EffectWorkers: Service, Sendable {
     let callbackStore: CallbackStore
     let doorbell = Doorbell()
     let callbackDoorbell = Doorbell()
+    let alertDoorbell = Doorbell()
     /// The jobs each loop is working on right now: the only leases the heartbeat renews. A job a
     /// loop gave up on (its database connection failed mid-batch and the failure could not be
     /// recorded) is no longer renewed, so its lease runs out and the rescuer hands it on — instead
@@ -87,20 +90,25 @@ package final class EffectWorkers: Service, Sendable {
 
     package var callbackWorkerName: String { "\(identity)/callbacks" }
 
+    package var alertWorkerName: String { "\(identity)/alerts" }
+
     /// Every name this process holds jobs under (heartbeats, release on shutdown).
     private var holderNames: [String] {
         (0..<configuration.workers).map(workerName) + (configuration.callbacks == nil ? [] : [callbackWorkerName])
+            + (configuration.alertSinks.isEmpty ? [] : [alertWorkerName])
     }
 
     package func run() async throws {
         logger.info(
             "effect workers starting",
             metadata: ["workers": "\(configuration.workers)", "identity": "\(identity)", "callbacks": "\(configuration.callbacks?.url.absoluteString ?? "off")"])
-        let http = configuration.callbacks.map { callbacks in
+        func client(timeout: Duration) -> HTTPClient {
             HTTPClient(
                 eventLoopGroup: HTTPClient.defaultEventLoopGroup,
-                configuration: .init(redirectConfiguration: .disallow, timeout: .init(connect: .init(callbacks.timeout), read: .init(callbacks.timeout))))
+                configuration: .init(redirectConfiguration: .disallow, timeout: .init(connect: .init(timeout), read: .init(timeout))))
         }
+        let http = configuration.callbacks.map { client(timeout: $0.timeout) }
+        let alertHTTP = configuration.alertSinks.isEmpty ? nil : client(timeout: configuration.alertSinks.timeout)
         await withDiscardingTaskGroup { helpers in
             helpers.addTask { await self.heartbeats() }
             helpers.addTask { await self.maintenance() }
@@ -119,10 +127,16 @@ package final class EffectWorkers: Service, Sendable {
                             await self.poll(self.callbackWorkerName, doorbell: self.callbackDoorbell) { try await self.runCallbacksOnce(http: http) }
                         }
                     }
+                    if let alertHTTP {
+                        loops.addTask {
+                            await self.poll(self.alertWorkerName, doorbell: self.alertDoorbell) { try await self.runAlertDeliveriesOnce(http: alertHTTP) }
+                        }
+                    }
                 }
             } onGracefulShutdown: {
                 self.doorbell.ringAll()
                 self.callbackDoorbell.ringAll()
+                self.alertDoorbell.ringAll()
             }
             helpers.cancelAll()
         }
@@ -137,6 +151,7 @@ package final class EffectWorkers: Service, Sendable {
             }
         }
         try? await http?.shutdown()
+        try? await alertHTTP?.shutdown()
         logger.info("effect workers stopped", metadata: ["identity": "\(identity)"])
     }
 
@@ -232,50 +247,90 @@ package final class EffectWorkers: Service, Sendable {
         return claimed.count
     }
 
+    // MARK: Alert sinks
+
+    /// Claims one batch of alert messages (lane `alerts`) and sends each to its sink. A message
+    /// whose sink is no longer configured is discarded with that reason.
+    @discardableResult
+    package func runAlertDeliveriesOnce(http: HTTPClient) async throws -> Int {
+        let sinks = configuration.alertSinks
+        let worker = alertWorkerName
+        let claimed = try await callbackStore.claim(lane: .alerts, worker: worker, limit: 16, lease: configuration.lease)
+        guard !claimed.isEmpty else { return 0 }
+        await holding(claimed.map(\.id), as: worker) {
+            await withDiscardingTaskGroup { group in
+                for message in claimed {
+                    group.addTask {
+                        guard let (url, signed) = sinks.resolve(message.target ?? "") else {
+                            let error = "sink \(message.target ?? "?") is no longer configured (SIWA_ALERT_WEBHOOK_URLS or SIWA_ALERT_SLACK_URL changed)"
+                            await self.deliver(message, worker: worker, maxAttempts: 1) { _ in .failed(status: nil, error: error) }
+                            return
+                        }
+                        await self.deliver(message, worker: worker, maxAttempts: self.configuration.maxAttempts) { message in
+                            await self.send(message, to: url, signer: signed ? sinks.signer : nil, timeout: sinks.timeout, http: http)
+                        }
+                    }
+                }
+            }
+        }
+        return claimed.count
+    }
+
+    /// One attempt at a callback to the backend's endpoint.
     private func deliver(_ callback: ClaimedCallback, _ callbacks: Callbacks, http: HTTPClient) async {
+        await deliver(callback, worker: callbackWorkerName, maxAttempts: configuration.maxAttempts) { callback in
+            await self.send(callback, to: callbacks.url, signer: callbacks.signer, timeout: callbacks.timeout, http: http)
+        }
+    }
+
+    /// One attempt at a delivery (callback or alert message), recorded, with one log line.
+    private func deliver(
+        _ callback: ClaimedCallback, worker: String, maxAttempts: Int, _ attempt: (ClaimedCallback) async -> DeliveryOutcome
+    ) async {
         let started = ContinuousClock.now
-        let outcome = await send(callback, callbacks, http: http)
+        let outcome = await attempt(callback)
         let delay = configuration.backoff.delay(attempt: callback.attempt, unit: Double.random(in: 0..<1))
+        let event = callback.lane == .callbacks ? "callback" : "alert delivery"
         var metadata: Logger.Metadata = [
-            "job_id": "\(callback.id)", "webhook_id": "\(callback.webhookID)", "jti": "\(callback.jti)", "attempt": "\(callback.attempt)",
+            "job_id": "\(callback.id)", "webhook_id": "\(callback.webhookID)", "attempt": "\(callback.attempt)",
             "ms": "\((ContinuousClock.now - started).milliseconds)",
         ]
+        if callback.lane == .callbacks { metadata["jti"] = "\(callback.jti)" } else { metadata["sink"] = "\(callback.target ?? "")" }
         do {
-            let state = try await callbackStore.record(
-                callback, worker: callbackWorkerName, outcome: outcome, maxAttempts: configuration.maxAttempts, delay: delay)
+            let state = try await callbackStore.record(callback, worker: worker, outcome: outcome, maxAttempts: maxAttempts, delay: delay)
             switch (outcome, state) {
             case (.delivered(let status), _):
                 metadata["status"] = "\(status)"
-                logger.info("callback", metadata: metadata.merging(["outcome": "delivered"]) { $1 })
+                logger.info("\(event)", metadata: metadata.merging(["outcome": "delivered"]) { $1 })
             case (.failed(let status, let error), let state):
                 metadata["status"] = "\(status.map(String.init) ?? "none")"
                 metadata["error"] = "\(error)"
-                metadata["outcome"] = "\(state == "discarded" ? "discarded" : "retrying")"
+                metadata["outcome"] = "\(state == "discarded" ? "discarded" : state == nil ? "lease_lost" : "retrying")"
                 if state == "retryable" { metadata["retry_in_ms"] = "\(delay.milliseconds)" }
-                logger.warning("callback", metadata: metadata)
+                logger.warning("\(event)", metadata: metadata)
             }
         } catch {
             logger.warning(
-                "could not record a callback attempt; its lease will expire and it will be sent again",
+                "could not record a delivery attempt; its lease will expire and it will be sent again",
                 metadata: metadata.merging(["error": "\(loggable(error))"]) { $1 })
         }
     }
 
-    /// One signed POST. Any 2xx is delivered; redirects are not followed (a moved endpoint is
-    /// a configuration error the operator should see).
-    private func send(_ callback: ClaimedCallback, _ callbacks: Callbacks, http: HTTPClient) async -> DeliveryOutcome {
+    /// One POST, signed when a signer is given. Any 2xx is delivered; redirects are not followed
+    /// (a moved endpoint is a configuration error the operator should see).
+    private func send(_ callback: ClaimedCallback, to url: URL, signer: WebhookSigner?, timeout: Duration, http: HTTPClient) async -> DeliveryOutcome {
         let body = Array(callback.body.utf8)
-        var request = HTTPClientRequest(url: callbacks.url.absoluteString)
+        var request = HTTPClientRequest(url: url.absoluteString)
         request.method = .POST
         request.headers.add(name: "content-type", value: "application/json")
         request.headers.add(name: "user-agent", value: "siwa-events")
         let timestamp = Int64(Date().timeIntervalSince1970)
-        for header in callbacks.signer.headers(id: callback.webhookID, timestamp: timestamp, body: body) {
+        for header in signer?.headers(id: callback.webhookID, timestamp: timestamp, body: body) ?? [] {
             request.headers.add(name: header.name, value: header.value)
         }
         request.body = .bytes(body)
         do {
-            let response = try await http.execute(request, timeout: .init(callbacks.timeout))
+            let response = try await http.execute(request, timeout: .init(timeout))
             // Read (and bound) the answer so the connection can be reused; its content is not kept.
             _ = try? await response.body.collect(upTo: 64 * 1024)
             let status = Int(response.status.code)
@@ -346,9 +401,12 @@ package final class EffectWorkers: Service, Sendable {
                                 // Catch up on anything enqueued before LISTEN took effect.
                                 self.doorbell.ring()
                                 self.callbackDoorbell.ring()
+                                self.alertDoorbell.ring()
                                 for try await notification in notifications {
                                     if notification.payload == "callbacks" {
                                         self.callbackDoorbell.ring()
+                                    } else if notification.payload == "alerts" {
+                                        self.alertDoorbell.ring()
                                     } else {
                                         self.doorbell.ring()
                                     }

@@ -1,0 +1,143 @@
+import ArgumentParser
+import Foundation
+import SiwaApp
+import SiwaDomain
+import SiwaStore
+
+struct AlertsCommand: AsyncParsableCommand {
+    static let configuration = CommandConfiguration(
+        commandName: "alerts", abstract: "Alerts on revocation spikes and operational trouble: list, test the sinks, silence.",
+        subcommands: [List.self, Test.self, Silence.self, Silences.self])
+
+    struct List: AsyncParsableCommand {
+        static let configuration = CommandConfiguration(abstract: "List alerts, newest first.")
+        @OptionGroup var options: ConfigOptions
+        @Option(help: "firing or resolved (default: both).") var state: String?
+        @Option(help: "At most this many (1-10000).") var limit: Int = 50
+        @Flag(help: "One JSON object per line.") var json = false
+
+        func validate() throws {
+            if let state, !["firing", "resolved"].contains(state) { throw ValidationError("--state must be firing or resolved (got \"\(state)\")") }
+            if !(1...10_000).contains(limit) { throw ValidationError("--limit must be between 1 and 10000 (got \(limit))") }
+        }
+
+        func run() async throws {
+            let config = try options.load(requireBundleIDs: false)
+            let logger = makeLogger()
+            let alerts = try await Database.with(config, logger: logger) { database in
+                try await AlertStore(client: database.client, logger: logger).list(state: state, limit: limit)
+            }
+            if json {
+                for alert in alerts { print(alert.json.jsonText) }
+            } else if alerts.isEmpty {
+                print(state == "firing" ? "no firing alerts" : "no alerts")
+            } else {
+                print(table(
+                    ["ID", "STATE", "KIND", "AUD", "TYPE", "PEAK", "BASELINE", "RATIO", "STARTED", "RESOLVED", "SILENCED"],
+                    alerts.map {
+                        ["\($0.id)", $0.state, $0.episode.key.kind.rawValue, $0.episode.key.aud ?? "-", $0.episode.key.type ?? "-", "\($0.episode.peak)",
+                         $0.episode.baseline.map { String(format: "%.1f", $0) } ?? "-", $0.episode.ratio.map { String(format: "%.1f", $0) } ?? "-",
+                         iso8601($0.episode.startedAt), $0.resolvedAt.map(iso8601) ?? "-", $0.silencedBy == nil ? "-" : "yes"]
+                    }))
+            }
+        }
+    }
+
+    struct Test: AsyncParsableCommand {
+        static let configuration = CommandConfiguration(
+            abstract: "Send a test alert through every configured sink and wait for each outcome (a running worker process delivers it).")
+        @OptionGroup var options: ConfigOptions
+        @Option(help: "How long to wait for the deliveries, e.g. 30s.") var wait: String = "30s"
+
+        func validate() throws {
+            if (try? DurationSyntax.parse(wait)) == nil { throw ValidationError("--wait must be a duration like 30s (got \"\(wait)\")") }
+        }
+
+        func run() async throws {
+            let config = try options.load(requireBundleIDs: false)
+            let sinks = config.alertSinks
+            if sinks.isEmpty {
+                printError("siwa-events: no alert sink is configured (SIWA_ALERT_WEBHOOK_URLS, SIWA_ALERT_SLACK_URL); alerts go to the log only")
+                throw ExitCode(78)
+            }
+            let logger = makeLogger()
+            let limit = try DurationSyntax.parse(wait)
+            let failed = try await Database.with(config, logger: logger) { database -> Bool in
+                let store = AlertStore(client: database.client, logger: logger)
+                let id = try await store.test(window: config.spike.window, sinks: sinks.messages)
+                printError("queued test alert \(id) for \(sinks.webhooks.count + (sinks.slack == nil ? 0 : 1)) sink(s); waiting up to \(wait)…")
+                let deadline = ContinuousClock.now + limit
+                var outcomes: [AlertDelivery] = []
+                repeat {
+                    outcomes = try await store.deliveries(alertID: id)
+                    if outcomes.allSatisfy({ $0.state == "completed" || $0.state == "discarded" }) { break }
+                    try await Task.sleep(for: .milliseconds(250))
+                } while ContinuousClock.now < deadline
+                for outcome in outcomes {
+                    let result = switch outcome.state {
+                    case "completed": "delivered (HTTP \(outcome.lastStatus.map(String.init) ?? "?"))"
+                    case "discarded": "failed: \(outcome.lastError ?? "discarded")"
+                    case "retryable": "retrying: \(outcome.lastError ?? "")"
+                    default: "not delivered yet (is a worker running? `siwa-events serve` with SIWA_ROLE all or worker)"
+                    }
+                    print("\(outcome.target): \(result)")
+                }
+                return !outcomes.allSatisfy { $0.state == "completed" }
+            }
+            if failed { throw ExitCode(1) }
+        }
+    }
+
+    struct Silence: AsyncParsableCommand {
+        static let configuration = CommandConfiguration(
+            abstract: "Silence an alert kind (for one app or all) for a while: alerts are still recorded, sinks are not told.")
+        @OptionGroup var options: ConfigOptions
+        @Option(help: "revocation_spike, jobs_discarded, queue_lag or bad_signatures.") var kind: String
+        @Option(help: "Only this app (bundle ID); default every app.") var aud: String?
+        @Option(name: .customLong("for"), help: "How long, e.g. 2h.") var duration: String
+        @Option(help: "Why (shown in `alerts silences`).") var reason: String?
+
+        func validate() throws {
+            guard let kind = AlertKind(rawValue: kind), kind != .test else {
+                throw ValidationError("--kind must be one of revocation_spike, jobs_discarded, queue_lag, bad_signatures (got \"\(kind)\")")
+            }
+            guard let value = try? DurationSyntax.parse(duration), value > .zero, value <= .seconds(90 * 86_400) else {
+                throw ValidationError("--for must be a duration between 1s and 90d, like 2h (got \"\(duration)\")")
+            }
+        }
+
+        func run() async throws {
+            let config = try options.load(requireBundleIDs: false)
+            let logger = makeLogger()
+            let silence = try await Database.with(config, logger: logger) { database in
+                try await AlertStore(client: database.client, logger: logger).silence(
+                    kind: AlertKind(rawValue: kind)!, aud: aud, for: try DurationSyntax.parse(duration), by: cliActor, reason: reason)
+            }
+            print("silenced \(kind)\(aud.map { " for \($0)" } ?? "") until \(iso8601(silence.until)) (silence \(silence.id))")
+        }
+    }
+
+    struct Silences: AsyncParsableCommand {
+        static let configuration = CommandConfiguration(abstract: "List silences still running (with --expired, also those ended in the last day).")
+        @OptionGroup var options: ConfigOptions
+        @Flag(help: "Include silences that ended in the last day.") var expired = false
+        @Flag(help: "One JSON object per line.") var json = false
+
+        func run() async throws {
+            let config = try options.load(requireBundleIDs: false)
+            let logger = makeLogger()
+            let silences = try await Database.with(config, logger: logger) { database in
+                try await AlertStore(client: database.client, logger: logger).silences(includeExpired: expired)
+            }
+            if json {
+                for silence in silences { print(silence.json.jsonText) }
+            } else if silences.isEmpty {
+                print("no silences")
+            } else {
+                print(table(
+                    ["ID", "KIND", "AUD", "UNTIL", "BY", "REASON"],
+                    silences.map { ["\($0.id)", $0.kind.rawValue, $0.aud ?? "(all)", iso8601($0.until), $0.createdBy, $0.reason ?? "-"] }))
+            }
+        }
+    }
+}

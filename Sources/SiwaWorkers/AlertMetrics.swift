@@ -1,0 +1,38 @@
+import Prometheus
+import SiwaDomain
+
+/// The alert evaluator's gauges, set each round by the process holding the `alerts` lease (the
+/// others keep their last values: aggregate with max() across replicas).
+package struct AlertMetrics: Sendable {
+    let firing: [AlertKind: Gauge]
+    let queueLag: Gauge
+    let discarded: Gauge
+    let badSignatures: Gauge
+
+    package init(registry: PrometheusCollectorRegistry) {
+        firing = Dictionary(uniqueKeysWithValues: AlertKind.allCases.filter { $0 != .test }.map {
+            ($0, registry.makeGauge(
+                descriptor: MetricNameDescriptor(namespace: "siwa", metricName: "alerts_firing", helpText: "Open alert episodes by kind (built-in detector)"),
+                labels: [("kind", $0.rawValue)]))
+        })
+        queueLag = registry.makeGauge(
+            descriptor: MetricNameDescriptor(
+                namespace: "siwa", metricName: "queue_lag", unitName: "seconds", helpText: "How long the oldest ready job (any lane) has waited"))
+        discarded = registry.makeGauge(
+            descriptor: MetricNameDescriptor(
+                namespace: "siwa", metricName: "jobs_discarded_window", helpText: "Jobs discarded after their last attempt within SIWA_SPIKE_WINDOW"))
+        badSignatures = registry.makeGauge(
+            descriptor: MetricNameDescriptor(
+                namespace: "siwa", metricName: "bad_signatures_window", helpText: "Deliveries refused for a bad signature within SIWA_SPIKE_WINDOW"))
+    }
+
+    func record(signals: (queueLag: Int, discarded: Int, badSignatures: Int)) {
+        queueLag.set(Double(signals.queueLag))
+        discarded.set(Double(signals.discarded))
+        badSignatures.set(Double(signals.badSignatures))
+    }
+
+    func record(firing keys: [AlertKey]) {
+        for (kind, gauge) in firing { gauge.set(Double(keys.filter { $0.kind == kind }.count)) }
+    }
+}

@@ -1,0 +1,134 @@
+import Foundation
+import Logging
+import ServiceLifecycle
+import SiwaDomain
+import SiwaStore
+
+/// Evaluates the alerts every `SIWA_SPIKE_INTERVAL`: revocation spikes per app and type (the
+/// counts come from the rollup, the arithmetic from `SpikeRule`), jobs discarded, queue lag and
+/// bad signatures. One process evaluates at a time, whoever holds the `alerts` lease (a row, so
+/// no connection is held for it); it renews the lease each round and gives it up on shutdown, and
+/// another process takes over once it expires. Firing and resolved alerts are logged here and
+/// queued for the sinks (lane `alerts`, delivered by `EffectWorkers`).
+package final class AlertMonitor: Service, Sendable {
+    package struct Configuration: Sendable {
+        package var spike = SpikeSettings()
+        /// queue_lag fires when the oldest ready job has waited this long.
+        package var queueLag: Duration = .seconds(120)
+        /// bad_signatures fires at this many in the spike window.
+        package var badSignatures = 20
+        /// jobs_discarded fires at this many discards in the spike window (alert deliveries excepted).
+        package var discardedJobs = 1
+        package var sinks = AlertSinks()
+
+        package init() {}
+    }
+
+    package static let leaseName = "alerts"
+
+    package let configuration: Configuration
+    let store: AlertStore
+    let logger: Logger
+    let identity: String
+    let metrics: AlertMetrics?
+
+    package init(configuration: Configuration, store: AlertStore, logger: Logger, identity: String, metrics: AlertMetrics? = nil) {
+        self.configuration = configuration
+        self.store = store
+        self.logger = logger
+        self.identity = identity
+        self.metrics = metrics
+    }
+
+    package func run() async throws {
+        let interval = configuration.spike.interval
+        while !Task.isCancelled && !Task.isShuttingDownGracefully {
+            do {
+                if try await store.acquire(lease: Self.leaseName, holder: identity, ttl: interval * 3 + .seconds(5)) {
+                    try await evaluate(now: Date())
+                }
+            } catch {
+                logger.warning("alert evaluation failed; will retry", metadata: ["error": "\(loggable(error))"])
+            }
+            try? await Task.sleep(for: interval)
+        }
+        try? await store.release(lease: Self.leaseName, holder: identity)
+    }
+
+    /// One evaluation of every series at `now`; returns what fired and resolved.
+    @discardableResult
+    package func evaluate(now: Date) async throws -> [AlertDecision] {
+        let settings = configuration.spike
+        var observations: [AlertKey: AlertObservation] = [:]
+
+        let counts = try await store.spikeCounts(now: now, window: settings.window)
+        let firstSeen = try await store.firstSeen(auds: Array(Set(counts.map(\.aud))))
+        let days = SpikeRule.ranges(now: now, window: settings.window).days
+        for (aud, series) in Dictionary(grouping: counts, by: \.aud) {
+            let both = SpikeCounts(
+                aud: aud, type: RevocationSeries.both, window: series.map(\.window).reduce(0, +),
+                days: (0..<SpikeRule.historyDays).map { day in series.map { $0.days[day] }.reduce(0, +) })
+            for entry in series + [both] {
+                let baseline = SpikeRule.baseline(dayCounts: entry.days, days: days, firstSeen: firstSeen[aud], window: settings.window)
+                observations[AlertKey(kind: .revocationSpike, aud: aud, type: entry.type)] =
+                    SpikeRule.observe(count: entry.window, baseline: baseline, settings: settings)
+            }
+        }
+        let signals = try await store.operationalSignals(since: now.addingTimeInterval(-settings.window.timeInterval))
+        observations[AlertKey(kind: .queueLag)] = .atLeast(Int(configuration.queueLag.timeInterval), value: signals.queueLag)
+        observations[AlertKey(kind: .jobsDiscarded)] = .atLeast(configuration.discardedJobs, value: signals.discarded)
+        observations[AlertKey(kind: .badSignatures)] = .atLeast(configuration.badSignatures, value: signals.badSignatures)
+        metrics?.record(signals: signals)
+
+        let open = try await store.open()
+        let openByKey = Dictionary(open.map { ($0.episode.key, $0) }, uniquingKeysWith: { first, _ in first })
+        var decisions: [AlertDecision] = []
+        for key in Set(observations.keys).union(openByKey.keys).sorted(by: { $0.description < $1.description }) {
+            let record = openByKey[key]
+            // A series with an open episode and nothing counted this round is quiet: not breaching.
+            let observation = observations[key] ?? AlertObservation(value: 0, baseline: nil, threshold: record?.episode.threshold ?? 0, breaching: false)
+            let decision = AlertLifecycle.step(open: record?.episode, key: key, observation: observation, now: now, resolveAfter: settings.resolveAfter)
+            switch decision {
+            case .none:
+                break
+            case .fire(let episode):
+                if let fired = try await store.fire(episode, window: settings.window, sinks: configuration.sinks.messages) {
+                    log(fired.message, silenced: fired.silencedBy != nil)
+                    decisions.append(decision)
+                }
+            case .update(let episode):
+                if let record { try await store.update(record.id, episode) }
+            case .resolve(let episode, let at):
+                if var record {
+                    record.episode = episode
+                    try await store.resolve(record, at: at, sinks: configuration.sinks.messages)
+                    var message = record.message
+                    message.resolvedAt = at
+                    log(message, silenced: record.silencedBy != nil)
+                    decisions.append(decision)
+                }
+            }
+        }
+        metrics?.record(firing: try await store.open().map(\.episode.key))
+        return decisions
+    }
+
+    /// The log sink: one line per firing and per resolution, always.
+    private func log(_ message: AlertMessage, silenced: Bool) {
+        let key = message.episode.key
+        var metadata: Logger.Metadata = [
+            "alert_id": "\(message.id)", "kind": "\(key.kind.rawValue)", "state": "\(message.state)", "count": "\(message.episode.peak)",
+            "threshold": "\(Int(message.episode.threshold.rounded()))", "window": "\(DurationSyntax.format(message.window))",
+        ]
+        if let aud = key.aud { metadata["aud"] = "\(aud)" }
+        if let type = key.type { metadata["type"] = "\(type)" }
+        if let baseline = message.episode.baseline { metadata["baseline"] = "\(String(format: "%.2f", baseline))" }
+        if let ratio = message.episode.ratio { metadata["ratio"] = "\(String(format: "%.2f", ratio))" }
+        if silenced { metadata["silenced"] = "true" }
+        if message.resolvedAt == nil {
+            logger.warning("alert: \(message.text)", metadata: metadata)
+        } else {
+            logger.notice("alert: \(message.text)", metadata: metadata)
+        }
+    }
+}
