@@ -37,7 +37,7 @@ package struct Receiver: Sendable {
         clock: @escaping @Sendable () -> Date = { Date() }
     ) {
         let registry = PrometheusCollectorRegistry()
-        let metrics = ReceiverMetrics(registry: registry)
+        let metrics = ReceiverMetrics(registry: registry, audiences: config.bundleIDs)
         let store = NotificationStore(client: client, logger: logger)
         let rejectionStore = RejectionStore(client: client, logger: logger)
         let keys = AppleKeyCache(

@@ -85,6 +85,7 @@ package struct NotificationsController: Sendable {
                     metrics.count(skipped: reason)
                 }
                 metrics.count(outcome: "accepted")
+                metrics.count(accepted: notification.aud, type: notification.decoding.event?.type)
                 logger.info("delivery", metadata: metadata)
                 return .json(.object(["status": .string("accepted"), "id": .string(jti)]))
             case .duplicate(let jti):

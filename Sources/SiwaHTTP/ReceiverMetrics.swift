@@ -9,8 +9,17 @@ package struct ReceiverMetrics: Sendable {
     let sampledOut: [RejectionReason: Counter]
     let duration: DurationHistogram
     package let batchSize: ValueHistogram
+    let accepted: [String: [String: Counter]]
 
-    package init(registry: PrometheusCollectorRegistry) {
+    /// `audiences`: the configured bundle IDs (the only aud a notification can be recorded with).
+    package init(registry: PrometheusCollectorRegistry, audiences: [String] = []) {
+        accepted = Dictionary(uniqueKeysWithValues: audiences.map { aud in
+            (aud, Dictionary(uniqueKeysWithValues: (EventType.allCases.map(\.rawValue) + ["unknown"]).map { type in
+                (type, registry.makeCounter(
+                    descriptor: Self.name("notifications_accepted", "total", "Notifications recorded (not duplicates), by app and canonical type"),
+                    labels: [("aud", aud), ("type", type)]))
+            }))
+        })
         received = Dictionary(uniqueKeysWithValues: ["accepted", "duplicate", "rejected", "unavailable"].map {
             ($0, registry.makeCounter(
                 descriptor: Self.name("notifications_received", "total", "Deliveries to POST /apple/notifications by outcome"),
@@ -45,6 +54,12 @@ package struct ReceiverMetrics: Sendable {
     }
 
     func count(outcome: String) { received[outcome]?.increment() }
+
+    /// Accepted notifications by app and type (types outside Apple's four count as `unknown`).
+    /// Revocation spike rules read it.
+    func count(accepted aud: String, type: EventType?) {
+        accepted[aud]?[type?.rawValue ?? "unknown"]?.increment()
+    }
     func count(skipped reason: SkipReason) { skipped[reason]?.increment() }
     func count(rejected reason: RejectionReason) { rejected[reason]?.increment() }
     func count(sampledOut reason: RejectionReason) { sampledOut[reason]?.increment() }

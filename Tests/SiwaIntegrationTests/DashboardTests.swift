@@ -2,6 +2,7 @@ import Foundation
 import NIOHTTP1
 import SiwaDomain
 import SiwaEmbeddedPostgres
+import SiwaStore
 import SiwaTestSupport
 import Testing
 
@@ -20,7 +21,11 @@ struct DashboardTests {
         #expect(csp.contains("script-src 'self'") && !csp.contains("unsafe-inline"))
         #expect(!shell.body.contains("<script>"))  // no inline script
 
-        let token = try await BackendAPITests.token(e.h, [.notificationsRead])
+        let token = try await BackendAPITests.token(e.h, [.notificationsRead, .alertsRead])
+        let spike = AlertEpisode(
+            key: AlertKey(kind: .revocationSpike, aud: Harness.aud, type: "revocations"), startedAt: Date(), value: 42, peak: 42, baseline: 3.5,
+            threshold: 20)
+        _ = try await AlertStore(client: e.client, logger: e.h.logs.logger()).fire(spike, window: .seconds(300)) { _ in [] }
         try await e.post("consent-revoked", sub: "dash-user-1", at: 1_000, jti: "dash-jti-1")
         try await e.post("email-disabled", sub: "dash-user-2", at: 1_000, email: "d2@privaterelay.appleid.com")
         let xss = "<img src=x onerror=window.__xss=1>"

@@ -48,6 +48,9 @@ try:
     # Their timeline.
     driver.find_element(By.CSS_SELECTOR, "#results tbody button.link").click()
     wait.until(EC.text_to_be_present_in_element((By.ID, "timeline"), "consent-revoked"))
+    # The firing alert is listed (alerts:read), first.
+    wait.until(EC.text_to_be_present_in_element((By.CSS_SELECTOR, "#alerts tbody tr.firing"), "revocation_spike"))
+    assert "42" in driver.find_element(By.CSS_SELECTOR, "#alerts tbody tr.firing").text, "the alert's peak is not shown"
     # The chart drew bars from the stats.
     wait.until(lambda d: len(d.find_elements(By.CSS_SELECTOR, "#chart rect")) > 0)
     # Attacker-controlled values stay text: the markup in this sub never becomes an element.

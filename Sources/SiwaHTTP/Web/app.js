@@ -45,7 +45,7 @@ async function signIn(value) {
   $("#signin-error").textContent = "";
   showApp(true);
   $("#who").textContent = "signed in";
-  await Promise.all([search(false), chart(), rejections()]);
+  await Promise.all([search(false), chart(), rejections(), alerts()]);
 }
 
 // Query strings are built with encodeURIComponent: URLSearchParams writes a space as "+", which
@@ -149,6 +149,29 @@ async function rejections() {
   for (const item of data.items) {
     const row = document.createElement("tr");
     cell(row, item.received_at); cell(row, item.reason); cell(row, item.message); cell(row, item.remote_addr);
+    body.appendChild(row);
+  }
+}
+
+// Alerts need the alerts:read scope; a token without it still sees everything else.
+async function alerts() {
+  const body = $("#alerts tbody");
+  body.replaceChildren();
+  let data;
+  try {
+    data = await api("/v1/alerts?limit=20");
+  } catch (error) {
+    $("#alerts-note").textContent = error.status === 403 ? "This token lacks the alerts:read scope." : error.message;
+    return;
+  }
+  const items = data.items.filter((item) => item.kind !== "test")
+    .sort((a, b) => (a.state === b.state ? 0 : a.state === "firing" ? -1 : 1));
+  $("#alerts-note").textContent = items.some((item) => item.state === "firing") ? "Firing now." : items.length ? "Nothing firing." : "No alerts yet.";
+  for (const item of items) {
+    const row = document.createElement("tr");
+    row.className = item.state;
+    cell(row, item.state + (item.silenced ? " (silenced)" : "")); cell(row, item.kind); cell(row, item.aud); cell(row, item.type);
+    cell(row, item.count); cell(row, item.baseline); cell(row, item.started_at); cell(row, item.resolved_at);
     body.appendChild(row);
   }
 }
