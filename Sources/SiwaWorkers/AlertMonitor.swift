@@ -50,7 +50,8 @@ package final class AlertMonitor: Service, Sendable {
             } catch {
                 logger.warning("alert evaluation failed; will retry", metadata: ["error": "\(loggable(error))"])
             }
-            try? await Task.sleep(for: interval)
+            // Graceful shutdown ends the wait at once (SIGTERM must not wait out an interval).
+            try? await cancelWhenGracefulShutdown { try await Task.sleep(for: interval) }
         }
         try? await store.release(lease: Self.leaseName, holder: identity)
     }
