@@ -192,47 +192,40 @@ package struct Configuration: Sendable {
         config.jobPollInterval = try duration("SIWA_JOB_POLL_INTERVAL", default: config.jobPollInterval)
         config.jobNotify = try boolean("SIWA_JOB_NOTIFY", default: true)
         config.eraseOnDelete = try boolean("SIWA_ERASE_ON_DELETE", default: true)
-        if let text = value("SIWA_CALLBACK_URL") {
-            guard let url = URL(string: text), ["https", "http"].contains(url.scheme?.lowercased() ?? ""), url.host?.isEmpty == false else {
-                throw ConfigurationError(variable: flag("SIWA_CALLBACK_URL"), message: "must be an https:// or http:// URL (got \"\(text)\")")
-            }
-            guard let secrets = value("SIWA_CALLBACK_SECRET") else {
-                throw ConfigurationError(
-                    variable: flag("SIWA_CALLBACK_SECRET"),
-                    message: "is required when SIWA_CALLBACK_URL is set: callbacks are always signed; create one with `siwa-events callbacks secret`")
-            }
-            do {
-                config.callbackSigner = try WebhookSigner(secrets: secrets)
-            } catch {
-                throw ConfigurationError(variable: flag("SIWA_CALLBACK_SECRET"), message: error.description)
-            }
-            config.callbackURL = url
-        } else if value("SIWA_CALLBACK_SECRET") != nil && value("SIWA_ALERT_WEBHOOK_URLS") == nil {
-            throw ConfigurationError(
-                variable: flag("SIWA_CALLBACK_URL"),
-                message: "is not set, but SIWA_CALLBACK_SECRET is: set the URL callbacks go to (or SIWA_ALERT_WEBHOOK_URLS), or unset the secret")
-        }
         func httpURL(_ name: String, _ text: String) throws(ConfigurationError) -> URL {
             guard let url = URL(string: text), ["https", "http"].contains(url.scheme?.lowercased() ?? ""), url.host?.isEmpty == false else {
                 throw ConfigurationError(variable: flag(name), message: "must be an https:// or http:// URL (got \"\(text)\")")
             }
             return url
         }
+        /// SIWA_CALLBACK_SECRET, required because `user` (a variable) sends signed messages.
+        func signer(for user: String, _ what: String) throws(ConfigurationError) -> WebhookSigner {
+            guard let secrets = value("SIWA_CALLBACK_SECRET") else {
+                throw ConfigurationError(
+                    variable: flag("SIWA_CALLBACK_SECRET"),
+                    message: "is required when \(user) is set: \(what); create one with `siwa-events callbacks secret`")
+            }
+            do {
+                return try WebhookSigner(secrets: secrets)
+            } catch {
+                throw ConfigurationError(variable: flag("SIWA_CALLBACK_SECRET"), message: error.description)
+            }
+        }
+        if let text = value("SIWA_CALLBACK_URL") {
+            let url = try httpURL("SIWA_CALLBACK_URL", text)
+            config.callbackSigner = try signer(for: "SIWA_CALLBACK_URL", "callbacks are always signed")
+            config.callbackURL = url
+        } else if value("SIWA_CALLBACK_SECRET") != nil && value("SIWA_ALERT_WEBHOOK_URLS") == nil {
+            throw ConfigurationError(
+                variable: flag("SIWA_CALLBACK_URL"),
+                message: "is not set, but SIWA_CALLBACK_SECRET is: set the URL callbacks go to (or SIWA_ALERT_WEBHOOK_URLS), or unset the secret")
+        }
         if let text = value("SIWA_ALERT_WEBHOOK_URLS") {
             for part in text.split(separator: ",").map({ $0.trimmingCharacters(in: .whitespaces) }).filter({ !$0.isEmpty }) {
                 config.alertWebhooks.append(try httpURL("SIWA_ALERT_WEBHOOK_URLS", part))
             }
             if config.callbackSigner == nil {
-                guard let secrets = value("SIWA_CALLBACK_SECRET") else {
-                    throw ConfigurationError(
-                        variable: flag("SIWA_CALLBACK_SECRET"),
-                        message: "is required when SIWA_ALERT_WEBHOOK_URLS is set: alert webhooks are signed like callbacks; create one with `siwa-events callbacks secret`")
-                }
-                do {
-                    config.callbackSigner = try WebhookSigner(secrets: secrets)
-                } catch {
-                    throw ConfigurationError(variable: flag("SIWA_CALLBACK_SECRET"), message: error.description)
-                }
+                config.callbackSigner = try signer(for: "SIWA_ALERT_WEBHOOK_URLS", "alert webhooks are signed like callbacks")
             }
         }
         if let text = value("SIWA_ALERT_SLACK_URL") { config.alertSlackURL = try httpURL("SIWA_ALERT_SLACK_URL", text) }

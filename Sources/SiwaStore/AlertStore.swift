@@ -153,7 +153,7 @@ package struct AlertStore: Sendable {
     // MARK: AlertsOpen, AlertsRecord
 
     package func open() async throws -> [AlertRecord] {
-        try await records("WHERE state = 'firing'", limit: 10_000)
+        try await list(state: "firing", limit: 10_000)
     }
 
     /// Opens an episode: the alert row, and one message per sink unless a silence covers it.
@@ -254,21 +254,16 @@ package struct AlertStore: Sendable {
 
     /// Newest first; `state` firing or resolved (nil: both).
     package func list(state: String?, limit: Int) async throws -> [AlertRecord] {
-        switch state {
-        case "firing": try await records("WHERE state = 'firing'", limit: limit)
-        case "resolved": try await records("WHERE state = 'resolved'", limit: limit)
-        default: try await records("", limit: limit)
-        }
-    }
-
-    private func records(_ condition: String, limit: Int) async throws -> [AlertRecord] {
+        var sql = SQLBuilder(
+            """
+            SELECT id, kind, aud, type, state, started_at, resolved_at, window_seconds, value, peak, baseline, threshold, normal_since, silenced_by
+            FROM alerts
+            """)
+        sql.filter("state =", state)
+        sql.append(" ORDER BY started_at DESC, id DESC LIMIT ")
+        sql.bind(max(1, min(limit, 10_000)))
         var result: [AlertRecord] = []
-        let query = PostgresQuery(
-            unsafeSQL: """
-                SELECT id, kind, aud, type, state, started_at, resolved_at, window_seconds, value, peak, baseline, threshold, normal_since, silenced_by
-                FROM alerts \(condition) ORDER BY started_at DESC, id DESC LIMIT $1
-                """, binds: { var b = PostgresBindings(); b.append(max(1, min(limit, 10_000))); return b }())
-        for try await row in try await client.query(query, logger: logger).decode(
+        for try await row in try await client.query(sql.query, logger: logger).decode(
             (Int, String, String?, String?, String, Date, Date?, Int, Int, Int, Double?, Double, Date?, Int?).self)
         {
             let key = AlertKey(kind: AlertKind(rawValue: row.1) ?? .test, aud: row.2, type: row.3)

@@ -58,7 +58,7 @@ package struct CallbackStore: Sendable {
 
     /// Claims up to `limit` ready deliveries of `lane`, oldest first. No per-user gate: a callback
     /// carries its event_time, and a receiver orders by it if it needs to.
-    package func claim(lane: DeliveryLane = .callbacks, worker: String, limit: Int, lease: Duration) async throws -> [ClaimedCallback] {
+    package func claim(lane: DeliveryLane, worker: String, limit: Int, lease: Duration) async throws -> [ClaimedCallback] {
         let rows = try await client.query(
             """
             WITH candidates AS (

@@ -84,6 +84,7 @@ package final class AlertMonitor: Service, Sendable {
         let open = try await store.open()
         let openByKey = Dictionary(open.map { ($0.episode.key, $0) }, uniquingKeysWith: { first, _ in first })
         var decisions: [AlertDecision] = []
+        var firing = Set(openByKey.keys)
         for key in Set(observations.keys).union(openByKey.keys).sorted(by: { $0.description < $1.description }) {
             let record = openByKey[key]
             // A series with an open episode and nothing counted this round is quiet: not breaching.
@@ -93,6 +94,8 @@ package final class AlertMonitor: Service, Sendable {
             case .none:
                 break
             case .fire(let episode):
+                // nil: another evaluator opened this series first; it is firing either way.
+                firing.insert(key)
                 if let fired = try await store.fire(episode, window: settings.window, sinks: configuration.sinks.messages) {
                     log(fired.message, silenced: fired.silencedBy != nil)
                     decisions.append(decision)
@@ -107,10 +110,11 @@ package final class AlertMonitor: Service, Sendable {
                     message.resolvedAt = at
                     log(message, silenced: record.silencedBy != nil)
                     decisions.append(decision)
+                    firing.remove(key)
                 }
             }
         }
-        metrics?.record(firing: try await store.open().map(\.episode.key))
+        metrics?.record(firing: Array(firing))
         return decisions
     }
 

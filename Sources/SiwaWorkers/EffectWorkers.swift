@@ -234,17 +234,11 @@ package final class EffectWorkers: Service, Sendable {
     @discardableResult
     package func runCallbacksOnce(http: HTTPClient) async throws -> Int {
         guard let callbacks = configuration.callbacks else { return 0 }
-        let worker = callbackWorkerName
-        let claimed = try await callbackStore.claim(worker: worker, limit: callbacks.concurrency, lease: configuration.lease)
-        guard !claimed.isEmpty else { return 0 }
-        await holding(claimed.map(\.id), as: worker) {
-            await withDiscardingTaskGroup { group in
-                for callback in claimed {
-                    group.addTask { await self.deliver(callback, callbacks, http: http) }
-                }
+        return try await deliverBatch(lane: .callbacks, worker: callbackWorkerName, limit: callbacks.concurrency) { callback in
+            await self.deliver(callback, worker: self.callbackWorkerName, maxAttempts: self.configuration.maxAttempts) { callback in
+                await self.send(callback, to: callbacks.url, signer: callbacks.signer, timeout: callbacks.timeout, http: http)
             }
         }
-        return claimed.count
     }
 
     // MARK: Alert sinks
@@ -255,32 +249,33 @@ package final class EffectWorkers: Service, Sendable {
     package func runAlertDeliveriesOnce(http: HTTPClient) async throws -> Int {
         let sinks = configuration.alertSinks
         let worker = alertWorkerName
-        let claimed = try await callbackStore.claim(lane: .alerts, worker: worker, limit: 16, lease: configuration.lease)
+        return try await deliverBatch(lane: .alerts, worker: worker, limit: 16) { message in
+            guard let (url, signed) = sinks.resolve(message.target ?? "") else {
+                let error = "sink \(message.target ?? "?") is no longer configured (SIWA_ALERT_WEBHOOK_URLS or SIWA_ALERT_SLACK_URL changed)"
+                await self.deliver(message, worker: worker, maxAttempts: 1) { _ in .failed(status: nil, error: error) }
+                return
+            }
+            await self.deliver(message, worker: worker, maxAttempts: self.configuration.maxAttempts) { message in
+                await self.send(message, to: url, signer: signed ? sinks.signer : nil, timeout: sinks.timeout, http: http)
+            }
+        }
+    }
+
+    /// Claims up to `limit` deliveries of `lane` and runs `attempt` on each, concurrently, with
+    /// their leases renewed meanwhile. Returns how many it claimed.
+    private func deliverBatch(
+        lane: DeliveryLane, worker: String, limit: Int, _ attempt: @escaping @Sendable (ClaimedCallback) async -> Void
+    ) async throws -> Int {
+        let claimed = try await callbackStore.claim(lane: lane, worker: worker, limit: limit, lease: configuration.lease)
         guard !claimed.isEmpty else { return 0 }
         await holding(claimed.map(\.id), as: worker) {
             await withDiscardingTaskGroup { group in
-                for message in claimed {
-                    group.addTask {
-                        guard let (url, signed) = sinks.resolve(message.target ?? "") else {
-                            let error = "sink \(message.target ?? "?") is no longer configured (SIWA_ALERT_WEBHOOK_URLS or SIWA_ALERT_SLACK_URL changed)"
-                            await self.deliver(message, worker: worker, maxAttempts: 1) { _ in .failed(status: nil, error: error) }
-                            return
-                        }
-                        await self.deliver(message, worker: worker, maxAttempts: self.configuration.maxAttempts) { message in
-                            await self.send(message, to: url, signer: signed ? sinks.signer : nil, timeout: sinks.timeout, http: http)
-                        }
-                    }
+                for delivery in claimed {
+                    group.addTask { await attempt(delivery) }
                 }
             }
         }
         return claimed.count
-    }
-
-    /// One attempt at a callback to the backend's endpoint.
-    private func deliver(_ callback: ClaimedCallback, _ callbacks: Callbacks, http: HTTPClient) async {
-        await deliver(callback, worker: callbackWorkerName, maxAttempts: configuration.maxAttempts) { callback in
-            await self.send(callback, to: callbacks.url, signer: callbacks.signer, timeout: callbacks.timeout, http: http)
-        }
     }
 
     /// One attempt at a delivery (callback or alert message), recorded, with one log line.
