@@ -20,6 +20,7 @@ package struct Receiver: Sendable {
     package let keys: AppleKeyCache
     package let rejections: RejectionRecorder
     package let registry: PrometheusCollectorRegistry
+    let metrics: ReceiverMetrics
     let notifications: NotificationsController?
     let health: HealthController
     package let workers: EffectWorkers?
@@ -42,7 +43,8 @@ package struct Receiver: Sendable {
         let rejectionStore = RejectionStore(client: client, logger: logger)
         let keys = AppleKeyCache(
             configuration: .init(sourceURL: config.jwksURL, refreshInterval: config.jwksRefreshInterval, unknownKidCooldown: config.unknownKidCooldown),
-            fetcher: keyFetcher, persistence: store, logger: logger)
+            fetcher: keyFetcher, persistence: store, logger: logger, onRefresh: { metrics.count(keyRefresh: $0) })
+        self.metrics = metrics
         let rejections = RejectionRecorder(store: rejectionStore, limitPerMinute: config.rejectionsPerMinute, metrics: metrics, logger: logger)
         self.notifications = !config.receives ? nil : NotificationsController(
             verifier: NotificationVerifier(audiences: Set(config.bundleIDs), clockSkew: config.clockSkew), keys: keys,
@@ -62,7 +64,8 @@ package struct Receiver: Sendable {
         self.alertsAPI = !config.receives ? nil : AlertsController(alerts: AlertStore(client: client, logger: logger))
         self.databaseTimeout = config.databaseTimeout
         self.metricsToken = config.metricsToken
-        let workers = !config.works ? nil : EffectWorkers(configuration: config.workerConfiguration, store: effects, logger: logger)
+        let workers = !config.works ? nil : EffectWorkers(
+            configuration: config.workerConfiguration, store: effects, logger: logger, metrics: WorkerMetrics(registry: registry))
         self.workers = workers
         self.alerts = workers.map {
             AlertMonitor(
@@ -98,6 +101,7 @@ package struct Receiver: Sendable {
         }
         let registry = self.registry
         let metricsToken = self.metricsToken
+        let (keys, metrics) = (self.keys, self.metrics)
         router.get("/metrics") { request, _ in
             if let metricsToken {
                 let given = request.headers[.authorization].map { Array($0.utf8) } ?? []
@@ -105,6 +109,7 @@ package struct Receiver: Sendable {
                     throw APIError(.unauthorized, code: "unauthorized", message: "/metrics needs Authorization: Bearer <SIWA_METRICS_TOKEN>")
                 }
             }
+            metrics.keySetAge.set(keys.fetchedAt.map { Date().timeIntervalSince($0).rounded() } ?? -1)
             var buffer: [UInt8] = []
             registry.emit(into: &buffer)
             return Response(

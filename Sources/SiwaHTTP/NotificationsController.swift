@@ -161,8 +161,10 @@ package struct NotificationsController: Sendable {
             return .unavailable(.unavailable("the signing key of this notification cannot be checked right now; retry later", retryAfter: retryAfter), why)
         }
         let notification: VerifiedNotification
+        let verifying = ContinuousClock.now
         do {
             notification = try verifier.verify(jws, key: key, now: receivedAt)
+            metrics.verification.record(ContinuousClock.now - verifying)
         } catch {
             // A wrong_audience token passed the signature check: it is Apple's. When it is a
             // notification (it has `events`; identity tokens don't), keep it whole so it can be
@@ -173,7 +175,9 @@ package struct NotificationsController: Sendable {
         do {
             let committer = self.committer
             let incoming = NotificationStore.Incoming(notification: notification, rawJWS: jws.raw, receivedAt: receivedAt, remoteAddress: remote)
+            let committing = ContinuousClock.now
             let outcome = try await withDeadline(databaseTimeout) { try await committer.record(incoming) }
+            metrics.durable.record(ContinuousClock.now - committing)
             return .stored(outcome, notification)
         } catch {
             return .unavailable(

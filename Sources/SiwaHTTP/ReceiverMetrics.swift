@@ -8,6 +8,10 @@ package struct ReceiverMetrics: Sendable {
     let rejected: [RejectionReason: Counter]
     let sampledOut: [RejectionReason: Counter]
     let duration: DurationHistogram
+    let verification: DurationHistogram
+    let durable: DurationHistogram
+    let keyRefreshes: [Bool: Counter]
+    package let keySetAge: Gauge
     package let batchSize: ValueHistogram
     let accepted: [String: [String: Counter]]
 
@@ -43,6 +47,20 @@ package struct ReceiverMetrics: Sendable {
         duration = registry.makeDurationHistogram(
             descriptor: Self.name("delivery_duration", "seconds", "Time from request to answer on POST /apple/notifications"),
             buckets: [.milliseconds(1), .milliseconds(2), .milliseconds(5), .milliseconds(10), .milliseconds(25), .milliseconds(50), .milliseconds(100), .milliseconds(250), .milliseconds(500), .seconds(1), .seconds(5)])
+        verification = registry.makeDurationHistogram(
+            descriptor: Self.name("verification_duration", "seconds", "RS256 signature and claims check of one notification (key resolved)"),
+            buckets: [.microseconds(10), .microseconds(25), .microseconds(50), .microseconds(100), .microseconds(250), .microseconds(500), .milliseconds(1), .milliseconds(5)])
+        durable = registry.makeDurationHistogram(
+            descriptor: Self.name(
+                "commit_wait_duration", "seconds", "From a verified notification handed to group commit to its durable COMMIT (what a 200 waits on)"),
+            buckets: [.milliseconds(1), .milliseconds(2), .milliseconds(5), .milliseconds(10), .milliseconds(25), .milliseconds(50), .milliseconds(100), .milliseconds(250), .milliseconds(500), .seconds(1), .seconds(5)])
+        keyRefreshes = Dictionary(uniqueKeysWithValues: [true, false].map {
+            ($0, registry.makeCounter(
+                descriptor: Self.name("jwks_refreshes", "total", "Fetches of Apple's key set (SIWA_APPLE_JWKS_URL) by outcome"),
+                labels: [("outcome", $0 ? "ok" : "failed")]))
+        })
+        keySetAge = registry.makeGauge(
+            descriptor: Self.name("jwks_age", "seconds", "Age of the Apple key set in use, since it was fetched (-1: none loaded)"))
         batchSize = registry.makeValueHistogram(
             descriptor: Self.name("commit_batch", "size", "Notifications per group-commit transaction"),
             buckets: [1, 2, 4, 8, 16, 32, 64, 128, 256, 512])
@@ -54,6 +72,8 @@ package struct ReceiverMetrics: Sendable {
     }
 
     func count(outcome: String) { received[outcome]?.increment() }
+
+    package func count(keyRefresh succeeded: Bool) { keyRefreshes[succeeded]?.increment() }
 
     /// Accepted notifications by app and type (types outside Apple's four count as `unknown`).
     /// Revocation spike rules read it.

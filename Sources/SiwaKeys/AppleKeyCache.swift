@@ -60,6 +60,8 @@ package final class AppleKeyCache: Service, Sendable {
         var inFlight: Task<Bool, Never>?
         var lastError: String?
         var fetches = 0
+        /// When the set in use was fetched from the source (the persisted copy's time after a restart).
+        var fetchedAt: Date?
     }
 
     package let configuration: Configuration
@@ -67,8 +69,14 @@ package final class AppleKeyCache: Service, Sendable {
     private let persistence: (any KeySetPersistence)?
     private let logger: Logger
     private let state = Mutex(State())
+    private let onRefresh: @Sendable (_ succeeded: Bool) -> Void
 
-    package init(configuration: Configuration, fetcher: any KeySetFetcher = DefaultKeySetFetcher(), persistence: (any KeySetPersistence)?, logger: Logger) {
+    /// `onRefresh` is told the outcome of every fetch from the source (metrics).
+    package init(
+        configuration: Configuration, fetcher: any KeySetFetcher = DefaultKeySetFetcher(), persistence: (any KeySetPersistence)?, logger: Logger,
+        onRefresh: @escaping @Sendable (_ succeeded: Bool) -> Void = { _ in }
+    ) {
+        self.onRefresh = onRefresh
         self.configuration = configuration
         self.fetcher = fetcher
         self.persistence = persistence
@@ -80,6 +88,9 @@ package final class AppleKeyCache: Service, Sendable {
     package var isLoaded: Bool { state.withLock { $0.loaded } }
     /// Fetch attempts so far (for tests and metrics).
     package var fetchAttempts: Int { state.withLock { $0.fetches } }
+
+    /// When the key set in use was fetched from its source (nil: none loaded).
+    package var fetchedAt: Date? { state.withLock { $0.fetchedAt } }
     private var sourceKey: String { configuration.sourceURL.absoluteString }
 
     /// Start-up: the persisted set for this source URL first (so a restart works while Apple is
@@ -92,6 +103,7 @@ package final class AppleKeyCache: Service, Sendable {
                     state.withLock {
                         $0.keys = keys
                         $0.loaded = true
+                        $0.fetchedAt = stored.fetchedAt
                     }
                     logger.info("apple keys loaded from database", metadata: ["kids": "\(keys.kids.joined(separator: ","))", "fetched_at": "\(stored.fetchedAt)"])
                 }
@@ -165,7 +177,9 @@ package final class AppleKeyCache: Service, Sendable {
                 $0.loaded = true
                 $0.lastError = nil
                 $0.inFlight = nil
+                $0.fetchedAt = Date()
             }
+            onRefresh(true)
             // (Persisted after the swap; the upsert keeps the newest fetched_at, so two refreshes
             // finishing out of order cannot put an older set back.)
             logger.info(
@@ -186,6 +200,7 @@ package final class AppleKeyCache: Service, Sendable {
                 $0.lastError = message
                 $0.inFlight = nil
             }
+            onRefresh(false)
             logger.warning(
                 "apple keys fetch failed; keeping the last good set",
                 metadata: ["reason": "\(reason)", "source": "\(sourceKey)", "error": "\(message)"])

@@ -150,6 +150,30 @@ package struct AlertStore: Sendable {
         return result
     }
 
+    // MARK: JobsDepth
+
+    /// Jobs not completed, per lane and state. Each branch matches one partial index (ready jobs
+    /// per lane, running, discarded), so completed jobs — most of the table — are never read.
+    package func queueDepth() async throws -> [(lane: String, state: String, count: Int)] {
+        var result: [(lane: String, state: String, count: Int)] = []
+        for try await row in try await client.query(
+            """
+            SELECT lane, state::text, count(*)::bigint FROM jobs WHERE lane = 'effects' AND state IN ('available', 'retryable') GROUP BY 1, 2
+            UNION ALL
+            SELECT lane, state::text, count(*)::bigint FROM jobs WHERE lane = 'callbacks' AND state IN ('available', 'retryable') GROUP BY 1, 2
+            UNION ALL
+            SELECT lane, state::text, count(*)::bigint FROM jobs WHERE lane = 'alerts' AND state IN ('available', 'retryable') GROUP BY 1, 2
+            UNION ALL
+            SELECT lane, 'running', count(*)::bigint FROM jobs WHERE state = 'running' GROUP BY 1
+            UNION ALL
+            SELECT lane, 'discarded', count(*)::bigint FROM jobs WHERE state = 'discarded' GROUP BY 1
+            """, logger: logger
+        ).decode((String, String, Int).self) {
+            result.append((lane: row.0, state: row.1, count: row.2))
+        }
+        return result
+    }
+
     // MARK: AlertsOpen, AlertsRecord
 
     package func open() async throws -> [AlertRecord] {

@@ -8,8 +8,21 @@ package struct AlertMetrics: Sendable {
     let queueLag: Gauge
     let discarded: Gauge
     let badSignatures: Gauge
+    let depth: [String: Gauge]
+
+    static let depthStates = ["available", "retryable", "running", "discarded"]
 
     package init(registry: PrometheusCollectorRegistry) {
+        var depth: [String: Gauge] = [:]
+        for lane in ["effects", "callbacks", "alerts"] {
+            for state in Self.depthStates {
+                depth[lane + "/" + state] = registry.makeGauge(
+                    descriptor: MetricNameDescriptor(
+                        namespace: "siwa", metricName: "queue_jobs", helpText: "Jobs not completed, by lane and state (set by the alert evaluator)"),
+                    labels: [("lane", lane), ("state", state)])
+            }
+        }
+        self.depth = depth
         firing = Dictionary(uniqueKeysWithValues: AlertKind.allCases.filter { $0 != .test }.map {
             ($0, registry.makeGauge(
                 descriptor: MetricNameDescriptor(namespace: "siwa", metricName: "alerts_firing", helpText: "Open alert episodes by kind (built-in detector)"),
@@ -30,6 +43,11 @@ package struct AlertMetrics: Sendable {
         queueLag.set(Double(signals.queueLag))
         discarded.set(Double(signals.discarded))
         badSignatures.set(Double(signals.badSignatures))
+    }
+
+    func record(depth rows: [(lane: String, state: String, count: Int)]) {
+        for gauge in depth.values { gauge.set(0.0) }
+        for row in rows { depth[row.lane + "/" + row.state]?.set(Double(row.count)) }
     }
 
     func record(firing keys: [AlertKey]) {

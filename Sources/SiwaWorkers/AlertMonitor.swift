@@ -79,7 +79,10 @@ package final class AlertMonitor: Service, Sendable {
         observations[AlertKey(kind: .queueLag)] = .atLeast(Int(configuration.queueLag.timeInterval), value: signals.queueLag)
         observations[AlertKey(kind: .jobsDiscarded)] = .atLeast(configuration.discardedJobs, value: signals.discarded)
         observations[AlertKey(kind: .badSignatures)] = .atLeast(configuration.badSignatures, value: signals.badSignatures)
-        metrics?.record(signals: signals)
+        if let metrics {
+            metrics.record(signals: signals)
+            metrics.record(depth: try await store.queueDepth())
+        }
 
         let open = try await store.open()
         let openByKey = Dictionary(open.map { ($0.episode.key, $0) }, uniquingKeysWith: { first, _ in first })

@@ -73,8 +73,12 @@ package final class EffectWorkers: Service, Sendable {
     private let inHand = Mutex<[String: [Int]]>([:])
     /// This process's workers are `<identity>/<n>`, its callback deliverer `<identity>/callbacks`.
     package let identity: String
+    let metrics: WorkerMetrics?
 
-    package init(configuration: Configuration, store: EffectStore, logger: Logger, identity: String = EffectWorkers.defaultIdentity()) {
+    package init(
+        configuration: Configuration, store: EffectStore, logger: Logger, identity: String = EffectWorkers.defaultIdentity(), metrics: WorkerMetrics? = nil
+    ) {
+        self.metrics = metrics
         self.configuration = configuration
         self.store = store
         self.callbackStore = CallbackStore(client: store.client, logger: logger)
@@ -195,6 +199,8 @@ package final class EffectWorkers: Service, Sendable {
             if configuration.callbacks != nil && !applied.isEmpty { callbackDoorbell.ring() }
             let elapsed = ContinuousClock.now - started
             for effect in applied {
+                metrics?.attempt(lane: "effects", outcome: "applied", took: elapsed)
+                metrics?.effect(type: effect.type, effect: effect.effect)
                 logger.info(
                     "job",
                     metadata: [
@@ -212,7 +218,9 @@ package final class EffectWorkers: Service, Sendable {
             for job in jobs { await process([job], worker: worker) }
         } catch {
             let message = loggable(error)
+            let elapsed = ContinuousClock.now - started
             for job in jobs {
+                metrics?.attempt(lane: "effects", outcome: job.attempt >= configuration.maxAttempts ? "discarded" : "retrying", took: elapsed)
                 logger.warning(
                     "job", metadata: ["outcome": job.attempt >= configuration.maxAttempts ? "discarded" : "retrying", "job_id": "\(job.id)", "jti": "\(job.jti)", "attempt": "\(job.attempt)", "error": "\(message)", "worker": "\(worker)"])
             }
@@ -293,6 +301,13 @@ package final class EffectWorkers: Service, Sendable {
         if callback.lane == .callbacks { metadata["jti"] = "\(callback.jti)" } else { metadata["sink"] = "\(callback.target ?? "")" }
         do {
             let state = try await callbackStore.record(callback, worker: worker, outcome: outcome, maxAttempts: maxAttempts, delay: delay)
+            let result = switch (outcome, state) {
+            case (.delivered, _): "delivered"
+            case (.failed, "discarded"): "discarded"
+            case (.failed, nil): "lease_lost"
+            case (.failed, _): "retrying"
+            }
+            metrics?.attempt(lane: callback.lane.rawValue, outcome: result, took: ContinuousClock.now - started)
             switch (outcome, state) {
             case (.delivered(let status), _):
                 metadata["status"] = "\(status)"
@@ -300,7 +315,7 @@ package final class EffectWorkers: Service, Sendable {
             case (.failed(let status, let error), let state):
                 metadata["status"] = "\(status.map(String.init) ?? "none")"
                 metadata["error"] = "\(error)"
-                metadata["outcome"] = "\(state == "discarded" ? "discarded" : state == nil ? "lease_lost" : "retrying")"
+                metadata["outcome"] = "\(result)"
                 if state == "retryable" { metadata["retry_in_ms"] = "\(delay.milliseconds)" }
                 logger.warning("\(event)", metadata: metadata)
             }
