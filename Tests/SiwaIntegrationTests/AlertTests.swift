@@ -1,5 +1,6 @@
 import AsyncHTTPClient
 import Foundation
+import Logging
 import NIOHTTP1
 import PostgresNIO
 import ServiceLifecycle
@@ -120,6 +121,44 @@ struct AlertTests {
         #expect(try await BackendAPITests.call(e.h, .GET, "/v1/alerts?state=open", token: reader).status == 400)
         await e.stop()
         await webhook.stop()
+    }
+
+    @Test("`siwa-events alerts test` (the real binary) reaches every sink through a running worker, and says so; without sinks it says what to set")
+    func alertsTestCommand() async throws {
+        let webhook = try await CallbackEndpoint.start()
+        let slack = try await CallbackEndpoint.start()
+        let database = try await TestCluster.shared.makeDatabase()
+        let client = PostgresClient(configuration: database)
+        let logger = Logger(label: "alerts-test", factory: { _ in SwiftLogNoOpLogHandler() })
+        var configuration = EffectWorkers.Configuration()
+        configuration.workers = 1
+        configuration.alertSinks = AlertSinks(webhooks: [webhook.url], slack: slack.url, signer: try WebhookSigner(secrets: CallbackTests.secret))
+        let workers = EffectWorkers(configuration: configuration, store: EffectStore(client: client, logger: logger), logger: logger)
+        let group = ServiceGroup(configuration: .init(services: [client, workers], logger: logger))
+        let running = Task { try await group.run() }
+
+        let socketDirectory = ((database.unixSocketPath ?? "") as NSString).deletingLastPathComponent
+        let environment = [
+            "DATABASE_URL": "postgres://\(database.username)@/\(database.database ?? "")?host=\(socketDirectory)",
+            "SIWA_ALERT_WEBHOOK_URLS": webhook.url.absoluteString, "SIWA_ALERT_SLACK_URL": slack.url.absoluteString,
+            "SIWA_CALLBACK_SECRET": CallbackTests.secret,
+        ]
+        let result = try await CLITests.run(["alerts", "test", "--wait", "20s"], environment: environment, directory: "/tmp")
+        #expect(result.status == 0, "\(result.stdout)\(result.stderr)")
+        #expect(result.stdout.split(separator: "\n").filter { $0.contains("delivered (HTTP 200)") }.count == 2, "\(result.stdout)")
+        let body = try #require(webhook.received.first.flatMap { JSONValue.parse(Data($0.body)) })
+        #expect(body["kind"] == .string("test"))
+        #expect(webhook.received.allSatisfy { CallbackTests.verifies($0, secret: CallbackTests.secret) })
+        #expect(slack.received.first?.bodyText.contains("this sink works") == true)
+
+        let none = try await CLITests.run(["alerts", "test"], environment: ["DATABASE_URL": environment["DATABASE_URL"]!], directory: "/tmp")
+        #expect(none.status == 78)
+        #expect(none.stderr.contains("SIWA_ALERT_WEBHOOK_URLS"))
+
+        await group.triggerGracefulShutdown()
+        _ = await running.result
+        await webhook.stop()
+        await slack.stop()
     }
 
     @Test("operational: a discarded job and a lagging queue fire their own alerts and resolve when cleared")
