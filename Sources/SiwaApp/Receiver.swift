@@ -67,6 +67,7 @@ package struct Receiver: Sendable {
         let workers = !config.works ? nil : EffectWorkers(
             configuration: config.workerConfiguration, store: effects, logger: logger, metrics: WorkerMetrics(registry: registry))
         self.workers = workers
+        if let workers { store.jobsNotifier.addLocalWaker { workers.wake() } }
         self.alerts = workers.map {
             AlertMonitor(
                 configuration: config.alertConfiguration, store: AlertStore(client: client, logger: logger), logger: logger, identity: $0.identity,

@@ -44,10 +44,13 @@ package struct NotificationFilter: Sendable {
 package struct NotificationStore: Sendable {
     package let client: PostgresClient
     let logger: Logger
+    /// Told after each commit that enqueued jobs.
+    package let jobsNotifier: JobsNotifier
 
     package init(client: PostgresClient, logger: Logger) {
         self.client = client
         self.logger = logger
+        self.jobsNotifier = JobsNotifier(client: client, logger: logger)
     }
 
     // MARK: NotificationsRecord
@@ -75,129 +78,168 @@ package struct NotificationStore: Sendable {
     }
 
     /// Stores a batch of verified notifications and enqueues their jobs in one transaction — one
-    /// multi-row insert, one duplicate-count update, one commit (so one WAL flush) for all — and
-    /// returns after `COMMIT` has answered. With the extended protocol a statement's rows arrive
-    /// before the implicit commit at Sync, so they prove nothing; COMMIT's completion is sent only
-    /// after the commit record is flushed (synchronous_commit on).
+    /// multi-row insert, one commit (so one WAL flush) for all — and returns after `COMMIT` has
+    /// answered. With the extended protocol a statement's rows arrive before the implicit commit at
+    /// Sync, so they prove nothing; COMMIT's completion is sent only after the commit record is
+    /// flushed (synchronous_commit on). Both statements are prepared once per connection and take
+    /// the batch as one array per column.
     ///
     /// Each outcome is `accepted` (inserted now), `duplicate` (same jti, or the same
     /// aud/sub/type/event_time under another jti, already stored — its deliveries are counted), or
     /// nil when neither could be decided in this snapshot (a copy committed concurrently by another
-    /// process): the caller submits it again.
+    /// process): the caller submits it again. `jobs` is how many effect jobs were enqueued.
     package func record(_ batch: [Incoming]) async throws -> [RecordOutcome?] {
-        guard !batch.isEmpty else { return [] }
-        let rows = JSONValue.array(batch.enumerated().map { index, item in Self.row(index: index, item) }).jsonText
-        let lastDelivery = batch.map(\.receivedAt).max()!
+        try await recordBatch(batch).outcomes
+    }
+
+    package func recordBatch(_ batch: [Incoming]) async throws -> (outcomes: [RecordOutcome?], jobs: Int) {
+        guard !batch.isEmpty else { return ([], 0) }
         let logger = self.logger
-        return try await client.transaction(logger: logger) { connection -> [RecordOutcome?] in
+        let recorded = try await client.transaction(logger: logger) { connection -> ([RecordOutcome?], Int) in
             var outcomes = [RecordOutcome?](repeating: nil, count: batch.count)
             var firstIndexOfJTI: [String: Int] = [:]
             for (index, item) in batch.enumerated() where firstIndexOfJTI[item.notification.jti] == nil {
                 firstIndexOfJTI[item.notification.jti] = index
             }
-            // NotificationsInsertBatch: input order decides which of two copies in one batch is
-            // inserted; ON CONFLICT DO NOTHING skips the rest (and any already stored).
-            for try await (jti, status, _) in try await connection.query(
-                """
-                WITH input AS (\(Self.inputRows)),
-                ins AS (
-                    INSERT INTO notifications (
-                        jti, jti_derived, aud, sub, type, raw_type, event_time, email, is_private_email, status, skip_reason,
-                        skip_detail, kid, issued_at, expires_at, raw_jws, header, claims, received_at, remote_addr, last_delivery_at)
-                    SELECT jti, jti_derived, aud, sub, type, raw_type, event_time, email, is_private_email, status, skip_reason,
-                        skip_detail, kid, issued_at, expires_at, raw_jws, header, claims, received_at, remote_addr, received_at
-                    FROM input ORDER BY idx
-                    ON CONFLICT DO NOTHING
-                    RETURNING id, jti, status, aud, sub, event_time
-                ), job AS (
-                    INSERT INTO jobs (notification_id, run_at, aud, sub, event_time)
-                    SELECT id, now(), aud, sub, event_time FROM ins WHERE status = 'pending'
-                    RETURNING id
-                ), wake AS (
-                    -- A hint for idle workers, delivered at COMMIT; they poll as well (NOTIFY is
-                    -- lost when nobody listens, and poolers drop it).
-                    SELECT pg_notify('siwa_jobs', '') FROM (SELECT 1 FROM job LIMIT 1) j
-                )
-                SELECT jti, status::text, (SELECT count(*) FROM job) + (SELECT count(*) FROM wake) * 0 FROM ins
-                """.bound(rows), logger: logger
-            ).decode((String, String, Int).self) {
+            var jobs = 0
+            for try await (jti, status) in try await connection.execute(InsertBatch(batch), logger: logger) {
+                if status == ProcessingStatus.pending.rawValue { jobs += 1 }
                 if let index = firstIndexOfJTI[jti] {
                     outcomes[index] = .accepted(jti: jti, status: ProcessingStatus(rawValue: status) ?? .pending)
                 }
             }
             let rest = batch.indices.filter { outcomes[$0] == nil }
-            guard !rest.isEmpty else { return outcomes }
-            // NotificationsCountDuplicates: a fresh snapshot sees copies committed meanwhile.
-            let restRows = JSONValue.array(rest.map { Self.row(index: $0, batch[$0]) }).jsonText
-            for try await (index, jti) in try await connection.query(
-                """
-                WITH input AS (\(Self.inputRows)),
-                matched AS (
-                    SELECT input.idx, coalesce(
-                        (SELECT n.id FROM notifications n WHERE n.jti = input.jti),
-                        (SELECT n.id FROM notifications n
-                         WHERE n.aud = input.aud AND n.sub = input.sub AND n.type = input.type AND n.event_time = input.event_time)
-                    ) AS id
-                    FROM input
-                ), counted AS (
-                    UPDATE notifications n SET deliveries = n.deliveries + c.copies, last_delivery_at = $2
-                    FROM (SELECT id, count(*) AS copies FROM matched WHERE id IS NOT NULL GROUP BY id) c
-                    WHERE n.id = c.id
-                    RETURNING n.id, n.jti
-                )
-                SELECT matched.idx, counted.jti FROM matched JOIN counted ON counted.id = matched.id
-                """.bound(restRows, lastDelivery), logger: logger
-            ).decode((Int, String).self) {
+            guard !rest.isEmpty else { return (outcomes, jobs) }
+            let duplicates = CountDuplicates(indices: rest, batch: batch, lastDelivery: batch.map(\.receivedAt).max()!)
+            for try await (index, jti) in try await connection.execute(duplicates, logger: logger) {
                 outcomes[index] = .duplicate(jti: jti)
             }
-            return outcomes
+            return (outcomes, jobs)
         }
+        if recorded.1 > 0 { jobsNotifier.jobsEnqueued() }
+        return recorded
     }
 
-    /// The batch as one jsonb parameter (`$1`), expanded into typed rows by PostgreSQL: one bind
-    /// for any batch size, NULLs included. Times travel as integers (exact) and become timestamptz.
-    private static let inputRows = """
-        SELECT r.idx, r.jti, r.jti_derived, r.aud, r.sub, r.type, r.raw_type,
-            CASE WHEN r.event_time_ms IS NULL THEN NULL ELSE timestamptz 'epoch' + r.event_time_ms * interval '1 millisecond' END AS event_time,
-            r.email, r.is_private_email, r.status::notification_status AS status, r.skip_reason, r.skip_detail, r.kid,
-            timestamptz 'epoch' + r.issued_at * interval '1 second' AS issued_at,
-            CASE WHEN r.expires_at IS NULL THEN NULL ELSE timestamptz 'epoch' + r.expires_at * interval '1 second' END AS expires_at,
-            r.raw_jws, r.header, r.claims,
-            timestamptz 'epoch' + r.received_at_us * interval '1 microsecond' AS received_at, r.remote_addr
-        FROM jsonb_to_recordset($1::jsonb) AS r(
-            idx int, jti text, jti_derived boolean, aud text, sub text, type text, raw_type text, event_time_ms bigint,
-            email text, is_private_email boolean, status text, skip_reason text, skip_detail text, kid text, issued_at bigint,
-            expires_at bigint, raw_jws text, header jsonb, claims jsonb, received_at_us bigint, remote_addr text)
-        """
+    /// NotificationsInsertBatch: input order decides which of two copies in one batch is inserted;
+    /// ON CONFLICT DO NOTHING skips the rest (and any already stored). Times travel as integers
+    /// (exact) and become timestamptz here.
+    struct InsertBatch: PostgresPreparedStatement {
+        static let name = "siwa_notifications_insert_batch_v1"
+        static let sql = """
+            WITH input AS (
+                SELECT * FROM unnest($1::text[], $2::bool[], $3::text[], $4::text[], $5::text[], $6::text[], $7::int8[],
+                    $8::text[], $9::bool[], $10::text[], $11::text[], $12::text[], $13::text[], $14::int8[], $15::int8[],
+                    $16::text[], $17::text[], $18::text[], $19::int8[], $20::text[])
+                WITH ORDINALITY AS r(jti, jti_derived, aud, sub, type, raw_type, event_time_ms, email, is_private_email, status,
+                    skip_reason, skip_detail, kid, issued_at, expires_at, raw_jws, header, claims, received_at_us, remote_addr, idx)
+            ), ins AS (
+                INSERT INTO notifications (
+                    jti, jti_derived, aud, sub, type, raw_type, event_time, email, is_private_email, status, skip_reason,
+                    skip_detail, kid, issued_at, expires_at, raw_jws, header, claims, received_at, remote_addr, last_delivery_at)
+                SELECT jti, jti_derived, aud, sub, type, raw_type, timestamptz 'epoch' + event_time_ms * interval '1 millisecond',
+                    email, is_private_email, status::notification_status, skip_reason, skip_detail, kid,
+                    timestamptz 'epoch' + issued_at * interval '1 second', timestamptz 'epoch' + expires_at * interval '1 second',
+                    raw_jws, header::jsonb, claims::jsonb, timestamptz 'epoch' + received_at_us * interval '1 microsecond', remote_addr,
+                    timestamptz 'epoch' + received_at_us * interval '1 microsecond'
+                FROM input ORDER BY idx
+                ON CONFLICT DO NOTHING
+                RETURNING id, jti, status, aud, sub, event_time
+            ), job AS (
+                INSERT INTO jobs (notification_id, run_at, aud, sub, event_time)
+                SELECT id, now(), aud, sub, event_time FROM ins WHERE status = 'pending'
+            )
+            SELECT jti, status::text FROM ins
+            """
+        typealias Row = (String, String)
+        let batch: [Incoming]
+        init(_ batch: [Incoming]) { self.batch = batch }
 
-    private static func row(index: Int, _ item: Incoming) -> JSONValue {
-        let n = item.notification
-        let event = n.decoding.event
-        var row: [String: JSONValue] = [
-            "idx": .number(Double(index)), "jti": .string(n.jti), "jti_derived": .bool(n.jtiDerived), "aud": .string(n.aud),
-            "kid": .string(n.kid), "issued_at": .number(Double(n.issuedAt)), "raw_jws": .string(item.rawJWS),
-            "header": JSONValue.parse(Data(n.headerJSON.utf8)) ?? .null, "claims": n.claims,
-            "received_at_us": .number((item.receivedAt.timeIntervalSince1970 * 1_000_000).rounded()),
-        ]
-        if let expiresAt = n.expiresAt { row["expires_at"] = .number(Double(expiresAt)) }
-        if let remote = item.remoteAddress { row["remote_addr"] = .string(remote) }
-        if let event {
-            row["sub"] = .string(event.sub)
-            row["type"] = .string(event.type?.rawValue ?? event.rawType)
-            row["raw_type"] = .string(event.rawType)
-            row["event_time_ms"] = .number(Double(event.eventTimeMillis))
-            if let email = event.email { row["email"] = .string(email) }
-            if let isPrivate = event.isPrivateEmail { row["is_private_email"] = .bool(isPrivate) }
+        func makeBindings() -> PostgresBindings {
+            var bindings = PostgresBindings(capacity: 20)
+            let notifications = batch.map(\.notification)
+            let events = notifications.map(\.decoding.event)
+            bindings.append(notifications.map(\.jti))
+            bindings.append(notifications.map(\.jtiDerived))
+            bindings.append(notifications.map(\.aud))
+            bindings.append(NullableArray(events.map { $0?.sub }))
+            bindings.append(NullableArray(events.map { event in event.map { $0.type?.rawValue ?? $0.rawType } }))
+            bindings.append(NullableArray(events.map { $0?.rawType }))
+            bindings.append(NullableArray(events.map { $0?.eventTimeMillis }))
+            bindings.append(NullableArray(events.map { $0?.email }))
+            bindings.append(NullableArray(events.map { $0?.isPrivateEmail }))
+            var statuses: [String] = [], skipReasons: [String?] = [], skipDetails: [String?] = []
+            for notification in notifications {
+                switch notification.decoding {
+                case .event:
+                    statuses.append(ProcessingStatus.pending.rawValue)
+                    skipReasons.append(nil)
+                    skipDetails.append(nil)
+                case .skipped(let reason, let detail, _):
+                    statuses.append(ProcessingStatus.skipped.rawValue)
+                    skipReasons.append(reason.rawValue)
+                    skipDetails.append(detail)
+                }
+            }
+            bindings.append(statuses)
+            bindings.append(NullableArray(skipReasons))
+            bindings.append(NullableArray(skipDetails))
+            bindings.append(notifications.map(\.kid))
+            bindings.append(notifications.map(\.issuedAt))
+            bindings.append(NullableArray(notifications.map(\.expiresAt)))
+            bindings.append(batch.map(\.rawJWS))
+            bindings.append(notifications.map(\.headerJSON))
+            bindings.append(notifications.map(\.claimsJSON))
+            bindings.append(batch.map { Int64((($0.receivedAt.timeIntervalSince1970) * 1_000_000).rounded()) })
+            bindings.append(NullableArray(batch.map(\.remoteAddress)))
+            return bindings
         }
-        switch n.decoding {
-        case .event:
-            row["status"] = .string(ProcessingStatus.pending.rawValue)
-        case .skipped(let reason, let detail, _):
-            row["status"] = .string(ProcessingStatus.skipped.rawValue)
-            row["skip_reason"] = .string(reason.rawValue)
-            row["skip_detail"] = .string(detail)
+
+        func decodeRow(_ row: PostgresRow) throws -> Row { try row.decode(Row.self) }
+    }
+
+    /// NotificationsCountDuplicates: a fresh snapshot sees copies committed meanwhile; each copy
+    /// adds a delivery to the stored notification.
+    struct CountDuplicates: PostgresPreparedStatement {
+        static let name = "siwa_notifications_count_duplicates_v1"
+        static let sql = """
+            WITH input AS (
+                SELECT * FROM unnest($1::int8[], $2::text[], $3::text[], $4::text[], $5::text[], $6::int8[])
+                    AS r(idx, jti, aud, sub, type, event_time_ms)
+            ), matched AS (
+                SELECT input.idx, coalesce(
+                    (SELECT n.id FROM notifications n WHERE n.jti = input.jti),
+                    (SELECT n.id FROM notifications n
+                     WHERE n.aud = input.aud AND n.sub = input.sub AND n.type = input.type
+                       AND n.event_time = timestamptz 'epoch' + input.event_time_ms * interval '1 millisecond')
+                ) AS id
+                FROM input
+            ), counted AS (
+                UPDATE notifications n SET deliveries = n.deliveries + c.copies, last_delivery_at = $7
+                FROM (SELECT id, count(*) AS copies FROM matched WHERE id IS NOT NULL GROUP BY id) c
+                WHERE n.id = c.id
+                RETURNING n.id, n.jti
+            )
+            SELECT matched.idx, counted.jti FROM matched JOIN counted ON counted.id = matched.id
+            """
+        typealias Row = (Int, String)
+        let indices: [Int]
+        let batch: [Incoming]
+        let lastDelivery: Date
+
+        func makeBindings() -> PostgresBindings {
+            var bindings = PostgresBindings(capacity: 7)
+            let events = indices.map { batch[$0].notification.decoding.event }
+            bindings.append(indices.map(Int64.init))
+            bindings.append(indices.map { batch[$0].notification.jti })
+            bindings.append(indices.map { batch[$0].notification.aud })
+            bindings.append(NullableArray(events.map { $0?.sub }))
+            bindings.append(NullableArray(events.map { event in event.map { $0.type?.rawValue ?? $0.rawType } }))
+            bindings.append(NullableArray(events.map { $0?.eventTimeMillis }))
+            bindings.append(lastDelivery)
+            return bindings
         }
-        return .object(row)
+
+        func decodeRow(_ row: PostgresRow) throws -> Row { try row.decode(Row.self) }
     }
 
     // MARK: NotificationsList

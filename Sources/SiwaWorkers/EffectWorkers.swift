@@ -394,6 +394,10 @@ package final class EffectWorkers: Service, Sendable {
         }
     }
 
+    /// Effect jobs were enqueued by this process (its receiver): wakes an idle worker without
+    /// waiting for the NOTIFY to come back from PostgreSQL.
+    package func wake() { doorbell.ring() }
+
     /// LISTEN siwa_jobs on one pooled connection; rings the doorbell on each NOTIFY. Reconnects
     /// after errors (database restart); workers poll meanwhile.
     private func listen() async {
