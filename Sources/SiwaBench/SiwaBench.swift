@@ -59,6 +59,7 @@ struct Ingest: AsyncParsableCommand {
     @Option(help: "Requests to send.") var requests: Int
     @Option(help: "Target rate in requests/s (open loop); default: as fast as the connections go.") var rate: Double?
     @Option(help: "Label for the output line.") var label: String = "ingest"
+    @Option(help: "Also print a line every N seconds with that interval's answers/s and latency (long runs).") var reportEvery: Int?
 
     func run() async throws {
         let all = try String(contentsOfFile: bodies, encoding: .utf8).split(separator: "\n").map(String.init)
@@ -73,6 +74,24 @@ struct Ingest: AsyncParsableCommand {
         let next = Counter()
         let results = Results(capacity: requests)
         let started = ContinuousClock.now
+        let reporter = reportEvery.map { every in
+            Task {
+                var cursor = 0
+                var tick = 0
+                while !Task.isCancelled {
+                    tick += 1
+                    try? await Task.sleep(until: started + .seconds(every * tick), clock: .continuous)
+                    if Task.isCancelled { break }
+                    let (latencies, _) = results.snapshot()
+                    let interval = latencies[cursor...].sorted()
+                    cursor = latencies.count
+                    func at(_ p: Double) -> Double { interval.isEmpty ? .nan : interval[min(interval.count - 1, Int((Double(interval.count) * p).rounded(.up)) - 1)] }
+                    let line = String(format: "%@: t=%ds answers/s=%.0f p50=%.2fms p99=%.2fms\n", label, every * tick, Double(interval.count) / Double(every), at(0.5), at(0.99))
+                    FileHandle.standardOutput.write(Data(line.utf8))
+                }
+            }
+        }
+        defer { reporter?.cancel() }
         try await withThrowingTaskGroup(of: Void.self) { group in
             for _ in 0..<connections {
                 group.addTask {
