@@ -109,120 +109,43 @@ package struct EffectStore: Sendable {
         guard !jobs.isEmpty else { return [] }
         let logger = self.logger
         return try await client.transaction(logger: logger) { connection -> [AppliedEffect] in
-            // JobsComplete (guarded).
+            // JobsComplete (guarded) + AccountsLock: the jobs still ours, and their users' current
+            // state, locked.
             var confirmed = Set<Int>()
-            for try await (id,) in try await connection.query(
-                """
-                UPDATE jobs j SET state = 'completed', finished_at = now(), locked_by = NULL, lease_expires_at = NULL
-                FROM unnest(\(jobs.map(\.id))::bigint[], \(jobs.map(\.attempt))::bigint[]) AS c(id, attempt)
-                WHERE j.id = c.id AND j.attempt = c.attempt AND j.state = 'running' AND j.locked_by = \(worker)
-                RETURNING j.id
-                """, logger: logger
-            ).decode((Int,).self) {
-                confirmed.insert(id)
+            var states: [User: AccountState] = [:]
+            for try await row in try await connection.execute(CompleteAndLock(jobs: jobs, worker: worker), logger: logger) {
+                confirmed.insert(row.jobID)
+                if let state = row.account { states[row.user] = state }
             }
             let held = jobs.filter { confirmed.contains($0.id) }.sorted { ($0.event.eventTimeMillis, $0.id) < ($1.event.eventTimeMillis, $1.id) }
             guard !held.isEmpty else { return [] }
 
-            // AccountsLock: the users' current state.
-            struct User: Hashable { var aud: String; var sub: String }
-            var states: [User: AccountState] = [:]
-            let users = Array(Set(held.map { User(aud: $0.aud, sub: $0.event.sub) }))
-            for try await row in try await connection.query(
-                """
-                SELECT aud, sub, email, is_private_email, email_forwarding::text,
-                    (extract(epoch FROM email_event_time) * 1000)::bigint, (extract(epoch FROM consent_revoked_at) * 1000)::bigint,
-                    (extract(epoch FROM deleted_at) * 1000)::bigint, (extract(epoch FROM consent_event_time) * 1000)::bigint,
-                    (extract(epoch FROM address_event_time) * 1000)::bigint, (extract(epoch FROM erased_at) * 1000)::bigint
-                FROM accounts a
-                WHERE (a.aud, a.sub) IN (SELECT * FROM unnest(\(users.map(\.aud))::text[], \(users.map(\.sub))::text[]))
-                FOR UPDATE
-                """, logger: logger
-            ).decode((String, String, String?, Bool?, String?, Int64?, Int64?, Int64?, Int64?, Int64?, Int64?).self) {
-                states[User(aud: row.0, sub: row.1)] = AccountState(
-                    email: row.2, isPrivateEmail: row.3, forwarding: row.4.flatMap(AccountState.Forwarding.init(rawValue:)),
-                    emailEventTime: row.5, addressEventTime: row.9, consentRevokedAt: row.6, deletedAt: row.7, consentEventTime: row.8,
-                    erasedAt: row.10)
-            }
-
             // The rules decide, in event_time order per user.
-            var revocations: [JSONValue] = []
+            var revocations: [Revocation] = []
             var erase = Set<User>()
-            var effects: [Int: (plan: EffectPlan, job: ClaimedJob)] = [:]
+            var plans: [Int: EffectPlan] = [:]
+            var users: [User] = []
             for job in held {
                 let user = User(aud: job.aud, sub: job.event.sub)
-                let plan = EffectRules.plan(job.event, on: states[user] ?? .unknown, eraseOnDelete: eraseOnDelete)
+                if states[user] == nil { states[user] = .unknown }
+                if !users.contains(user) { users.append(user) }
+                let plan = EffectRules.plan(job.event, on: states[user]!, eraseOnDelete: eraseOnDelete)
                 states[user] = plan.account
-                effects[job.id] = (plan, job)
+                plans[job.id] = plan
                 if plan.erase { erase.insert(user) }
                 switch plan.revoke {
                 case .none: break
                 case .createdAtOrBefore(let cutoff, let reason):
-                    revocations.append(Self.revocation(job, cutoff: cutoff, reason: reason))
+                    revocations.append(Revocation(job: job, cutoff: cutoff, reason: reason))
                 case .all(let reason):
-                    revocations.append(Self.revocation(job, cutoff: nil, reason: reason))
+                    revocations.append(Revocation(job: job, cutoff: nil, reason: reason))
                 }
             }
-
-            // AccountsUpsert.
-            let accountRows = JSONValue.array(users.map { user in
-                let state = states[user] ?? .unknown
-                var row: [String: JSONValue] = ["aud": .string(user.aud), "sub": .string(user.sub)]
-                row["email"] = state.email.map(JSONValue.string) ?? .null
-                row["is_private_email"] = state.isPrivateEmail.map(JSONValue.bool) ?? .null
-                row["email_forwarding"] = state.forwarding.map { .string($0.rawValue) } ?? .null
-                row["email_event_time"] = state.emailEventTime.map { .number(Double($0)) } ?? .null
-                row["address_event_time"] = state.addressEventTime.map { .number(Double($0)) } ?? .null
-                row["consent_revoked_at"] = state.consentRevokedAt.map { .number(Double($0)) } ?? .null
-                row["deleted_at"] = state.deletedAt.map { .number(Double($0)) } ?? .null
-                row["consent_event_time"] = state.consentEventTime.map { .number(Double($0)) } ?? .null
-                return .object(row)
-            }).jsonText
-            try await connection.query(
-                """
-                INSERT INTO accounts (aud, sub, email, is_private_email, email_forwarding, email_event_time, consent_revoked_at, deleted_at,
-                    consent_event_time, address_event_time)
-                SELECT r.aud, r.sub, r.email, r.is_private_email, r.email_forwarding::email_forwarding,
-                    timestamptz 'epoch' + r.email_event_time * interval '1 millisecond',
-                    timestamptz 'epoch' + r.consent_revoked_at * interval '1 millisecond',
-                    timestamptz 'epoch' + r.deleted_at * interval '1 millisecond',
-                    timestamptz 'epoch' + r.consent_event_time * interval '1 millisecond',
-                    timestamptz 'epoch' + r.address_event_time * interval '1 millisecond'
-                FROM jsonb_to_recordset(\(accountRows)::jsonb) AS r(aud text, sub text, email text, is_private_email boolean,
-                    email_forwarding text, email_event_time bigint, consent_revoked_at bigint, deleted_at bigint, consent_event_time bigint,
-                    address_event_time bigint)
-                ON CONFLICT (aud, sub) DO UPDATE SET
-                    email = excluded.email, is_private_email = excluded.is_private_email, email_forwarding = excluded.email_forwarding,
-                    email_event_time = excluded.email_event_time, consent_revoked_at = excluded.consent_revoked_at,
-                    deleted_at = excluded.deleted_at, consent_event_time = excluded.consent_event_time,
-                    address_event_time = excluded.address_event_time, updated_at = now()
-                """, logger: logger)
 
             // SessionsRevoke: active sessions in scope, and those attributed to a later revoking event.
             var revoked: [String: Int] = [:]
             if !revocations.isEmpty {
-                for try await (jti, wasActive) in try await connection.query(
-                    """
-                    WITH r AS (
-                        SELECT r.aud, r.sub, r.reason, r.jti,
-                            timestamptz 'epoch' + r.cutoff_ms * interval '1 millisecond' AS cutoff,
-                            timestamptz 'epoch' + r.event_ms * interval '1 millisecond' AS event_time
-                        FROM jsonb_to_recordset(\(JSONValue.array(revocations).jsonText)::jsonb)
-                            AS r(aud text, sub text, reason text, jti text, cutoff_ms bigint, event_ms bigint)
-                    ), target AS (
-                        SELECT s.id, s.revoked_at IS NULL AS was_active, r.reason, r.jti, r.event_time
-                        FROM sessions s JOIN r ON s.aud = r.aud AND s.sub = r.sub
-                        WHERE (r.cutoff IS NULL OR s.created_at <= r.cutoff)
-                          AND (s.revoked_at IS NULL
-                               OR (s.revoked_reason IN ('consent-revoked', 'account-delete') AND s.revoked_event_time > r.event_time))
-                        FOR UPDATE OF s
-                    )
-                    UPDATE sessions s SET revoked_at = coalesce(s.revoked_at, now()), revoked_reason = t.reason, revoked_by = t.jti,
-                        revoked_event_time = t.event_time
-                    FROM target t WHERE s.id = t.id
-                    RETURNING t.jti, t.was_active
-                    """, logger: logger
-                ).decode((String, Bool).self) where wasActive {
+                for try await (jti, wasActive) in try await connection.execute(RevokeSessions(revocations: revocations), logger: logger) where wasActive {
                     revoked[jti, default: 0] += 1
                 }
             }
@@ -232,48 +155,205 @@ package struct EffectStore: Sendable {
                 try await Self.eraseAddresses(of: erase.map { ($0.aud, $0.sub) }, on: connection, logger: logger)
             }
 
-            // NotificationsApplied + JobAttemptsInsert + CallbacksEnqueue + NOTIFY, in one statement.
+            // AccountsUpsert + NotificationsApplied + JobAttemptsInsert + CallbacksEnqueue + NOTIFY.
             let applied = held.map { job -> AppliedEffect in
-                let plan = effects[job.id]!.plan
-                return AppliedEffect(
+                AppliedEffect(
                     jobID: job.id, jti: job.jti, aud: job.aud, sub: job.event.sub, type: job.event.type?.rawValue ?? job.event.rawType,
-                    eventTimeMillis: job.event.eventTimeMillis, effect: plan.effect, revokedSessions: revoked[job.jti] ?? 0)
+                    eventTimeMillis: job.event.eventTimeMillis, effect: plans[job.id]!.effect, revokedSessions: revoked[job.jti] ?? 0)
             }
-            let rows = JSONValue.array(applied.enumerated().map { index, effect in
-                let job = held[index]
-                var row: [String: JSONValue] = [
-                    "job_id": .number(Double(job.id)), "notification_id": .number(Double(job.notificationID)), "attempt": .number(Double(job.attempt)),
-                    "started_at_us": .number((job.claimedAt.timeIntervalSince1970 * 1_000_000).rounded()),
-                    "effect": .object(["effect": .string(effect.effect), "revoked_sessions": .number(Double(effect.revokedSessions))]),
-                    "notify": .string(Self.notifyPayload(effect)),
-                    "aud": .string(effect.aud), "sub": .string(effect.sub), "event_ms": .number(Double(effect.eventTimeMillis)),
-                ]
-                if callbacks { row["callback"] = .string(Self.callbackBody(effect)) }
-                return .object(row)
-            }).jsonText
-            try await connection.query(
-                """
-                WITH r AS (
-                    SELECT * FROM jsonb_to_recordset(\(rows)::jsonb) AS r(job_id bigint, notification_id bigint, attempt int,
-                        started_at_us bigint, effect jsonb, notify text, aud text, sub text, event_ms bigint, callback text)
-                ), marked AS (
-                    UPDATE notifications SET status = 'applied' WHERE id IN (SELECT notification_id FROM r)
-                ), logged AS (
-                    INSERT INTO job_attempts (job_id, notification_id, attempt, worker, started_at, outcome, effect)
-                    SELECT job_id, notification_id, attempt, \(worker), timestamptz 'epoch' + started_at_us * interval '1 microsecond', 'applied', effect
-                    FROM r
-                ), callbacks AS (
-                    INSERT INTO jobs (notification_id, kind, lane, aud, sub, event_time, payload)
-                    SELECT notification_id, 'callback', 'callbacks', aud, sub, timestamptz 'epoch' + event_ms * interval '1 millisecond', callback
-                    FROM r WHERE callback IS NOT NULL
-                    ON CONFLICT (notification_id, kind) DO NOTHING
-                    RETURNING id
-                )
-                SELECT (SELECT count(pg_notify('siwa_effects', notify)) FROM r),
-                    (SELECT count(pg_notify('siwa_jobs', 'callbacks')) FROM (SELECT 1 FROM callbacks LIMIT 1) c)
-                """, logger: logger)
+            // Read to the end: a prepared statement's error arrives with its rows, and one left
+            // unread here would surface nowhere — COMMIT of the failed transaction answers ROLLBACK.
+            let completion = Complete(
+                jobs: held, applied: applied, worker: worker, callbacks: callbacks, accounts: users.map { ($0, states[$0] ?? .unknown) })
+            for try await _ in try await connection.execute(completion, logger: logger) {}
             return applied
         }
+    }
+
+    struct User: Hashable { var aud: String; var sub: String }
+
+    struct Revocation {
+        var job: ClaimedJob
+        var cutoff: Int64?
+        var reason: String
+    }
+
+    /// The jobs still running under this worker become completed; their users' accounts are
+    /// locked and returned (a job whose user has no account yet has a row with NULLs).
+    struct CompleteAndLock: PostgresPreparedStatement {
+        static let name = "siwa_effects_complete_and_lock_v1"
+        static let sql = """
+            WITH done AS (
+                UPDATE jobs j SET state = 'completed', finished_at = now(), locked_by = NULL, lease_expires_at = NULL
+                FROM unnest($1::int8[], $2::int8[]) AS c(id, attempt)
+                WHERE j.id = c.id AND j.attempt = c.attempt AND j.state = 'running' AND j.locked_by = $3
+                RETURNING j.id
+            ), users AS (
+                SELECT DISTINCT u.aud, u.sub FROM unnest($1::int8[], $4::text[], $5::text[]) AS u(id, aud, sub)
+                WHERE u.id IN (SELECT id FROM done)
+            ), locked AS (
+                SELECT a.aud, a.sub, a.email, a.is_private_email, a.email_forwarding::text AS email_forwarding,
+                    (extract(epoch FROM a.email_event_time) * 1000)::bigint AS email_event_time,
+                    (extract(epoch FROM a.consent_revoked_at) * 1000)::bigint AS consent_revoked_at,
+                    (extract(epoch FROM a.deleted_at) * 1000)::bigint AS deleted_at,
+                    (extract(epoch FROM a.consent_event_time) * 1000)::bigint AS consent_event_time,
+                    (extract(epoch FROM a.address_event_time) * 1000)::bigint AS address_event_time,
+                    (extract(epoch FROM a.erased_at) * 1000)::bigint AS erased_at
+                FROM accounts a WHERE (a.aud, a.sub) IN (SELECT aud, sub FROM users)
+                FOR UPDATE
+            )
+            SELECT done.id, u.aud, u.sub, locked.aud IS NOT NULL, locked.email, locked.is_private_email, locked.email_forwarding,
+                locked.email_event_time, locked.consent_revoked_at, locked.deleted_at, locked.consent_event_time,
+                locked.address_event_time, locked.erased_at
+            FROM done
+            JOIN unnest($1::int8[], $4::text[], $5::text[]) AS u(id, aud, sub) ON u.id = done.id
+            LEFT JOIN locked ON locked.aud = u.aud AND locked.sub = u.sub
+            """
+        struct Row {
+            var jobID: Int
+            var user: User
+            var account: AccountState?
+        }
+        let jobs: [ClaimedJob]
+        let worker: String
+
+        func makeBindings() -> PostgresBindings {
+            var bindings = PostgresBindings(capacity: 5)
+            bindings.append(jobs.map { Int64($0.id) })
+            bindings.append(jobs.map { Int64($0.attempt) })
+            bindings.append(worker)
+            bindings.append(jobs.map(\.aud))
+            bindings.append(jobs.map(\.event.sub))
+            return bindings
+        }
+
+        func decodeRow(_ row: PostgresRow) throws -> Row {
+            let r = try row.decode((Int, String, String, Bool, String?, Bool?, String?, Int64?, Int64?, Int64?, Int64?, Int64?, Int64?).self)
+            let account = !r.3 ? nil : AccountState(
+                email: r.4, isPrivateEmail: r.5, forwarding: r.6.flatMap(AccountState.Forwarding.init(rawValue:)),
+                emailEventTime: r.7, addressEventTime: r.11, consentRevokedAt: r.8, deletedAt: r.9, consentEventTime: r.10, erasedAt: r.12)
+            return Row(jobID: r.0, user: User(aud: r.1, sub: r.2), account: account)
+        }
+    }
+
+    /// Revokes the sessions each revoking event covers: active ones created at or before its cutoff,
+    /// and those attributed to a later revoking event (the earliest revoking event is recorded).
+    struct RevokeSessions: PostgresPreparedStatement {
+        static let name = "siwa_sessions_revoke_v1"
+        static let sql = """
+            WITH r AS (
+                SELECT r.aud, r.sub, r.reason, r.jti,
+                    timestamptz 'epoch' + r.cutoff_ms * interval '1 millisecond' AS cutoff,
+                    timestamptz 'epoch' + r.event_ms * interval '1 millisecond' AS event_time
+                FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::int8[], $6::int8[])
+                    AS r(aud, sub, reason, jti, cutoff_ms, event_ms)
+            ), target AS (
+                SELECT s.id, s.revoked_at IS NULL AS was_active, r.reason, r.jti, r.event_time
+                FROM sessions s JOIN r ON s.aud = r.aud AND s.sub = r.sub
+                WHERE (r.cutoff IS NULL OR s.created_at <= r.cutoff)
+                  AND (s.revoked_at IS NULL
+                       OR (s.revoked_reason IN ('consent-revoked', 'account-delete') AND s.revoked_event_time > r.event_time))
+                FOR UPDATE OF s
+            )
+            UPDATE sessions s SET revoked_at = coalesce(s.revoked_at, now()), revoked_reason = t.reason, revoked_by = t.jti,
+                revoked_event_time = t.event_time
+            FROM target t WHERE s.id = t.id
+            RETURNING t.jti, t.was_active
+            """
+        typealias Row = (String, Bool)
+        let revocations: [Revocation]
+
+        func makeBindings() -> PostgresBindings {
+            var bindings = PostgresBindings(capacity: 6)
+            bindings.append(revocations.map(\.job.aud))
+            bindings.append(revocations.map(\.job.event.sub))
+            bindings.append(revocations.map(\.reason))
+            bindings.append(revocations.map(\.job.jti))
+            bindings.append(NullableArray(revocations.map(\.cutoff)))
+            bindings.append(revocations.map(\.job.event.eventTimeMillis))
+            return bindings
+        }
+
+        func decodeRow(_ row: PostgresRow) throws -> Row { try row.decode(Row.self) }
+    }
+
+    /// Writes the accounts as the rules left them, marks the notifications applied, logs the
+    /// attempts, enqueues callbacks, and NOTIFYs `siwa_effects` (one payload per effect).
+    struct Complete: PostgresPreparedStatement {
+        static let name = "siwa_effects_complete_v1"
+        static let sql = """
+            WITH accounts_written AS (
+                INSERT INTO accounts (aud, sub, email, is_private_email, email_forwarding, email_event_time, consent_revoked_at, deleted_at,
+                    consent_event_time, address_event_time)
+                SELECT a.aud, a.sub, a.email, a.is_private_email, a.email_forwarding::email_forwarding,
+                    timestamptz 'epoch' + a.email_event_time * interval '1 millisecond',
+                    timestamptz 'epoch' + a.consent_revoked_at * interval '1 millisecond',
+                    timestamptz 'epoch' + a.deleted_at * interval '1 millisecond',
+                    timestamptz 'epoch' + a.consent_event_time * interval '1 millisecond',
+                    timestamptz 'epoch' + a.address_event_time * interval '1 millisecond'
+                FROM unnest($11::text[], $12::text[], $13::text[], $14::bool[], $15::text[], $16::int8[], $17::int8[], $18::int8[], $19::int8[],
+                    $20::int8[]) AS a(aud, sub, email, is_private_email, email_forwarding, email_event_time, consent_revoked_at, deleted_at,
+                    consent_event_time, address_event_time)
+                ON CONFLICT (aud, sub) DO UPDATE SET
+                    email = excluded.email, is_private_email = excluded.is_private_email, email_forwarding = excluded.email_forwarding,
+                    email_event_time = excluded.email_event_time, consent_revoked_at = excluded.consent_revoked_at,
+                    deleted_at = excluded.deleted_at, consent_event_time = excluded.consent_event_time,
+                    address_event_time = excluded.address_event_time, updated_at = now()
+            ), r AS (
+                SELECT * FROM unnest($1::int8[], $2::int8[], $3::int8[], $4::int8[], $5::text[], $6::text[], $7::text[], $8::text[], $9::int8[],
+                    $10::text[]) AS r(job_id, notification_id, attempt, started_at_us, effect, notify, aud, sub, event_ms, callback)
+            ), marked AS (
+                UPDATE notifications SET status = 'applied' WHERE id IN (SELECT notification_id FROM r)
+            ), logged AS (
+                INSERT INTO job_attempts (job_id, notification_id, attempt, worker, started_at, outcome, effect)
+                SELECT job_id, notification_id, attempt, $21, timestamptz 'epoch' + started_at_us * interval '1 microsecond', 'applied', effect::jsonb
+                FROM r
+            ), callbacks AS (
+                INSERT INTO jobs (notification_id, kind, lane, aud, sub, event_time, payload)
+                SELECT notification_id, 'callback', 'callbacks', aud, sub, timestamptz 'epoch' + event_ms * interval '1 millisecond', callback
+                FROM r WHERE callback IS NOT NULL
+                ON CONFLICT (notification_id, kind) DO NOTHING
+                RETURNING id
+            )
+            SELECT (SELECT count(pg_notify('siwa_effects', notify)) FROM r),
+                (SELECT count(pg_notify('siwa_jobs', 'callbacks')) FROM (SELECT 1 FROM callbacks LIMIT 1) c)
+            """
+        typealias Row = (Int, Int)
+        let jobs: [ClaimedJob]
+        let applied: [AppliedEffect]
+        let worker: String
+        let callbacks: Bool
+        let accounts: [(User, AccountState)]
+
+        func makeBindings() -> PostgresBindings {
+            var bindings = PostgresBindings(capacity: 21)
+            bindings.append(jobs.map { Int64($0.id) })
+            bindings.append(jobs.map { Int64($0.notificationID) })
+            bindings.append(jobs.map { Int64($0.attempt) })
+            bindings.append(jobs.map { Int64(($0.claimedAt.timeIntervalSince1970 * 1_000_000).rounded()) })
+            bindings.append(applied.map {
+                JSONValue.object(["effect": .string($0.effect), "revoked_sessions": .number(Double($0.revokedSessions))]).jsonText
+            })
+            bindings.append(applied.map(EffectStore.notifyPayload))
+            bindings.append(applied.map(\.aud))
+            bindings.append(applied.map(\.sub))
+            bindings.append(applied.map(\.eventTimeMillis))
+            bindings.append(NullableArray(applied.map { callbacks ? EffectStore.callbackBody($0) : nil }))
+            bindings.append(accounts.map(\.0.aud))
+            bindings.append(accounts.map(\.0.sub))
+            bindings.append(NullableArray(accounts.map(\.1.email)))
+            bindings.append(NullableArray(accounts.map(\.1.isPrivateEmail)))
+            bindings.append(NullableArray(accounts.map { $0.1.forwarding?.rawValue }))
+            bindings.append(NullableArray(accounts.map(\.1.emailEventTime)))
+            bindings.append(NullableArray(accounts.map(\.1.consentRevokedAt)))
+            bindings.append(NullableArray(accounts.map(\.1.deletedAt)))
+            bindings.append(NullableArray(accounts.map(\.1.consentEventTime)))
+            bindings.append(NullableArray(accounts.map(\.1.addressEventTime)))
+            bindings.append(worker)
+            return bindings
+        }
+
+        func decodeRow(_ row: PostgresRow) throws -> Row { try row.decode(Row.self) }
     }
 
     /// Erases the users' email address from the notifications that carry it (the raw token is
@@ -302,13 +382,6 @@ package struct EffectStore: Sendable {
             "event_time": .string(iso8601(millis: effect.eventTimeMillis)), "effect": .string(effect.effect),
             "revoked_sessions": .number(Double(effect.revokedSessions)),
         ]).jsonText
-    }
-
-    static func revocation(_ job: ClaimedJob, cutoff: Int64?, reason: String) -> JSONValue {
-        .object([
-            "aud": .string(job.aud), "sub": .string(job.event.sub), "reason": .string(reason), "jti": .string(job.jti),
-            "cutoff_ms": cutoff.map { .number(Double($0)) } ?? .null, "event_ms": .number(Double(job.event.eventTimeMillis)),
-        ])
     }
 
     /// The `siwa_effects` NOTIFY payload: small, no email.

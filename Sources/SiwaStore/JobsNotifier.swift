@@ -8,7 +8,8 @@ import Synchronization
 /// Why not inside the ingest transaction: PostgreSQL serializes the commits of transactions that
 /// NOTIFY (a database-wide lock is held until the commit record is flushed), so a NOTIFY in every
 /// commit batch made concurrent batches flush one after another. Here NOTIFYs are coalesced: at
-/// most one is in flight, and however many batches commit meanwhile, one more follows it.
+/// most one is in flight, at most one per `minimumInterval` (each NOTIFY is a transaction with
+/// its own commit record), and however many batches commit meanwhile, one more follows.
 /// Workers never rely on it — they also poll — so a lost NOTIFY costs latency, never a job.
 package final class JobsNotifier: Sendable {
     private struct State {
@@ -19,11 +20,13 @@ package final class JobsNotifier: Sendable {
 
     private let client: PostgresClient?
     private let logger: Logger
+    private let minimumInterval: Duration
     private let state = Mutex(State())
 
     /// `client` nil: local wakers only (tests, tools without workers elsewhere).
-    package init(client: PostgresClient?, logger: Logger) {
+    package init(client: PostgresClient?, minimumInterval: Duration = .milliseconds(5), logger: Logger) {
         self.client = client
+        self.minimumInterval = minimumInterval
         self.logger = logger
     }
 
@@ -48,6 +51,7 @@ package final class JobsNotifier: Sendable {
 
     private func send(on client: PostgresClient) async {
         while true {
+            let sent = ContinuousClock.now
             do {
                 try await client.query("SELECT pg_notify('siwa_jobs', '')", logger: logger)
             } catch {
@@ -62,6 +66,7 @@ package final class JobsNotifier: Sendable {
                 return false
             }
             if !more { return }
+            try? await Task.sleep(until: sent + minimumInterval, clock: .continuous)
         }
     }
 }

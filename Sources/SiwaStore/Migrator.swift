@@ -13,6 +13,7 @@ let embedded: [(file: String, bytes: [UInt8])] = [
     ("005_history.sql", PackageResources._05_history_sql),
     ("006_stats_rollup.sql", PackageResources._06_stats_rollup_sql),
     ("007_alerts.sql", PackageResources._07_alerts_sql),
+    ("008_hot_status.sql", PackageResources._08_hot_status_sql),
 ]
 
 /// A numbered SQL migration from `sql/` (built into the binary, so it runs from any directory).
