@@ -181,16 +181,13 @@ package struct EffectStore: Sendable {
     /// The jobs still running under this worker become completed; their users' accounts are
     /// locked and returned (a job whose user has no account yet has a row with NULLs).
     struct CompleteAndLock: PostgresPreparedStatement {
-        static let name = "siwa_effects_complete_and_lock_v1"
+        static let name = "siwa_effects_complete_and_lock_v2"
         static let sql = """
             WITH done AS (
                 UPDATE jobs j SET state = 'completed', finished_at = now(), locked_by = NULL, lease_expires_at = NULL
                 FROM unnest($1::int8[], $2::int8[]) AS c(id, attempt)
                 WHERE j.id = c.id AND j.attempt = c.attempt AND j.state = 'running' AND j.locked_by = $3
-                RETURNING j.id
-            ), users AS (
-                SELECT DISTINCT u.aud, u.sub FROM unnest($1::int8[], $4::text[], $5::text[]) AS u(id, aud, sub)
-                WHERE u.id IN (SELECT id FROM done)
+                RETURNING j.id, j.aud, j.sub
             ), locked AS (
                 SELECT a.aud, a.sub, a.email, a.is_private_email, a.email_forwarding::text AS email_forwarding,
                     (extract(epoch FROM a.email_event_time) * 1000)::bigint AS email_event_time,
@@ -199,15 +196,13 @@ package struct EffectStore: Sendable {
                     (extract(epoch FROM a.consent_event_time) * 1000)::bigint AS consent_event_time,
                     (extract(epoch FROM a.address_event_time) * 1000)::bigint AS address_event_time,
                     (extract(epoch FROM a.erased_at) * 1000)::bigint AS erased_at
-                FROM accounts a WHERE (a.aud, a.sub) IN (SELECT aud, sub FROM users)
+                FROM accounts a WHERE (a.aud, a.sub) IN (SELECT aud, sub FROM done)
                 FOR UPDATE
             )
-            SELECT done.id, u.aud, u.sub, locked.aud IS NOT NULL, locked.email, locked.is_private_email, locked.email_forwarding,
+            SELECT done.id, done.aud, done.sub, locked.aud IS NOT NULL, locked.email, locked.is_private_email, locked.email_forwarding,
                 locked.email_event_time, locked.consent_revoked_at, locked.deleted_at, locked.consent_event_time,
                 locked.address_event_time, locked.erased_at
-            FROM done
-            JOIN unnest($1::int8[], $4::text[], $5::text[]) AS u(id, aud, sub) ON u.id = done.id
-            LEFT JOIN locked ON locked.aud = u.aud AND locked.sub = u.sub
+            FROM done LEFT JOIN locked ON locked.aud = done.aud AND locked.sub = done.sub
             """
         struct Row {
             var jobID: Int
@@ -218,12 +213,10 @@ package struct EffectStore: Sendable {
         let worker: String
 
         func makeBindings() -> PostgresBindings {
-            var bindings = PostgresBindings(capacity: 5)
+            var bindings = PostgresBindings(capacity: 3)
             bindings.append(jobs.map { Int64($0.id) })
             bindings.append(jobs.map { Int64($0.attempt) })
             bindings.append(worker)
-            bindings.append(jobs.map(\.aud))
-            bindings.append(jobs.map(\.event.sub))
             return bindings
         }
 

@@ -18,13 +18,12 @@ package final class JobsNotifier: Sendable {
         var localWakers: [@Sendable () -> Void] = []
     }
 
-    private let client: PostgresClient?
+    private let client: PostgresClient
     private let logger: Logger
     private let minimumInterval: Duration
     private let state = Mutex(State())
 
-    /// `client` nil: local wakers only (tests, tools without workers elsewhere).
-    package init(client: PostgresClient?, minimumInterval: Duration = .milliseconds(5), logger: Logger) {
+    package init(client: PostgresClient, minimumInterval: Duration = .milliseconds(5), logger: Logger) {
         self.client = client
         self.minimumInterval = minimumInterval
         self.logger = logger
@@ -42,14 +41,14 @@ package final class JobsNotifier: Sendable {
                 state.again = true
                 return (state.localWakers, false)
             }
-            state.sending = client != nil
-            return (state.localWakers, client != nil)
+            state.sending = true
+            return (state.localWakers, true)
         }
         for wake in wakers { wake() }
-        if start, let client { Task { await self.send(on: client) } }
+        if start { Task { await self.send() } }
     }
 
-    private func send(on client: PostgresClient) async {
+    private func send() async {
         while true {
             let sent = ContinuousClock.now
             do {

@@ -87,15 +87,11 @@ package struct NotificationStore: Sendable {
     /// Each outcome is `accepted` (inserted now), `duplicate` (same jti, or the same
     /// aud/sub/type/event_time under another jti, already stored — its deliveries are counted), or
     /// nil when neither could be decided in this snapshot (a copy committed concurrently by another
-    /// process): the caller submits it again. `jobs` is how many effect jobs were enqueued.
+    /// process): the caller submits it again. Idle workers are told after the commit.
     package func record(_ batch: [Incoming]) async throws -> [RecordOutcome?] {
-        try await recordBatch(batch).outcomes
-    }
-
-    package func recordBatch(_ batch: [Incoming]) async throws -> (outcomes: [RecordOutcome?], jobs: Int) {
-        guard !batch.isEmpty else { return ([], 0) }
+        guard !batch.isEmpty else { return [] }
         let logger = self.logger
-        let recorded = try await client.transaction(logger: logger) { connection -> ([RecordOutcome?], Int) in
+        let (outcomes, jobs) = try await client.transaction(logger: logger) { connection -> ([RecordOutcome?], Int) in
             var outcomes = [RecordOutcome?](repeating: nil, count: batch.count)
             var firstIndexOfJTI: [String: Int] = [:]
             for (index, item) in batch.enumerated() where firstIndexOfJTI[item.notification.jti] == nil {
@@ -116,8 +112,8 @@ package struct NotificationStore: Sendable {
             }
             return (outcomes, jobs)
         }
-        if recorded.1 > 0 { jobsNotifier.jobsEnqueued() }
-        return recorded
+        if jobs > 0 { jobsNotifier.jobsEnqueued() }
+        return outcomes
     }
 
     /// NotificationsInsertBatch: input order decides which of two copies in one batch is inserted;
@@ -308,16 +304,6 @@ package enum StoreError: Error, CustomStringConvertible {
 }
 
 /// Builds a statement with optional filters; every value is bound, never spliced into the text.
-extension String {
-    /// This text as a statement whose `$1` is `json` (and `$2` a time), bound, never spliced.
-    fileprivate func bound(_ json: String, _ time: Date? = nil) -> PostgresQuery {
-        var bindings = PostgresBindings()
-        bindings.append(json)
-        if let time { bindings.append(time) }
-        return PostgresQuery(unsafeSQL: self, binds: bindings)
-    }
-}
-
 package struct SQLBuilder {
     private var text: String
     private var bindings = PostgresBindings()
