@@ -47,16 +47,18 @@ package struct EffectStore: Sendable {
     /// locks, one probe of `jobs_user_order` per candidate (why that index is not partial: sql/003)
     /// — and `candidates` locks
     /// up to `limit` of them by primary key with `SKIP LOCKED`, re-checking that each is still
-    /// ready. `heads` looks at more jobs than `limit`, so that workers claiming at the same moment
-    /// find different ones. (The gate reads a snapshot: a job delivered late with an earlier
-    /// event_time can run beside its user's later one; the effect rules make the result the same
-    /// in any order.)
-    package func claim(worker: String, limit: Int, lease: Duration) async throws -> [ClaimedJob] {
+    /// ready. `heads` looks `rivals` batches further than `limit`: workers claiming at the same
+    /// moment see the same heads, and each must still find a batch of its own. Every head costs a
+    /// probe, so the caller passes how many claims it knows are running beside this one (its
+    /// process's other workers); a rival in another process it cannot see only makes a batch
+    /// smaller. (The gate reads a snapshot: a job delivered late with an earlier event_time can
+    /// run beside its user's later one; the effect rules make the result the same in any order.)
+    package func claim(worker: String, limit: Int, lease: Duration, rivals: Int = 0) async throws -> [ClaimedJob] {
         precondition(limit > 0)
         let leaseMillis = Int(lease.milliseconds)
         let rows = try await client.query(
             """
-            WITH heads AS MATERIALIZED (\(unescaped: Self.headsSQL(limit: limit * 4))
+            WITH heads AS MATERIALIZED (\(unescaped: Self.headsSQL(limit: limit * (1 + max(0, rivals)) + limit / 4))
             ), candidates AS (
                 SELECT id FROM jobs
                 WHERE id IN (SELECT id FROM heads) AND state IN ('available', 'retryable') AND run_at <= now()

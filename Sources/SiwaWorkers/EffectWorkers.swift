@@ -71,6 +71,8 @@ package final class EffectWorkers: Service, Sendable {
     /// recorded) is no longer renewed, so its lease runs out and the rescuer hands it on — instead
     /// of staying `running` forever and blocking its user's later jobs.
     private let inHand = Mutex<[String: [Int]]>([:])
+    /// This process's effect claims running right now (see `EffectStore.claim`'s rivals).
+    private let claiming = Atomic<Int>(0)
     /// This process's workers are `<identity>/<n>`, its callback deliverer `<identity>/callbacks`.
     package let identity: String
     let metrics: WorkerMetrics?
@@ -177,7 +179,12 @@ package final class EffectWorkers: Service, Sendable {
     /// Claims one batch and applies it. Returns how many jobs it claimed (0: nothing ready).
     @discardableResult
     package func runOnce(worker: String) async throws -> Int {
-        let jobs = try await store.claim(worker: worker, limit: configuration.batchSize, lease: configuration.lease)
+        let rivals = claiming.add(1, ordering: .relaxed).oldValue
+        let jobs: [ClaimedJob]
+        do {
+            defer { claiming.subtract(1, ordering: .relaxed) }
+            jobs = try await store.claim(worker: worker, limit: configuration.batchSize, lease: configuration.lease, rivals: rivals)
+        }
         guard !jobs.isEmpty else { return 0 }
         await holding(jobs.map(\.id), as: worker) { await process(jobs, worker: worker) }
         return jobs.count
