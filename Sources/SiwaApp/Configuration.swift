@@ -28,6 +28,9 @@ package struct Configuration: Sendable {
     package var rejectionsPerMinute = 60
     package var databasePoolSize = 32
     package var databaseTimeout: Duration = .seconds(5)
+    /// SIGTERM/SIGINT: how long in-flight requests and the workers' batches get to finish before
+    /// what is left is cancelled (a second signal cancels at once).
+    package var shutdownGrace: Duration = .seconds(20)
     package enum Role: String, Sendable, CaseIterable { case all, receiver, worker }
     package var role = Role.all
     package var workers = 4
@@ -80,6 +83,7 @@ package struct Configuration: Sendable {
         ("SIWA_REJECTIONS_PER_MINUTE", "--rejections-per-minute", "rejection rows kept per reason per minute"),
         ("SIWA_DATABASE_POOL_SIZE", "--database-pool-size", "maximum PostgreSQL connections"),
         ("SIWA_DATABASE_TIMEOUT", "--database-timeout", "longest wait for the database before answering 503"),
+        ("SIWA_SHUTDOWN_GRACE", "--shutdown-grace", "on SIGTERM, how long in-flight requests and batches get to finish"),
         ("SIWA_ROLE", "--role", "all|receiver|worker: what this process runs"),
         ("SIWA_WORKERS", "--workers", "effect worker loops in this process"),
         ("SIWA_JOB_LEASE", "--job-lease", "how long a claimed job stays held without a heartbeat"),
@@ -179,6 +183,7 @@ package struct Configuration: Sendable {
         config.rejectionsPerMinute = try integer("SIWA_REJECTIONS_PER_MINUTE", 0...1_000_000, default: config.rejectionsPerMinute)
         config.databasePoolSize = try integer("SIWA_DATABASE_POOL_SIZE", 1...1000, default: config.databasePoolSize)
         config.databaseTimeout = try duration("SIWA_DATABASE_TIMEOUT", default: config.databaseTimeout)
+        config.shutdownGrace = try duration("SIWA_SHUTDOWN_GRACE", default: config.shutdownGrace)
         if let text = value("SIWA_ROLE") {
             guard let role = Role(rawValue: text.lowercased()) else {
                 throw ConfigurationError(variable: flag("SIWA_ROLE"), message: "must be all, receiver or worker (got \"\(text)\")")

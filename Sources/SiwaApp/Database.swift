@@ -29,7 +29,7 @@ package struct Database: Sendable {
                 description: DatabaseURL.redacted(url))
         }
         guard config.embeddedDatabase else {
-            throw ConfigurationError(variable: "DATABASE_URL", message: "is not set and SIWA_EMBEDDED_DATABASE=off")
+            throw ConfigurationError(variable: "DATABASE_URL", message: "is not set and SIWA_EMBEDDED_DATABASE=off: set DATABASE_URL=postgres://user:password@host:5432/db (a deployment never starts a private database)")
         }
         let embedded = EmbeddedPostgres(
             options: .init(dataDirectory: config.dataDirectory, durable: true, extraSettings: ["max_connections": "\(max(100, config.databasePoolSize * 2 + 10))"]),

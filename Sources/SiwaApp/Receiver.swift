@@ -10,6 +10,7 @@ import SiwaHTTP
 import SiwaKeys
 import SiwaStore
 import SiwaWorkers
+import UnixSignals
 
 /// The composition root of a serving process: every component built once, in dependency order,
 /// and one Hummingbird application whose service group runs them — the receiver (role all or
@@ -160,8 +161,14 @@ package enum Server {
                     "bundle_ids": "\(config.bundleIDs.joined(separator: ","))", "jwks_url": "\(config.jwksURL.absoluteString)",
                 ])
         }
+        // SIGTERM/SIGINT: Hummingbird stops accepting and finishes in-flight requests, the workers
+        // finish their batch and hand back what they hold; after SIWA_SHUTDOWN_GRACE whatever is
+        // still running is cancelled.
+        var group = ServiceGroupConfiguration(services: [app], gracefulShutdownSignals: [.sigterm, .sigint], logger: logger)
+        group.maximumGracefulShutdownDuration = config.shutdownGrace
+        group.maximumCancellationDuration = .seconds(5)
         do {
-            try await app.runService()
+            try await ServiceGroup(configuration: group).run()
         } catch {
             await database.close()
             throw error

@@ -11,7 +11,7 @@ struct SiwaEvents: AsyncParsableCommand {
         abstract: "Receive, verify and record Sign in with Apple server-to-server notifications.",
         subcommands: [
             Serve.self, Migrate.self, NotificationsCommand.self, RejectionsCommand.self, JobsCommand.self, CallbacksCommand.self, AlertsCommand.self, ReplayCommand.self, TokensCommand.self, AccountsCommand.self, AuditCommand.self,
-            DatabaseCommand.self, Verify.self,
+            DatabaseCommand.self, Verify.self, Doctor.self, Healthcheck.self,
             KeysCommand.self, Send.self,
         ])
 }
@@ -49,6 +49,8 @@ struct ConfigOptions: ParsableArguments {
     var databasePoolSize: String?
     @Option(name: .customLong("database-timeout"), help: "Longest wait for the database before answering 503, e.g. 5s (SIWA_DATABASE_TIMEOUT).")
     var databaseTimeout: String?
+    @Option(name: .customLong("shutdown-grace"), help: "On SIGTERM, how long in-flight requests and batches get to finish, e.g. 20s (SIWA_SHUTDOWN_GRACE).")
+    var shutdownGrace: String?
     @Option(help: "all|receiver|worker: what this process runs (SIWA_ROLE, default all).")
     var role: String?
     @Option(help: "Effect worker loops in this process (SIWA_WORKERS, default 4).")
@@ -111,7 +113,7 @@ struct ConfigOptions: ParsableArguments {
             "SIWA_MIGRATE_ON_START": migrateOnStart, "SIWA_TRUSTED_PROXIES": trustedProxies,
             "SIWA_JWKS_REFRESH_INTERVAL": jwksRefreshInterval, "SIWA_JWKS_UNKNOWN_KID_COOLDOWN": unknownKidCooldown,
             "SIWA_CLOCK_SKEW": clockSkew, "SIWA_REJECTIONS_PER_MINUTE": rejectionsPerMinute, "SIWA_DATABASE_POOL_SIZE": databasePoolSize,
-            "SIWA_DATABASE_TIMEOUT": databaseTimeout, "SIWA_ROLE": role, "SIWA_WORKERS": workers, "SIWA_JOB_LEASE": jobLease,
+            "SIWA_DATABASE_TIMEOUT": databaseTimeout, "SIWA_SHUTDOWN_GRACE": shutdownGrace, "SIWA_ROLE": role, "SIWA_WORKERS": workers, "SIWA_JOB_LEASE": jobLease,
             "SIWA_JOB_MAX_ATTEMPTS": jobMaxAttempts, "SIWA_JOB_RETENTION": jobRetention, "SIWA_JOB_POLL_INTERVAL": jobPollInterval,
             "SIWA_JOB_NOTIFY": jobNotify, "SIWA_ERASE_ON_DELETE": eraseOnDelete, "SIWA_CALLBACK_URL": callbackURL,
             "SIWA_CALLBACK_SECRET": callbackSecret, "SIWA_CALLBACK_TIMEOUT": callbackTimeout, "SIWA_CALLBACK_CONCURRENCY": callbackConcurrency,
@@ -154,7 +156,14 @@ struct Serve: AsyncParsableCommand {
 
     func run() async throws {
         let config = try options.load(requireBundleIDs: true)
-        try await Server.serve(config, logger: makeLogger(defaultLevel: .info))
+        do {
+            try await Server.serve(config, logger: makeLogger(defaultLevel: .info))
+        } catch let error as ConfigurationError {
+            // Found only when opening the database (DATABASE_URL unusable, or missing with
+            // SIWA_EMBEDDED_DATABASE=off): a configuration error all the same.
+            printError("siwa-events: \(error.description)")
+            throw ExitCode(78)  // EX_CONFIG
+        }
     }
 }
 

@@ -72,14 +72,16 @@ package enum Subprocess {
         return CommandResult(waitStatus: waitStatus, standardOutput: stdout.contents(), standardError: stderr.contents())
     }
 
-    /// Starts a long-running child whose output goes to /dev/null; the caller signals and awaits it.
+    /// Starts a long-running child whose output goes to `outputPath` (appended; default /dev/null);
+    /// the caller signals and awaits it.
     package static func start(
         _ executable: String,
         _ arguments: [String],
         environment: [String: String],
-        workingDirectory: String = "/"
+        workingDirectory: String = "/",
+        outputPath: String = "/dev/null"
     ) throws -> ChildProcess {
-        let null = open("/dev/null", O_WRONLY | O_CLOEXEC)
+        let null = open(outputPath, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0o644)
         defer { if null >= 0 { close(null) } }
         return try ChildProcess(
             spawning: executable, arguments: arguments, environment: environment, workingDirectory: workingDirectory,

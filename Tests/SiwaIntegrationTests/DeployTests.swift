@@ -1,0 +1,533 @@
+import AsyncHTTPClient
+import Foundation
+import Logging
+import NIOCore
+import NIOHTTP1
+import PostgresNIO
+import SiwaDomain
+import SiwaEmbeddedPostgres
+import SiwaTestSupport
+import Synchronization
+import Testing
+
+/// What deployments rely on, with the real binary: the files in deploy/ as shipped, start-up exactly
+/// as the systemd unit and the container run it, readiness, SIGTERM under load, several replicas on
+/// one database, polling without LISTEN.
+@Suite("Deployment: deploy/ files, start-up as shipped, readiness, SIGTERM, replicas")
+struct DeployTests {
+    static let repository = MonitoringTests.repository
+    static let deploy = repository.appendingPathComponent("deploy")
+
+    // MARK: Files
+
+    @Test("Every YAML and JSON file in deploy/ parses; the manifests say what the deployment relies on")
+    func filesParse() async throws {
+        let files = try FileManager.default.subpathsOfDirectory(atPath: Self.deploy.path).sorted()
+        let yaml = files.filter { $0.hasSuffix(".yaml") || $0.hasSuffix(".yml") }
+        #expect(yaml.count >= 12, "\(yaml)")
+        // PyYAML (Debian's python3-yaml, or PyPI): the same parser family kubectl and compose accept.
+        let script = """
+            import json, sys, yaml
+            out = {}
+            for path in sys.argv[1:]:
+                with open(path) as f:
+                    out[path] = list(yaml.safe_load_all(f))
+            print(json.dumps(out))
+            """
+        let parsed = try await Subprocess.run(
+            "/usr/bin/env", ["python3", "-c", script] + yaml.map { Self.deploy.appendingPathComponent($0).path }, environment: ProcessInfo.processInfo.environment)
+        #expect(parsed.succeeded, "\(parsed.standardError)")
+        let documents = try #require(JSONValue.parse(Array(parsed.standardOutput.utf8)))
+        for file in files where file.hasSuffix(".json") {
+            let data = try Data(contentsOf: Self.deploy.appendingPathComponent(file))
+            #expect(JSONValue.parse(Array(data)) != nil, "\(file) is not JSON")
+        }
+        func document(_ path: String, kind: String? = nil, name: String? = nil) -> JSONValue? {
+            guard case .array(let list)? = documents[Self.deploy.appendingPathComponent(path).path] else { return nil }
+            return list.first { (kind == nil || $0["kind"] == .string(kind!)) && (name == nil || $0["metadata"]?["name"] == .string(name!)) }
+        }
+
+        // compose: receiver and workers as separate services after the migration, Prometheus with the rules.
+        let compose = try #require(document("compose.yaml"))
+        for service in ["postgres", "migrate", "receiver", "worker", "prometheus"] { #expect(compose["services"]?[service] != nil, "compose has no \(service)") }
+        #expect(compose["services"]?["receiver"]?["environment"]?["SIWA_ROLE"] == .string("receiver"))
+        #expect(compose["services"]?["worker"]?["environment"]?["SIWA_ROLE"] == .string("worker"))
+        #expect(compose["services"]?["receiver"]?["environment"]?["SIWA_EMBEDDED_DATABASE"] == .string("off"))
+        #expect(compose["services"]?["receiver"]?["depends_on"]?["migrate"]?["condition"] == .string("service_completed_successfully"))
+
+        // Kubernetes: probes, non-root read-only containers, config from the ConfigMap and Secret.
+        let config = try #require(document("kubernetes/configmap.yaml", kind: "ConfigMap"))
+        #expect(config["data"]?["SIWA_EMBEDDED_DATABASE"] == .string("off"))
+        #expect(config["data"]?["SIWA_MIGRATE_ON_START"] == .string("false"))
+        for (file, role) in [("kubernetes/receiver.yaml", "receiver"), ("kubernetes/worker.yaml", "worker")] {
+            let deployment = try #require(document(file, kind: "Deployment"))
+            let pod = try #require(deployment["spec"]?["template"]?["spec"])
+            let container = try #require(pod["containers"]?.arrayValue?.first)
+            #expect(pod["securityContext"]?["runAsNonRoot"] == .bool(true))
+            #expect(container["securityContext"]?["readOnlyRootFilesystem"] == .bool(true))
+            #expect(container["livenessProbe"]?["httpGet"]?["path"] == .string("/health/live"))
+            #expect(container["readinessProbe"]?["httpGet"]?["path"] == .string("/health/ready"))
+            #expect(container["resources"]?["requests"] != nil && container["resources"]?["limits"] != nil)
+            #expect(container["env"]?.arrayValue?.first?["value"] == .string(role))
+            #expect(container["envFrom"]?.arrayValue?.first?["configMapRef"]?["name"] == .string("siwa-events"))
+            #expect(container["envFrom"]?.arrayValue?.last?["secretRef"]?["name"] == .string("siwa-events"))
+        }
+        let job = document("kubernetes/migrate-job.yaml", kind: "Job")
+        #expect(job?["spec"]?["template"]?["spec"]?["containers"]?.arrayValue?.first?["args"] == .array([.string("migrate")]))
+        #expect(document("kubernetes/hpa.yaml", kind: "HorizontalPodAutoscaler", name: "siwa-events-receiver") != nil)
+        #expect(document("kubernetes/hpa.yaml", kind: "HorizontalPodAutoscaler", name: "siwa-events-worker") != nil)
+        #expect(document("kubernetes/pdb.yaml", kind: "PodDisruptionBudget") != nil)
+        #expect(document("kubernetes/podmonitor.yaml", kind: "PodMonitor") != nil)
+        #expect(document("kubernetes/service.yaml", kind: "Service") != nil)
+        // Every file kustomization.yaml lists exists.
+        if case .array(let resources)? = document("kubernetes/kustomization.yaml")?["resources"] {
+            for case .string(let resource) in resources {
+                #expect(FileManager.default.fileExists(atPath: Self.deploy.appendingPathComponent("kubernetes/\(resource)").path), "\(resource)")
+            }
+        } else {
+            Issue.record("kustomization.yaml has no resources")
+        }
+    }
+
+    /// The Dockerfile's build command and entrypoint, as written there.
+    struct ContainerImage {
+        var build: String
+        var entrypoint: [String]
+        var environment: [String: String]
+        var healthcheck: [String]
+
+        init(_ text: String) throws {
+            // Continuation lines joined.
+            let lines = text.replacingOccurrences(of: "\\\n", with: " ").split(separator: "\n").map { $0.trimmingCharacters(in: .whitespaces) }
+            build = try #require(lines.first { $0.hasPrefix("RUN swift build") }).dropFirst(4).trimmingCharacters(in: .whitespaces)
+            func array(_ prefix: String) throws -> [String] {
+                let line = try #require(lines.first { $0.hasPrefix(prefix) }, "no \(prefix) in the Dockerfile")
+                let json = String(line[try #require(line.firstIndex(of: "["))...])
+                guard case .array(let items)? = JSONValue.parse(Array(json.utf8)) else { throw ValidationFailure("\(prefix) is not an exec-form array") }
+                return items.compactMap(\.stringValue)
+            }
+            entrypoint = try array("ENTRYPOINT") + array("CMD [")
+            healthcheck = try array("HEALTHCHECK")
+            environment = [:]
+            for line in lines where line.hasPrefix("ENV ") {
+                for pair in line.dropFirst(4).split(separator: " ") where pair.contains("=") {
+                    let parts = pair.split(separator: "=", maxSplits: 1)
+                    environment[String(parts[0])] = String(parts[1])
+                }
+            }
+        }
+    }
+
+    struct ValidationFailure: Error, CustomStringConvertible { var description: String; init(_ d: String) { description = d } }
+
+    @Test("The Dockerfile builds and runs with the commands the README documents")
+    func dockerfileMatchesDocs() async throws {
+        let image = try ContainerImage(String(contentsOf: Self.deploy.appendingPathComponent("Dockerfile"), encoding: .utf8))
+        let readme = try String(contentsOf: Self.repository.appendingPathComponent("README.md"), encoding: .utf8)
+        #expect(image.build == "swift build -c release --product siwa-events --static-swift-stdlib")
+        #expect(readme.contains(image.build), "README does not document the image's build command: \(image.build)")
+        #expect(image.entrypoint == ["/usr/local/bin/siwa-events", "serve"])
+        #expect(readme.contains("siwa-events serve"))
+        #expect(image.environment["SIWA_EMBEDDED_DATABASE"] == "off")
+        #expect(image.healthcheck.contains("http://127.0.0.1:8080/health/ready"))
+    }
+
+    /// `KEY=value` lines of an environment file (comments and blanks skipped).
+    static func environmentFile(_ text: String) -> [String: String] {
+        var values: [String: String] = [:]
+        for line in text.split(separator: "\n") where !line.hasPrefix("#") && line.contains("=") {
+            let parts = line.split(separator: "=", maxSplits: 1)
+            values[String(parts[0]).trimmingCharacters(in: .whitespaces)] = String(parts[1])
+        }
+        return values
+    }
+
+    @Test("The binary starts as the systemd unit and the container entrypoint start it (same arguments and environment), gets ready, and refuses to start without DATABASE_URL")
+    func startsAsShipped() async throws {
+        let keys = try await Keys.make()
+        defer { keys.remove() }
+        let databaseURL = try await CLITests.databaseURL()
+        // Only what must differ on this machine: the database, Apple's keys (no internet), the port.
+        func local(_ port: Int) -> [String: String] {
+            ["DATABASE_URL": databaseURL, "SIWA_APPLE_JWKS_URL": keys.jwksURL, "SIWA_APPLE_BUNDLE_IDS": keys.aud, "SIWA_PORT": "\(port)"]
+        }
+
+        // systemd: ExecStart's arguments, EnvironmentFile's variables (the shipped example).
+        let unit = try String(contentsOf: Self.deploy.appendingPathComponent("systemd/siwa-events.service"), encoding: .utf8)
+        let execStart = try #require(unit.split(separator: "\n").first { $0.hasPrefix("ExecStart=") }).dropFirst("ExecStart=".count).split(separator: " ").map(String.init)
+        #expect(execStart.first == "/usr/local/bin/siwa-events")
+        #expect(unit.contains("DynamicUser=yes") && unit.contains("ProtectSystem=strict") && unit.contains("EnvironmentFile=/etc/siwa-events/siwa-events.env"))
+        let envFile = Self.environmentFile(try String(contentsOf: Self.deploy.appendingPathComponent("systemd/siwa-events.env.example"), encoding: .utf8))
+        #expect(envFile["SIWA_EMBEDDED_DATABASE"] == "off")
+
+        // The container: ENTRYPOINT + CMD, the image's ENV, the ConfigMap's settings.
+        let image = try ContainerImage(String(contentsOf: Self.deploy.appendingPathComponent("Dockerfile"), encoding: .utf8))
+
+        let isolated = ["PATH": "/usr/bin:/bin", "HOME": "/nonexistent"]  // no inherited SIWA_* or DATABASE_URL
+        for (name, arguments, environment) in [
+            ("systemd", Array(execStart.dropFirst()), envFile), ("container", Array(image.entrypoint.dropFirst()), image.environment),
+        ] {
+            let port = CLITests.freePort()
+            let server = try Subprocess.start(
+                CLITests.binary.path, arguments, environment: isolated.merging(environment) { $1 }.merging(local(port)) { $1 }, workingDirectory: "/tmp")
+            let ready = await Self.waitReady(port: port)
+            #expect(ready, "\(name): not ready")
+            if name == "container" {
+                // The image's HEALTHCHECK command, pointed at this port.
+                let check = image.healthcheck.dropFirst().map { $0.replacingOccurrences(of: ":8080/", with: ":\(port)/") }
+                let result = try await Subprocess.run(CLITests.binary.path, Array(check), environment: isolated)
+                #expect(result.succeeded, "healthcheck: \(result.combinedOutput)")
+                #expect(result.standardOutput.contains(#""status":"ready""#))
+            }
+            server.signal(SIGTERM)
+            #expect(await server.waitForExit() == 0, "\(name): exit status after SIGTERM")
+
+            // Without DATABASE_URL: a clear refusal, never a private database.
+            var missing = isolated.merging(environment) { $1 }.merging(local(port)) { $1 }
+            missing["DATABASE_URL"] = nil
+            let refused = try await Subprocess.run(CLITests.binary.path, arguments, environment: missing, workingDirectory: keys.directory)
+            #expect(refused.status == 78, "\(name): \(refused.combinedOutput)")
+            #expect(refused.standardError.contains("DATABASE_URL") && refused.standardError.contains("SIWA_EMBEDDED_DATABASE=off"), "\(refused.standardError)")
+            #expect(!FileManager.default.fileExists(atPath: "\(keys.directory)/.siwa"), "\(name): a private database was started")
+        }
+    }
+
+    // MARK: Readiness
+
+    @Test("/health/ready follows PostgreSQL down and back without a restart; a worker is ready without Apple's keys, a receiver is not")
+    func readinessFollowsDatabase() async throws {
+        let directory = "/tmp/siwa-ready-\(UUID().uuidString.prefix(6).lowercased())"
+        try FileManager.default.createDirectory(atPath: directory, withIntermediateDirectories: true, attributes: [.posixPermissions: 0o755])
+        defer { try? FileManager.default.removeItem(atPath: directory) }
+        let cluster = EmbeddedPostgres(options: .init(dataDirectory: "\(directory)/db", durable: false), logger: Logger(label: "ready"))
+        let connection = try await cluster.start()
+        let socketDirectory = (connection.socketPath as NSString).deletingLastPathComponent
+        let url = "postgres://\(connection.username)@/\(connection.database)?host=\(socketDirectory)"
+        let http = HTTPClient(eventLoopGroupProvider: .singleton)
+        let keys = try await Keys.make()
+        defer { keys.remove() }
+
+        let port = CLITests.freePort()
+        let base = ["DATABASE_URL": url, "SIWA_APPLE_BUNDLE_IDS": keys.aud, "SIWA_APPLE_JWKS_URL": keys.jwksURL, "SIWA_DATABASE_TIMEOUT": "1s"]
+        let server = try Subprocess.start(
+            CLITests.binary.path, ["serve"], environment: ProcessInfo.processInfo.environment.merging(base) { $1 }.merging(["SIWA_PORT": "\(port)"]) { $1 })
+        #expect(await Self.waitReady(port: port))
+
+        try await cluster.stop()
+        let down = await Self.poll(http, "http://127.0.0.1:\(port)/health/ready", until: { $0 == 503 })
+        #expect(down?.contains(#""database":"unreachable""#) == true, "\(down ?? "no answer")")
+        #expect(await Self.status(http, "http://127.0.0.1:\(port)/health/live") == 200)
+
+        _ = try await cluster.start()
+        let up = await Self.poll(http, "http://127.0.0.1:\(port)/health/ready", until: { $0 == 200 }, seconds: 30)
+        #expect(up?.contains(#""status":"ready""#) == true, "\(up ?? "no answer")")
+        server.signal(SIGTERM)
+        #expect(await server.waitForExit() == 0)
+
+        // Apple's keys unreachable: a worker is ready (it never needs them), a receiver is not.
+        let unreachable = base.merging(["SIWA_APPLE_JWKS_URL": "file://\(directory)/missing-jwks.json"]) { $1 }
+        for (role, expected) in [("worker", 200), ("receiver", 503)] {
+            let port = CLITests.freePort()
+            let process = try Subprocess.start(
+                CLITests.binary.path, ["serve", "--role", role],
+                environment: ProcessInfo.processInfo.environment.merging(unreachable) { $1 }.merging(["SIWA_PORT": "\(port)"]) { $1 })
+            let answer = await Self.poll(http, "http://127.0.0.1:\(port)/health/ready", until: { $0 == expected }, seconds: 30)
+            #expect(answer != nil, "\(role): /health/ready never answered \(expected)")
+            if role == "receiver" { #expect(answer?.contains(#""apple_keys":"not loaded""#) == true, "\(answer ?? "")") }
+            process.signal(SIGTERM)
+            #expect(await process.waitForExit() == 0)
+        }
+        try await http.shutdown()
+        try await cluster.stop()
+    }
+
+    // MARK: SIGTERM, replicas, polling
+
+    @Test("SIGTERM under load: every request gets a complete answer or is refused before it is read, every 200 is stored, no job is left held, exit 0 within the grace period")
+    func sigtermUnderLoad() async throws {
+        let keys = try await Keys.make()
+        defer { keys.remove() }
+        let databaseURL = try await CLITests.databaseURL()
+        let port = CLITests.freePort()
+        let server = try Subprocess.start(
+            CLITests.binary.path, ["serve"],
+            environment: ProcessInfo.processInfo.environment.merging([
+                "DATABASE_URL": databaseURL, "SIWA_APPLE_BUNDLE_IDS": keys.aud, "SIWA_APPLE_JWKS_URL": keys.jwksURL, "SIWA_PORT": "\(port)",
+                "SIWA_SHUTDOWN_GRACE": "10s",
+            ]) { $1 })
+        #expect(await Self.waitReady(port: port))
+        let bodies = try keys.bodies(count: 3_000, prefix: "term")
+        let load = DeliveryLoad(bodies: bodies, ports: [port])
+        var exit: Task<(Int32, Duration), Never>?
+        await withTaskGroup(of: Void.self) { group in
+            for _ in 0..<16 { group.addTask { await load.send() } }
+            while load.answered < 300 { try? await Task.sleep(for: .milliseconds(5)) }
+            server.signal(SIGTERM)
+            let terminatedAt = ContinuousClock.now
+            exit = Task { (await server.waitForExit(), ContinuousClock.now - terminatedAt) }
+            load.markSignalled()
+            await group.waitForAll()
+        }
+        let (status, took) = await exit!.value
+        #expect(status == 0, "exit status \(status)")
+        #expect(took < .seconds(10), "shutdown took \(took)")
+        #expect(load.incomplete.isEmpty, "answers cut short: \(load.incomplete.prefix(5))")
+        #expect(load.failedBeforeSignal.isEmpty, "requests that failed before SIGTERM: \(load.failedBeforeSignal.prefix(5))")
+        #expect(load.serverErrors.isEmpty, "5xx answers: \(load.serverErrors.prefix(5))")
+        let acknowledged = load.acknowledged
+        #expect(acknowledged.count >= 300)
+        try await Self.withDatabase(databaseURL) { (client: PostgresClient) async throws in
+            #expect(try await Self.count(client, "SELECT count(*) FROM notifications WHERE jti = ANY(\(acknowledged))") == acknowledged.count)
+            #expect(try await Self.count(client, "SELECT count(*) FROM jobs WHERE state = 'running'") == 0)
+        }
+    }
+
+    @Test("Two replicas on one database share the load; one is killed: nothing acknowledged is lost, nothing is applied twice")
+    func twoReplicasOneKilled() async throws {
+        let keys = try await Keys.make()
+        defer { keys.remove() }
+        let databaseURL = try await CLITests.databaseURL()
+        let ports = [CLITests.freePort(), CLITests.freePort() + 1]
+        let environment = ProcessInfo.processInfo.environment.merging([
+            "DATABASE_URL": databaseURL, "SIWA_APPLE_BUNDLE_IDS": keys.aud, "SIWA_APPLE_JWKS_URL": keys.jwksURL, "SIWA_JOB_LEASE": "2s",
+        ]) { $1 }
+        let replicas = try ports.map { port in
+            try Subprocess.start(CLITests.binary.path, ["serve"], environment: environment.merging(["SIWA_PORT": "\(port)"]) { $1 })
+        }
+        for port in ports { #expect(await Self.waitReady(port: port)) }
+        let bodies = try keys.bodies(count: 2_000, prefix: "replica", users: 200)
+        // Senders alternate between the replicas; a request the killed one did not answer is sent
+        // again to the other, as Apple retries.
+        let load = DeliveryLoad(bodies: bodies, ports: ports, failover: true)
+        await withTaskGroup(of: Void.self) { group in
+            for _ in 0..<16 { group.addTask { await load.send() } }
+            while load.answered < 700 { try? await Task.sleep(for: .milliseconds(5)) }
+            replicas[0].signal(SIGKILL)
+            load.markSignalled()
+            await group.waitForAll()
+        }
+        _ = await replicas[0].waitForExit()
+        #expect(load.answeredBy[ports[0]] ?? 0 > 100 && load.answeredBy[ports[1]] ?? 0 > 100, "load was not spread: \(load.answeredBy)")
+        let acknowledged = load.acknowledged
+        #expect(acknowledged.count == bodies.count, "every notification acknowledged by one replica or the other")
+        try await Self.withDatabase(databaseURL) { client in
+            // The survivor applies everything, including jobs the killed replica held (after their lease).
+            var pending = -1
+            for _ in 0..<120 {
+                pending = try await Self.count(client, "SELECT count(*) FROM jobs WHERE lane = 'effects' AND state <> 'completed'")
+                if pending == 0 { break }
+                try await Task.sleep(for: .milliseconds(250))
+            }
+            #expect(pending == 0)
+            #expect(try await Self.count(client, "SELECT count(*) FROM notifications WHERE jti = ANY(\(acknowledged)) AND status = 'applied'") == acknowledged.count)
+            #expect(try await Self.count(client, "SELECT count(*) FROM (SELECT job_id FROM job_attempts WHERE outcome = 'applied' GROUP BY job_id HAVING count(*) > 1) twice") == 0)
+            #expect(try await Self.count(client, "SELECT count(*) FROM job_attempts WHERE outcome = 'applied'") == bodies.count)
+        }
+        replicas[1].signal(SIGTERM)
+        #expect(await replicas[1].waitForExit() == 0)
+    }
+
+    @Test("Polling only (SIWA_JOB_NOTIFY=off, as behind a transaction-mode pooler): a separate worker process applies what the receiver records, without LISTEN")
+    func pollingOnlyWorker() async throws {
+        let keys = try await Keys.make()
+        defer { keys.remove() }
+        let databaseURL = try await CLITests.databaseURL()
+        let environment = ProcessInfo.processInfo.environment.merging([
+            "DATABASE_URL": databaseURL, "SIWA_APPLE_BUNDLE_IDS": keys.aud, "SIWA_APPLE_JWKS_URL": keys.jwksURL, "SIWA_JOB_NOTIFY": "off",
+        ]) { $1 }
+        let (receiverPort, workerPort) = (CLITests.freePort(), CLITests.freePort() + 1)
+        let receiver = try Subprocess.start(
+            CLITests.binary.path, ["serve", "--role", "receiver"], environment: environment.merging(["SIWA_PORT": "\(receiverPort)"]) { $1 })
+        let worker = try Subprocess.start(
+            CLITests.binary.path, ["serve", "--role", "worker"], environment: environment.merging(["SIWA_PORT": "\(workerPort)"]) { $1 })
+        #expect(await Self.waitReady(port: receiverPort))
+        #expect(await Self.waitReady(port: workerPort))
+        let load = DeliveryLoad(bodies: try keys.bodies(count: 40, prefix: "poll"), ports: [receiverPort])
+        await load.send()
+        #expect(load.acknowledged.count == 40)
+        try await Self.withDatabase(databaseURL) { client in
+            var applied = 0
+            for _ in 0..<80 where applied < 40 {
+                applied = try await Self.count(client, "SELECT count(*) FROM notifications WHERE status = 'applied'")
+                try await Task.sleep(for: .milliseconds(250))
+            }
+            #expect(applied == 40)
+            #expect(try await Self.count(client, "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND query ILIKE 'LISTEN%'") == 0)
+        }
+        for process in [receiver, worker] {
+            process.signal(SIGTERM)
+            #expect(await process.waitForExit() == 0)
+        }
+    }
+
+    // MARK: Helpers
+
+    /// A signing key of our own (Apple's format), its JWKS as a file:// URL, and bodies signed with it.
+    struct Keys {
+        let directory: String
+        let signer: AppleStyleSigner
+        let aud = "com.example.deploy"
+        var jwksURL: String { "file://\(directory)/keys/jwks.json" }
+
+        static func make() async throws -> Keys {
+            let directory = "/tmp/siwa-deploy-\(UUID().uuidString.prefix(6).lowercased())"
+            try FileManager.default.createDirectory(atPath: directory, withIntermediateDirectories: true, attributes: [.posixPermissions: 0o755])
+            let generated = try await CLITests.run(["keys", "generate", "--dir", "keys"], directory: directory)
+            #expect(generated.status == 0)
+            return Keys(directory: directory, signer: try AppleStyleSigner(pem: String(contentsOfFile: "\(directory)/keys/private-key.pem", encoding: .utf8)))
+        }
+
+        func remove() { try? FileManager.default.removeItem(atPath: directory) }
+
+        func bodies(count: Int, prefix: String, users: Int = 100) throws -> [(jti: String, body: String)] {
+            let types = ["email-disabled", "email-enabled", "consent-revoked", "account-delete"]
+            return try (0..<count).map { index in
+                let type = types[index % types.count]
+                let jti = "\(prefix)-\(index)"
+                let token = try signer.notification(
+                    aud: aud, type: type, sub: "001.\(prefix).\(index % users)", eventTime: Date().addingTimeInterval(Double(index) / 1000),
+                    email: type.hasPrefix("email") ? "\(prefix)\(index)@privaterelay.appleid.com" : nil, isPrivateEmail: type.hasPrefix("email") ? true : nil,
+                    jti: jti)
+                return (jti, AppleStyleSigner.body(token))
+            }
+        }
+    }
+
+    static func waitReady(port: Int, seconds: Int = 60) async -> Bool {
+        let http = HTTPClient(eventLoopGroupProvider: .singleton)
+        defer { Task { try? await http.shutdown() } }
+        return await poll(http, "http://127.0.0.1:\(port)/health/ready", until: { $0 == 200 }, seconds: seconds) != nil
+    }
+
+    static func status(_ http: HTTPClient, _ url: String) async -> Int? {
+        guard let response = try? await http.execute(HTTPClientRequest(url: url), timeout: .seconds(3)) else { return nil }
+        _ = try? await response.body.collect(upTo: 1 << 16)
+        return Int(response.status.code)
+    }
+
+    /// GETs `url` every 100 ms until its status satisfies `until`; returns that answer's body.
+    static func poll(_ http: HTTPClient, _ url: String, until: (Int) -> Bool, seconds: Int = 15) async -> String? {
+        let deadline = ContinuousClock.now + .seconds(seconds)
+        while ContinuousClock.now < deadline {
+            if let response = try? await http.execute(HTTPClientRequest(url: url), timeout: .seconds(3)),
+                let body = try? await response.body.collect(upTo: 1 << 16), until(Int(response.status.code))
+            {
+                return String(buffer: body)
+            }
+            try? await Task.sleep(for: .milliseconds(100))
+        }
+        return nil
+    }
+
+    /// A client on the database a `CLITests.databaseURL()` names (same cluster, same user).
+    static func withDatabase(_ url: String, _ body: (PostgresClient) async throws -> Void) async throws {
+        let components = try #require(URLComponents(string: url))
+        let socketDirectory = try #require(components.queryItems?.first { $0.name == "host" }?.value)
+        let configuration = PostgresClient.Configuration(
+            unixSocketPath: "\(socketDirectory)/.s.PGSQL.5432", username: components.user ?? "", password: nil,
+            database: String(components.path.dropFirst()))
+        let client = PostgresClient(configuration: configuration)
+        try await withThrowingTaskGroup(of: Void.self) { group in
+            group.addTask { await client.run() }
+            try await body(client)
+            group.cancelAll()
+        }
+    }
+
+    static func count(_ client: PostgresClient, _ query: PostgresQuery) async throws -> Int {
+        for try await (n,) in try await client.query(query).decode((Int,).self) { return n }
+        return 0
+    }
+}
+
+/// Concurrent senders over a list of signed notifications: who answered what, and how.
+final class DeliveryLoad: Sendable {
+    let bodies: [(jti: String, body: String)]
+    let ports: [Int]
+    let failover: Bool
+    private let state = Mutex(State())
+    // A short connect timeout: a request queued for a connection the stopped server no longer
+    // accepts fails at once instead of AHC retrying the connection for 10 s.
+    private let http = HTTPClient(eventLoopGroupProvider: .singleton, configuration: .init(timeout: .init(connect: .milliseconds(500))))
+
+    struct State {
+        var next = 0
+        var signalled = false
+        var acknowledged: [String] = []
+        var answeredBy: [Int: Int] = [:]
+        var incomplete: [String] = []
+        var failedBeforeSignal: [String] = []
+        var serverErrors: [String] = []
+    }
+
+    init(bodies: [(jti: String, body: String)], ports: [Int], failover: Bool = false) {
+        self.bodies = bodies
+        self.ports = ports
+        self.failover = failover
+    }
+
+    deinit { try? http.syncShutdown() }
+
+    var answered: Int { state.withLock { $0.answeredBy.values.reduce(0, +) } }
+    var acknowledged: [String] { state.withLock { $0.acknowledged } }
+    var answeredBy: [Int: Int] { state.withLock { $0.answeredBy } }
+    var incomplete: [String] { state.withLock { $0.incomplete } }
+    var failedBeforeSignal: [String] { state.withLock { $0.failedBeforeSignal } }
+    var serverErrors: [String] { state.withLock { $0.serverErrors } }
+    func markSignalled() { state.withLock { $0.signalled = true } }
+
+    /// Sends until the list is exhausted; after the signal (without failover), stops at the first
+    /// request the server no longer takes.
+    func send() async {
+        while let index = state.withLock({ state -> Int? in
+            defer { state.next += 1 }
+            return state.next < bodies.count ? state.next : nil
+        }) {
+            var attempt = 0
+            while true {
+                let port = ports[(index + attempt) % ports.count]
+                switch await deliver(index, to: port) {
+                case .answered: break
+                case .refused where failover && attempt < 20:
+                    attempt += 1
+                    continue
+                case .refused:
+                    if !failover && state.withLock({ $0.signalled }) { return }
+                }
+                break
+            }
+        }
+    }
+
+    enum Outcome { case answered, refused }
+
+    private func deliver(_ index: Int, to port: Int) async -> Outcome {
+        let (jti, body) = bodies[index]
+        var request = HTTPClientRequest(url: "http://127.0.0.1:\(port)/apple/notifications")
+        request.method = .POST
+        request.headers.add(name: "Content-Type", value: "application/json")
+        request.body = .bytes(ByteBuffer(string: body))
+        let response: HTTPClientResponse
+        do {
+            response = try await http.execute(request, timeout: .seconds(30))
+        } catch {
+            // No answer at all: refused or closed before the request was read.
+            state.withLock { if !$0.signalled { $0.failedBeforeSignal.append("\(jti): \(error)") } }
+            return .refused
+        }
+        guard let answer = try? await response.body.collect(upTo: 1 << 16) else {
+            state.withLock { $0.incomplete.append("\(jti): status \(response.status.code), body cut") }
+            return .answered
+        }
+        let text = String(buffer: answer)
+        state.withLock { state in
+            state.answeredBy[port, default: 0] += 1
+            if response.status == .ok && (text.contains(#""status":"accepted""#) || text.contains(#""status":"duplicate""#)) {
+                state.acknowledged.append(jti)
+            } else if response.status.code >= 500 {
+                state.serverErrors.append("\(jti): \(response.status.code) \(text)")
+            }
+        }
+        return response.status.code >= 500 && failover ? .refused : .answered
+    }
+}
