@@ -360,6 +360,65 @@ struct DeployTests {
         }
     }
 
+    // MARK: doctor
+
+    @Test("doctor: siwa-events' route passes, a wrong path and plain http fail; TLS: an untrusted chain fails, a trusted one shows its version and a near expiry")
+    func doctor() async throws {
+        let keys = try await Keys.make()
+        defer { keys.remove() }
+        let port = CLITests.freePort()
+        let server = try Subprocess.start(
+            CLITests.binary.path, ["serve", "--role", "receiver"],
+            environment: ProcessInfo.processInfo.environment.merging([
+                "DATABASE_URL": try await CLITests.databaseURL(), "SIWA_APPLE_BUNDLE_IDS": keys.aud, "SIWA_APPLE_JWKS_URL": keys.jwksURL,
+                "SIWA_PORT": "\(port)",
+            ]) { $1 })
+        #expect(await Self.waitReady(port: port))
+        func doctor(_ arguments: [String]) async throws -> CLITests.Run {
+            try await CLITests.run(["doctor"] + arguments + ["--timeout", "5s"], directory: keys.directory)
+        }
+
+        let route = try await doctor(["--url", "http://127.0.0.1:\(port)/apple/notifications"])
+        #expect(route.stdout.contains("ok    route: POST /apple/notifications with a malformed notification → 400"), "\(route.stdout)")
+        #expect(route.stdout.contains("FAIL  url: http://127.0.0.1:\(port)/apple/notifications is http://"), "\(route.stdout)")
+        #expect(route.stdout.contains("warn  dns: 127.0.0.1 → 127.0.0.1: only private or loopback addresses"))
+        #expect(route.status == 1)
+        let wrongPath = try await doctor(["--url", "http://127.0.0.1:\(port)/notifications"])
+        #expect(wrongPath.stdout.contains("FAIL  route: POST /notifications → 404"), "\(wrongPath.stdout)")
+        let bad = try await doctor(["--url", "siwa.example.com/apple/notifications"])
+        #expect(bad.status == 64 && bad.stderr.contains("--url"), "\(bad.stderr)")
+        server.signal(SIGTERM)
+        #expect(await server.waitForExit() == 0)
+
+        // TLS against a local server with a self-signed certificate for localhost, 7 days left.
+        let generated = try await Subprocess.run(
+            "/usr/bin/env",
+            ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", "\(keys.directory)/tls.key", "-out", "\(keys.directory)/tls.pem",
+             "-days", "7", "-subj", "/CN=localhost", "-addext", "subjectAltName=DNS:localhost"],
+            environment: ProcessInfo.processInfo.environment)
+        #expect(generated.succeeded, "\(generated.combinedOutput)")
+        let tlsPort = CLITests.freePort()
+        let tls = try Subprocess.start(
+            "/usr/bin/env",
+            ["openssl", "s_server", "-accept", "\(tlsPort)", "-cert", "\(keys.directory)/tls.pem", "-key", "\(keys.directory)/tls.key", "-www", "-quiet"],
+            environment: ProcessInfo.processInfo.environment)
+        var untrusted = try await doctor(["--url", "https://localhost:\(tlsPort)/apple/notifications"])
+        for _ in 0..<20 where untrusted.stdout.contains("Connection refused") || untrusted.stdout.contains("connection reset") {
+            try await Task.sleep(for: .milliseconds(250))  // s_server still starting
+            untrusted = try await doctor(["--url", "https://localhost:\(tlsPort)/apple/notifications"])
+        }
+        #expect(untrusted.stdout.contains("FAIL  tls: handshake with localhost:\(tlsPort) failed"), "\(untrusted.stdout)")
+        #expect(untrusted.status == 1)
+        let trusted = try await doctor(["--url", "https://localhost:\(tlsPort)/apple/notifications", "--ca-file", "\(keys.directory)/tls.pem"])
+        #expect(trusted.stdout.contains("ok    tls: TLS 1.3, certificate chain trusted for localhost"), "\(trusted.stdout)")
+        #expect(trusted.stdout.contains("warn  tls: the certificate expires in"), "\(trusted.stdout)")
+        #expect(trusted.stdout.contains("warn  tls: also trusting"))
+        // Whatever answers there is not siwa-events.
+        #expect(trusted.stdout.contains("FAIL  route"), "\(trusted.stdout)")
+        tls.signal(SIGTERM)
+        _ = await tls.waitForExit()
+    }
+
     // MARK: Helpers
 
     /// A signing key of our own (Apple's format), its JWKS as a file:// URL, and bodies signed with it.
