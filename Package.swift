@@ -20,7 +20,8 @@ let package = Package(
         .package(url: "https://github.com/apple/swift-nio.git", from: "2.101.2"),
         .package(url: "https://github.com/vapor/jwt-kit.git", from: "5.7.1"),
         .package(url: "https://github.com/swift-server/async-http-client.git", from: "1.37.0"),
-        // Already in the graph through async-http-client; named because `doctor` inspects a TLS handshake.
+        // Already in the graph through async-http-client; named because `doctor` inspects a TLS handshake
+        // and `serve` can terminate TLS itself (HummingbirdTLS).
         .package(url: "https://github.com/apple/swift-nio-ssl.git", from: "2.37.6"),
         // Already in the graph through jwt-kit; named because the verifier calls RSA directly.
         .package(url: "https://github.com/apple/swift-crypto.git", "4.1.0"..<"5.0.0"),
@@ -114,6 +115,9 @@ let package = Package(
                 .product(name: "Logging", package: "swift-log"),
                 .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
                 .product(name: "UnixSignals", package: "swift-service-lifecycle"),
+                .product(name: "HummingbirdTLS", package: "hummingbird"),
+                .product(name: "HummingbirdCore", package: "hummingbird"),
+                .product(name: "NIOSSL", package: "swift-nio-ssl"),
             ],
             swiftSettings: swiftSettings
         ),

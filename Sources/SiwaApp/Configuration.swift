@@ -45,6 +45,10 @@ package struct Configuration: Sendable {
     package var sessionTTL: Duration = .seconds(30 * 86_400)
     package var historyRetention: Duration = .seconds(400 * 86_400)
     package var metricsToken: String?
+    /// Serve HTTPS directly (PEM files: the certificate chain, leaf first, and its private key).
+    /// Without them: plain HTTP behind a TLS-terminating proxy.
+    package var tlsCertificateFile: String?
+    package var tlsKeyFile: String?
     package var callbackURL: URL?
     package var callbackSigner: WebhookSigner?
     package var callbackTimeout: Duration = .seconds(10)
@@ -96,6 +100,8 @@ package struct Configuration: Sendable {
         ("SIWA_HISTORY_RETENTION", "--history-retention", "notifications and rejections older than this are pruned"),
         ("SIWA_SESSION_TTL", "--session-ttl", "lifetime of a session created without expires_at"),
         ("SIWA_METRICS_TOKEN", "--metrics-token", "when set, /metrics needs Authorization: Bearer <it>"),
+        ("SIWA_TLS_CERT_FILE", "--tls-cert-file", "serve HTTPS: PEM certificate chain, leaf first (with SIWA_TLS_KEY_FILE)"),
+        ("SIWA_TLS_KEY_FILE", "--tls-key-file", "serve HTTPS: PEM private key of the certificate"),
         ("SIWA_CALLBACK_URL", "--callback-url", "http(s) endpoint POSTed a signed callback after each effect (unset: none)"),
         ("SIWA_CALLBACK_SECRET", "--callback-secret", "space-separated whsec_ secrets that sign callbacks (all sign: rotation)"),
         ("SIWA_CALLBACK_TIMEOUT", "--callback-timeout", "one callback attempt's limit"),
@@ -277,6 +283,19 @@ package struct Configuration: Sendable {
                 throw ConfigurationError(variable: flag("SIWA_METRICS_TOKEN"), message: "must be at least 16 characters (e.g. openssl rand -hex 16)")
             }
             config.metricsToken = token
+        }
+        switch (value("SIWA_TLS_CERT_FILE"), value("SIWA_TLS_KEY_FILE")) {
+        case (nil, nil): break
+        case (let certificate?, let key?):
+            for (name, path) in [("SIWA_TLS_CERT_FILE", certificate), ("SIWA_TLS_KEY_FILE", key)] where !FileManager.default.isReadableFile(atPath: path) {
+                throw ConfigurationError(variable: flag(name), message: "cannot read \(path)")
+            }
+            config.tlsCertificateFile = certificate
+            config.tlsKeyFile = key
+        case (nil, _):
+            throw ConfigurationError(variable: flag("SIWA_TLS_CERT_FILE"), message: "is required with SIWA_TLS_KEY_FILE (serving HTTPS needs both)")
+        case (_, nil):
+            throw ConfigurationError(variable: flag("SIWA_TLS_KEY_FILE"), message: "is required with SIWA_TLS_CERT_FILE (serving HTTPS needs both)")
         }
         config.callbackTimeout = try duration("SIWA_CALLBACK_TIMEOUT", default: config.callbackTimeout)
         config.callbackConcurrency = try integer("SIWA_CALLBACK_CONCURRENCY", 1...256, default: config.callbackConcurrency)

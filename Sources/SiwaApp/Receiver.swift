@@ -11,6 +11,9 @@ import SiwaKeys
 import SiwaStore
 import SiwaWorkers
 import UnixSignals
+import HummingbirdCore
+import HummingbirdTLS
+import NIOSSL
 
 /// The composition root of a serving process: every component built once, in dependency order,
 /// and one Hummingbird application whose service group runs them — the receiver (role all or
@@ -125,11 +128,12 @@ package struct Receiver: Sendable {
     /// refresh loop and the rejection writer. Before the server binds: migrations (or the check that
     /// none is pending) and the key set load.
     package func application(
-        config: Configuration, client: PostgresClient, logger: Logger,
+        config: Configuration, client: PostgresClient, logger: Logger, server: HTTPServerBuilder = .http1(),
         onServerRunning: @escaping @Sendable (any Channel) async -> Void = { _ in }
     ) -> some ApplicationProtocol {
         var app = Application(
             router: router(),
+            server: server,
             configuration: .init(address: .hostname(config.host, port: config.port), serverName: nil),
             services: [client] + (config.receives ? [keys, rejections] : []) + (workers.map { [$0] } ?? []) + (alerts.map { [$0] } ?? []),
             onServerRunning: onServerRunning,
@@ -151,14 +155,15 @@ package struct Receiver: Sendable {
 /// `siwa-events serve`: the receiver on the configured database, until SIGTERM/SIGINT.
 package enum Server {
     package static func serve(_ config: Configuration, logger: Logger) async throws {
+        let server = try config.httpServer()
         let database = try await Database.open(config, logger: logger)
         let receiver = Receiver(config: config, client: database.client, logger: logger)
-        let app = receiver.application(config: config, client: database.client, logger: logger) { channel in
+        let app = receiver.application(config: config, client: database.client, logger: logger, server: server) { channel in
             logger.notice(
                 "siwa-events listening",
                 metadata: [
                     "address": "\(channel.localAddress?.ipAddress ?? config.host):\(channel.localAddress?.port ?? config.port)", "database": "\(database.description)",
-                    "bundle_ids": "\(config.bundleIDs.joined(separator: ","))", "jwks_url": "\(config.jwksURL.absoluteString)",
+                    "bundle_ids": "\(config.bundleIDs.joined(separator: ","))", "tls": "\(config.tlsCertificateFile == nil ? "off (behind a TLS proxy)" : "on")", "jwks_url": "\(config.jwksURL.absoluteString)",
                 ])
         }
         // SIGTERM/SIGINT: Hummingbird stops accepting and finishes in-flight requests, the workers
@@ -221,4 +226,31 @@ func constantTimeEqual(_ a: [UInt8], _ b: [UInt8]) -> Bool {
     var difference: UInt8 = 0
     for index in a.indices { difference |= a[index] ^ b[index] }
     return difference == 0
+}
+
+extension Configuration {
+    /// Plain HTTP/1.1, or HTTPS (TLS 1.2+) with SIWA_TLS_CERT_FILE / SIWA_TLS_KEY_FILE.
+    package func httpServer() throws -> HTTPServerBuilder {
+        guard let tlsCertificateFile, let tlsKeyFile else { return .http1() }
+        let chain: [NIOSSLCertificate]
+        do {
+            chain = try NIOSSLCertificate.fromPEMFile(tlsCertificateFile)
+        } catch {
+            throw ConfigurationError(variable: "SIWA_TLS_CERT_FILE", message: "\(tlsCertificateFile) is not a PEM certificate chain (\(error))")
+        }
+        guard !chain.isEmpty else { throw ConfigurationError(variable: "SIWA_TLS_CERT_FILE", message: "\(tlsCertificateFile) holds no certificate") }
+        let key: NIOSSLPrivateKey
+        do {
+            key = try NIOSSLPrivateKey(file: tlsKeyFile, format: .pem)
+        } catch {
+            throw ConfigurationError(variable: "SIWA_TLS_KEY_FILE", message: "\(tlsKeyFile) is not a PEM private key (\(error))")
+        }
+        var tls = TLSConfiguration.makeServerConfiguration(certificateChain: chain.map { .certificate($0) }, privateKey: .privateKey(key))
+        tls.minimumTLSVersion = .tlsv12
+        do {
+            return try .tls(.http1(), tlsConfiguration: tls)
+        } catch {
+            throw ConfigurationError(variable: "SIWA_TLS_KEY_FILE", message: "the key does not fit the certificate or TLS cannot start (\(error))")
+        }
+    }
 }

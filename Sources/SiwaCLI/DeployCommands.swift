@@ -107,8 +107,10 @@ struct Doctor: AsyncParsableCommand {
                 let days = Int(expiry.timeIntervalSinceNow / 86_400)
                 report.ok("tls", "\(session.version), certificate chain trusted for \(host), valid until \(iso8601(expiry)) (\(days) days)")
                 if days < 14 { report.warn("tls", "the certificate expires in \(days) days: renew it (Apple's deliveries fail the moment it expires)") }
-            } catch {
+            } catch let error as NIOSSLError {
                 report.fail("tls", "handshake with \(host):\(port) failed (TLS 1.2+, full chain verification): \(error) — serve the full chain of a publicly trusted certificate for \(host)")
+            } catch {
+                report.fail("tls", "cannot connect to \(host):\(port): \(error) — is the port open to the internet, and is something listening?")
             }
         }
 
@@ -194,7 +196,7 @@ struct Doctor: AsyncParsableCommand {
         defer { channel.close(promise: nil) }
         let waiter = try await channel.pipeline.handler(type: HandshakeWaiter.self).get()
         let deadline = channel.eventLoop.scheduleTask(in: .nanoseconds(Int64(timeout.nanoseconds))) {
-            waiter.promise.fail(ChannelError.connectTimeout(.nanoseconds(Int64(timeout.nanoseconds))))
+            waiter.complete(.failure(ChannelError.connectTimeout(.nanoseconds(Int64(timeout.nanoseconds)))))
         }
         defer { deadline.cancel() }
         try await waiter.promise.futureResult.get()
@@ -216,15 +218,25 @@ struct Doctor: AsyncParsableCommand {
     final class HandshakeWaiter: ChannelInboundHandler, RemovableChannelHandler, @unchecked Sendable {
         typealias InboundIn = ByteBuffer
         var promise: EventLoopPromise<Void>!
+        /// A promise completes once: the first of handshake, error, close or timeout wins.
+        private var completed = false
 
         func handlerAdded(context: ChannelHandlerContext) { promise = context.eventLoop.makePromise() }
+        /// The connection failed before it was active (refused, unreachable): nobody waits, but the
+        /// promise must not be dropped uncompleted.
+        func handlerRemoved(context: ChannelHandlerContext) { complete(.failure(ChannelError.ioOnClosedChannel)) }
+        func complete(_ result: Result<Void, any Error>) {
+            guard !completed else { return }
+            completed = true
+            promise.completeWith(result)
+        }
         func userInboundEventTriggered(context: ChannelHandlerContext, event: Any) {
-            if case .handshakeCompleted = event as? TLSUserEvent { promise.succeed() }
+            if case .handshakeCompleted = event as? TLSUserEvent { complete(.success(())) }
             context.fireUserInboundEventTriggered(event)
         }
-        func errorCaught(context: ChannelHandlerContext, error: any Error) { promise.fail(error) }
+        func errorCaught(context: ChannelHandlerContext, error: any Error) { complete(.failure(error)) }
         func channelInactive(context: ChannelHandlerContext) {
-            promise.fail(ChannelError.eof)
+            complete(.failure(ChannelError.eof))
             context.fireChannelInactive()
         }
     }

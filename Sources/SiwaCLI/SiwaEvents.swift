@@ -51,6 +51,10 @@ struct ConfigOptions: ParsableArguments {
     var databaseTimeout: String?
     @Option(name: .customLong("shutdown-grace"), help: "On SIGTERM, how long in-flight requests and batches get to finish, e.g. 20s (SIWA_SHUTDOWN_GRACE).")
     var shutdownGrace: String?
+    @Option(name: .customLong("tls-cert-file"), help: "Serve HTTPS: PEM certificate chain, leaf first (SIWA_TLS_CERT_FILE; with --tls-key-file).")
+    var tlsCertFile: String?
+    @Option(name: .customLong("tls-key-file"), help: "Serve HTTPS: PEM private key (SIWA_TLS_KEY_FILE).")
+    var tlsKeyFile: String?
     @Option(help: "all|receiver|worker: what this process runs (SIWA_ROLE, default all).")
     var role: String?
     @Option(help: "Effect worker loops in this process (SIWA_WORKERS, default 4).")
@@ -118,6 +122,7 @@ struct ConfigOptions: ParsableArguments {
             "SIWA_JOB_NOTIFY": jobNotify, "SIWA_ERASE_ON_DELETE": eraseOnDelete, "SIWA_CALLBACK_URL": callbackURL,
             "SIWA_CALLBACK_SECRET": callbackSecret, "SIWA_CALLBACK_TIMEOUT": callbackTimeout, "SIWA_CALLBACK_CONCURRENCY": callbackConcurrency,
             "SIWA_APPLE_CLIENT_IDS": clientIDs, "SIWA_SESSION_TTL": sessionTTL, "SIWA_HISTORY_RETENTION": historyRetention, "SIWA_METRICS_TOKEN": metricsToken,
+            "SIWA_TLS_CERT_FILE": tlsCertFile, "SIWA_TLS_KEY_FILE": tlsKeyFile,
             "SIWA_SPIKE_INTERVAL": spikeInterval, "SIWA_SPIKE_WINDOW": spikeWindow, "SIWA_SPIKE_MIN_COUNT": spikeMinCount, "SIWA_SPIKE_FACTOR": spikeFactor,
             "SIWA_SPIKE_NEW_APP_COUNT": spikeNewAppCount, "SIWA_SPIKE_RESOLVE_AFTER": spikeResolveAfter, "SIWA_ALERT_WEBHOOK_URLS": alertWebhookURLs,
             "SIWA_ALERT_SLACK_URL": alertSlackURL, "SIWA_ALERT_QUEUE_LAG": alertQueueLag, "SIWA_ALERT_BAD_SIGNATURES": alertBadSignatures,

@@ -47,6 +47,13 @@ struct DeployTests {
             return list.first { (kind == nil || $0["kind"] == .string(kind!)) && (name == nil || $0["metadata"]?["name"] == .string(name!)) }
         }
 
+        // The compose stack's Prometheus configuration, with the rules it loads.
+        let promtool = try await Subprocess.run(
+            "/usr/bin/env", ["promtool", "check", "config", Self.deploy.appendingPathComponent("prometheus/prometheus.yml").path],
+            environment: ProcessInfo.processInfo.environment)
+        #expect(promtool.succeeded, "\(promtool.combinedOutput)")
+        #expect(promtool.combinedOutput.contains("alerts.yml"))
+
         // compose: receiver and workers as separate services after the migration, Prometheus with the rules.
         let compose = try #require(document("compose.yaml"))
         for service in ["postgres", "migrate", "receiver", "worker", "prometheus"] { #expect(compose["services"]?[service] != nil, "compose has no \(service)") }
@@ -209,8 +216,10 @@ struct DeployTests {
 
         let port = CLITests.freePort()
         let base = ["DATABASE_URL": url, "SIWA_APPLE_BUNDLE_IDS": keys.aud, "SIWA_APPLE_JWKS_URL": keys.jwksURL, "SIWA_DATABASE_TIMEOUT": "1s"]
+        let log = "\(directory)/server.log"
         let server = try Subprocess.start(
-            CLITests.binary.path, ["serve"], environment: ProcessInfo.processInfo.environment.merging(base) { $1 }.merging(["SIWA_PORT": "\(port)"]) { $1 })
+            CLITests.binary.path, ["serve"], environment: ProcessInfo.processInfo.environment.merging(base) { $1 }.merging(["SIWA_PORT": "\(port)"]) { $1 },
+            outputPath: log)
         #expect(await Self.waitReady(port: port))
 
         try await cluster.stop()
@@ -222,7 +231,8 @@ struct DeployTests {
         let up = await Self.poll(http, "http://127.0.0.1:\(port)/health/ready", until: { $0 == 200 }, seconds: 30)
         #expect(up?.contains(#""status":"ready""#) == true, "\(up ?? "no answer")")
         server.signal(SIGTERM)
-        #expect(await server.waitForExit() == 0)
+        let status = await server.waitForExit()
+        #expect(status == 0, "exit \(status); log: \((try? String(contentsOfFile: log, encoding: .utf8))?.suffix(3000) ?? "")")
 
         // Apple's keys unreachable: a worker is ready (it never needs them), a receiver is not.
         let unreachable = base.merging(["SIWA_APPLE_JWKS_URL": "file://\(directory)/missing-jwks.json"]) { $1 }
@@ -362,7 +372,7 @@ struct DeployTests {
 
     // MARK: doctor
 
-    @Test("doctor: siwa-events' route passes, a wrong path and plain http fail; TLS: an untrusted chain fails, a trusted one shows its version and a near expiry")
+    @Test("doctor: a wrong path and plain http fail; siwa-events serving TLS itself: an untrusted chain fails, a trusted one passes with its version, a near expiry warned")
     func doctor() async throws {
         let keys = try await Keys.make()
         defer { keys.remove() }
@@ -397,14 +407,16 @@ struct DeployTests {
              "-days", "7", "-subj", "/CN=localhost", "-addext", "subjectAltName=DNS:localhost"],
             environment: ProcessInfo.processInfo.environment)
         #expect(generated.succeeded, "\(generated.combinedOutput)")
+        // siwa-events serving HTTPS itself (SIWA_TLS_CERT_FILE / SIWA_TLS_KEY_FILE).
         let tlsPort = CLITests.freePort()
-        let tls = try Subprocess.start(
-            "/usr/bin/env",
-            ["openssl", "s_server", "-accept", "\(tlsPort)", "-cert", "\(keys.directory)/tls.pem", "-key", "\(keys.directory)/tls.key", "-www", "-quiet"],
-            environment: ProcessInfo.processInfo.environment)
+        let tlsEnvironment = ProcessInfo.processInfo.environment.merging([
+            "DATABASE_URL": try await CLITests.databaseURL(), "SIWA_APPLE_BUNDLE_IDS": keys.aud, "SIWA_APPLE_JWKS_URL": keys.jwksURL,
+            "SIWA_PORT": "\(tlsPort)", "SIWA_TLS_CERT_FILE": "\(keys.directory)/tls.pem", "SIWA_TLS_KEY_FILE": "\(keys.directory)/tls.key",
+        ]) { $1 }
+        let tls = try Subprocess.start(CLITests.binary.path, ["serve", "--role", "receiver"], environment: tlsEnvironment)
         var untrusted = try await doctor(["--url", "https://localhost:\(tlsPort)/apple/notifications"])
-        for _ in 0..<20 where untrusted.stdout.contains("Connection refused") || untrusted.stdout.contains("connection reset") {
-            try await Task.sleep(for: .milliseconds(250))  // s_server still starting
+        for _ in 0..<120 where untrusted.stdout.contains("Connection refused") || untrusted.stdout.contains("connection reset") {
+            try await Task.sleep(for: .milliseconds(250))  // still starting
             untrusted = try await doctor(["--url", "https://localhost:\(tlsPort)/apple/notifications"])
         }
         #expect(untrusted.stdout.contains("FAIL  tls: handshake with localhost:\(tlsPort) failed"), "\(untrusted.stdout)")
@@ -413,10 +425,16 @@ struct DeployTests {
         #expect(trusted.stdout.contains("ok    tls: TLS 1.3, certificate chain trusted for localhost"), "\(trusted.stdout)")
         #expect(trusted.stdout.contains("warn  tls: the certificate expires in"), "\(trusted.stdout)")
         #expect(trusted.stdout.contains("warn  tls: also trusting"))
-        // Whatever answers there is not siwa-events.
-        #expect(trusted.stdout.contains("FAIL  route"), "\(trusted.stdout)")
+        #expect(trusted.stdout.contains("ok    route: POST /apple/notifications with a malformed notification → 400"), "\(trusted.stdout)")
+        #expect(trusted.status == 0, "only warnings: \(trusted.stdout)")
         tls.signal(SIGTERM)
-        _ = await tls.waitForExit()
+        #expect(await tls.waitForExit() == 0)
+
+        // Half a TLS configuration is a configuration error naming what is missing.
+        var half = tlsEnvironment
+        half["SIWA_TLS_KEY_FILE"] = nil
+        let refused = try await Subprocess.run(CLITests.binary.path, ["serve"], environment: half, workingDirectory: keys.directory)
+        #expect(refused.status == 78 && refused.standardError.contains("SIWA_TLS_KEY_FILE"), "\(refused.combinedOutput)")
     }
 
     // MARK: Helpers
