@@ -151,9 +151,10 @@ package final class EffectWorkers: Service, Sendable {
         // already: leave it to the lease. Either way never wait on the database for long.
         if !Task.isCancelled {
             let store = self.store
-            for worker in holderNames {
-                let released = (try? await withDeadline(.seconds(5)) { try await store.release(worker: worker) }) ?? 0
-                if released > 0 { logger.info("released jobs on shutdown", metadata: ["worker": "\(worker)", "count": "\(released)"]) }
+            let holders = holderNames
+            let released = (try? await withDeadline(.seconds(5)) { try await store.release(workers: holders) }) ?? [:]
+            for (worker, count) in released.sorted(by: { $0.key < $1.key }) {
+                logger.info("released jobs on shutdown", metadata: ["worker": "\(worker)", "count": "\(count)"])
             }
         }
         try? await http?.shutdown()

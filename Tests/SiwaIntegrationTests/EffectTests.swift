@@ -258,6 +258,20 @@ struct EffectTests {
         await e.stop()
     }
 
+    @Test("Shutdown hands back what this process's workers hold, as if never attempted, and nothing another process holds")
+    func releaseOnShutdown() async throws {
+        let e = try await EffectHarness.start()
+        for user in ["r1", "r2", "r3"] { try await e.post("consent-revoked", sub: user, at: 1_000) }
+        let store = EffectStore(client: e.client, logger: Logger(label: "release"))
+        #expect(try await store.claim(worker: "here/0", limit: 2, lease: .seconds(60)).count == 2)
+        #expect(try await store.claim(worker: "elsewhere/0", limit: 10, lease: .seconds(60)).count == 1)
+        #expect(try await store.release(workers: ["here/0", "here/1"]) == ["here/0": 2])
+        #expect(try await e.h.count("SELECT count(*) FROM jobs WHERE state = 'available' AND attempt = 0 AND locked_by IS NULL") == 2)
+        #expect(try await e.h.count("SELECT count(*) FROM jobs WHERE state = 'running' AND locked_by = 'elsewhere/0'") == 1)
+        #expect(try await e.drain() == 2)
+        await e.stop()
+    }
+
     @Test("A failing job backs off, is retried, and is discarded with its last error after the maximum attempts")
     func backoffDiscardRetry() async throws {
         let e = try await EffectHarness.start { configuration in
