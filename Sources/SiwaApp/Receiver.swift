@@ -156,7 +156,7 @@ package struct Receiver: Sendable {
 package enum Server {
     package static func serve(_ config: Configuration, logger: Logger) async throws {
         let server = try config.httpServer()
-        let database = try await Database.open(config, logger: logger)
+        let database = try await Database.open(config, logger: logger, serving: true)
         let receiver = Receiver(config: config, client: database.client, logger: logger)
         let app = receiver.application(config: config, client: database.client, logger: logger, server: server) { channel in
             logger.notice(

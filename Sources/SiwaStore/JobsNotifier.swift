@@ -1,5 +1,6 @@
 import Logging
 import PostgresNIO
+import SiwaDomain
 import Synchronization
 
 /// Tells idle workers that jobs were enqueued: workers in this process at once, workers in other
@@ -65,7 +66,7 @@ package final class JobsNotifier: Sendable {
                 return false
             }
             if !more { return }
-            try? await Task.sleep(until: sent + minimumInterval, clock: .continuous)
+            await pause(for: max(.zero, sent + minimumInterval - ContinuousClock.now))
         }
     }
 }

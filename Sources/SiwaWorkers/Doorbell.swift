@@ -1,3 +1,4 @@
+import SiwaDomain
 import Synchronization
 
 /// Wakes idle workers early: rung on a `siwa_jobs` NOTIFY. Workers never rely on it — they also
@@ -51,8 +52,7 @@ package final class Doorbell: Sendable {
                 continuation.resume()
                 return
             }
-            Task {
-                try? await Task.sleep(for: timeout)
+            after(timeout) {
                 let waiter = self.state.withLock { $0.waiters.removeValue(forKey: id) }
                 waiter?.resume()
             }

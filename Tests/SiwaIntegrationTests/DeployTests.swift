@@ -523,9 +523,14 @@ final class DeliveryLoad: Sendable {
     let ports: [Int]
     let failover: Bool
     private let state = Mutex(State())
-    // A short connect timeout: a request queued for a connection the stopped server no longer
-    // accepts fails at once instead of AHC retrying the connection for 10 s.
-    private let http = HTTPClient(eventLoopGroupProvider: .singleton, configuration: .init(timeout: .init(connect: .milliseconds(500))))
+    // A connection per sender (no request queues for one), and a short connect timeout: a request
+    // for a connection the stopped server no longer accepts fails soon instead of AHC retrying
+    // the connection for 10 s.
+    private let http: HTTPClient = {
+        var configuration = HTTPClient.Configuration(timeout: .init(connect: .seconds(2)))
+        configuration.connectionPool = .init(idleTimeout: .seconds(60), concurrentHTTP1ConnectionsPerHostSoftLimit: 64)
+        return HTTPClient(eventLoopGroupProvider: .singleton, configuration: configuration)
+    }()
 
     struct State {
         var next = 0
