@@ -15,7 +15,7 @@ package struct Database: Sendable {
     package let startedEmbedded: Bool
     package let description: String
 
-    /// `serving`: a long-running `serve` process, whose pool is opened in full and kept (see
+    /// `serving`: a long-running `serve` process, whose pool runs without keep-alive timers (see
     /// `tuneForServing`); one-shot commands open connections as they need them.
     package static func open(_ config: Configuration, logger: Logger, serving: Bool = false) async throws -> Database {
         if let url = config.databaseURL {
@@ -76,18 +76,25 @@ package struct Database: Sendable {
 }
 
 extension PostgresClient.Configuration.Options {
-    /// The pool as a long-running server needs it. postgres-nio arms a keep-alive timer and an
-    /// idle-timeout timer (`Task.sleep`) each time a connection goes back to the pool, and cancels
-    /// them when it is leased again: once per query. On Linux every `Task.sleep` leaves ≈ 100 bytes
-    /// behind for good (heaptrack), so a busy process grew by megabytes a minute. Connections below
-    /// `minimumConnections` arm no idle timer, so a serving process keeps a fixed pool (opened at
-    /// start, `SIWA_DATABASE_POOL_SIZE` connections, as HikariCP advises for servers); without
-    /// keep-alive there is no keep-alive timer — a connection that died while idle is found at its
-    /// next use (that statement fails, the pool replaces the connection, the caller's usual error
-    /// path runs: a 503 Apple retries, a batch retried).
+    /// The pool as a long-running server needs it.
+    ///
+    /// postgres-nio arms an idle-timeout timer (and a keep-alive timer) each time a connection goes
+    /// back to the pool, and cancels it when the connection is leased again: once per query. A
+    /// cancelled `Task.sleep` keeps its task allocated (≈ 2 KB) until the sleep's original deadline
+    /// passes, so the memory a busy process holds is rate × timeout: with the 60 s default,
+    /// ≈ 1,000 releases/s held > 100 MB (the 10-minute soak grew 97 → 164 MiB). So: no keep-alive
+    /// (a connection that died while idle is found at its next use: that statement fails, the pool
+    /// replaces the connection, the caller's usual error path runs — a 503 Apple retries, a batch
+    /// retried) and a 5 s idle timeout (a busy process keeps its connections warm; an idle one
+    /// closes them, then reconnects in milliseconds).
+    ///
+    /// `minimumConnections` stays 0: postgres-nio 1.33 asserts (and crashes the process) when a
+    /// query finds no idle connection while fewer than `minimumConnections` are open, which is the
+    /// state a database restart leaves it in (it gives up on all but one reconnection attempt).
     mutating func tuneForServing(poolSize: Int) {
         maximumConnections = poolSize
-        minimumConnections = poolSize
+        minimumConnections = 0
+        connectionIdleTimeout = .seconds(5)
         keepAliveBehavior = nil
     }
 }
