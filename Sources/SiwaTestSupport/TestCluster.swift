@@ -58,7 +58,17 @@ package actor TestCluster {
         let admin = PostgresClient(configuration: Self.configuration(connection, database: "postgres"))
         try await withThrowingTaskGroup(of: Void.self) { group in
             group.addTask { await admin.run() }
-            try await admin.query(PostgresQuery(unsafeSQL: "CREATE DATABASE \(name) TEMPLATE \(template)"))
+            // CREATE DATABASE … TEMPLATE refuses while any session is on the template — including
+            // an autovacuum worker, which PostgreSQL asks to stop but waits for only 5 s: on a
+            // machine busy with a whole parallel test run, that can be too short. Try again.
+            for attempt in 1... {
+                do {
+                    try await admin.query(PostgresQuery(unsafeSQL: "CREATE DATABASE \(name) TEMPLATE \(template)"))
+                    break
+                } catch let error as PSQLError where error.serverInfo?[.sqlState] == "55006" && attempt < 20 {
+                    try await Task.sleep(for: .milliseconds(250))
+                }
+            }
             group.cancelAll()
         }
         return Self.configuration(connection, database: name)
