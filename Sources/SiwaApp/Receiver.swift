@@ -125,17 +125,20 @@ package struct Receiver: Sendable {
     }
 
     /// The HTTP application; its service group also runs the PostgreSQL client, the key cache's
-    /// refresh loop and the rejection writer. Before the server binds: migrations (or the check that
-    /// none is pending) and the key set load.
+    /// refresh loop, the rejection writer, the workers and the alert evaluator. Before the server
+    /// binds: migrations (or the check that none is pending) — the workers and the evaluator start
+    /// after them — and the key set load.
     package func application(
         config: Configuration, client: PostgresClient, logger: Logger, server: HTTPServerBuilder = .http1(),
         onServerRunning: @escaping @Sendable (any Channel) async -> Void = { _ in }
     ) -> some ApplicationProtocol {
+        let migrated = StartGate()
         var app = Application(
             router: router(),
             server: server,
             configuration: .init(address: .hostname(config.host, port: config.port), serverName: nil),
-            services: [client] + (config.receives ? [keys, rejections] : []) + (workers.map { [$0] } ?? []) + (alerts.map { [$0] } ?? []),
+            services: [client] + (config.receives ? [keys, rejections] : [])
+                + ([workers, alerts] as [(any Service)?]).compactMap { $0.map { GatedService(gate: migrated, service: $0) } },
             onServerRunning: onServerRunning,
             logger: logger)
         let keys = self.keys
@@ -146,6 +149,7 @@ package struct Receiver: Sendable {
             } else {
                 try await migrator.checkUpToDate()
             }
+            migrated.open()
             if config.receives { await keys.load() }
         }
         return app
