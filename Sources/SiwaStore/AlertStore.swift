@@ -261,7 +261,9 @@ package struct AlertStore: Sendable {
 
     private static func enqueue(_ messages: [SinkMessage], alertID: Int, on connection: PostgresConnection, logger: Logger) async throws {
         guard !messages.isEmpty else { return }
-        try await connection.query(
+        // Rows read to the end: unread, a failed insert's error would surface nowhere and the
+        // transaction's COMMIT would quietly roll back.
+        for try await _ in try await connection.query(
             """
             WITH queued AS (
                 INSERT INTO jobs (lane, kind, alert_id, target, payload, run_at)
@@ -271,7 +273,7 @@ package struct AlertStore: Sendable {
                 RETURNING id
             )
             SELECT pg_notify('siwa_jobs', 'alerts') FROM (SELECT 1 FROM queued LIMIT 1) q
-            """, logger: logger)
+            """, logger: logger) {}
     }
 
     // MARK: AlertsList

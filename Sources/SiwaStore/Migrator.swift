@@ -78,10 +78,11 @@ package struct Migrator: Sendable {
     @discardableResult
     package func migrate() async throws -> [Int] {
         try await client.withConnection { connection in
-            try await connection.query("SELECT pg_advisory_lock(\(Self.lockKey))", logger: logger)
+            // Rows read to the end: a row-returning statement's error arrives with its rows.
+            for try await _ in try await connection.query("SELECT pg_advisory_lock(\(Self.lockKey))", logger: logger) {}
             do {
                 let applied = try await self.migrateLocked(connection)
-                try await connection.query("SELECT pg_advisory_unlock(\(Self.lockKey))", logger: logger)
+                for try await _ in try await connection.query("SELECT pg_advisory_unlock(\(Self.lockKey))", logger: logger) {}
                 return applied
             } catch {
                 _ = try? await connection.query("SELECT pg_advisory_unlock(\(Self.lockKey))", logger: logger)

@@ -97,6 +97,25 @@ struct AlertTests {
         await slack.stop()
     }
 
+    @Test("a sink message the database refuses fails the alert's transaction loudly: no alert row without its messages")
+    func refusedMessageIsAnError() async throws {
+        let e = try await EffectHarness.start()
+        try await e.client.query(
+            """
+            CREATE FUNCTION refuse_alert_jobs() RETURNS trigger LANGUAGE plpgsql AS $$
+            BEGIN IF NEW.lane = 'alerts' THEN RAISE EXCEPTION 'no alert jobs today'; END IF; RETURN NEW; END $$
+            """)
+        try await e.client.query("CREATE TRIGGER refuse_alert_jobs BEFORE INSERT ON jobs FOR EACH ROW EXECUTE FUNCTION refuse_alert_jobs()")
+        let store = AlertStore(client: e.client, logger: e.h.logs.logger())
+        let message = SinkMessage(target: "https://hooks.example.com/a", kind: "webhook", body: "{}")
+        await #expect(throws: PSQLError.self) { _ = try await store.test(window: .seconds(10), sinks: { _ in [message] }) }
+        #expect(try await e.h.count("SELECT count(*) FROM alerts") == 0)
+        try await e.client.query("DROP TRIGGER refuse_alert_jobs ON jobs")
+        _ = try await store.test(window: .seconds(10), sinks: { _ in [message] })
+        #expect(try await e.h.count("SELECT count(*) FROM jobs WHERE lane = 'alerts'") == 1)
+        await e.stop()
+    }
+
     @Test("silenced: the alert is recorded and listed as silenced, no sink hears of it; GET /v1/alerts needs alerts:read")
     func silencedAndListed() async throws {
         let webhook = try await CallbackEndpoint.start()
