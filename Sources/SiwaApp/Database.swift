@@ -26,7 +26,7 @@ package struct Database: Sendable {
                 throw ConfigurationError(variable: "DATABASE_URL", message: error.description)
             }
             configuration.options.maximumConnections = config.databasePoolSize
-            if serving { configuration.options.tuneForServing(poolSize: config.databasePoolSize) }
+            if serving { configuration.options.tuneForServing() }
             return Database(
                 client: PostgresClient(configuration: configuration, backgroundLogger: logger), embedded: nil, startedEmbedded: false,
                 description: DatabaseURL.redacted(url))
@@ -44,7 +44,7 @@ package struct Database: Sendable {
         var configuration = PostgresClient.Configuration(
             unixSocketPath: connection.socketPath, username: connection.username, password: nil, database: connection.database)
         configuration.options.maximumConnections = config.databasePoolSize
-        if serving { configuration.options.tuneForServing(poolSize: config.databasePoolSize) }
+        if serving { configuration.options.tuneForServing() }
         return Database(
             client: PostgresClient(configuration: configuration, backgroundLogger: logger), embedded: embedded,
             startedEmbedded: connection.startedByUs, description: "embedded PostgreSQL in \(config.dataDirectory)")
@@ -91,8 +91,7 @@ extension PostgresClient.Configuration.Options {
     /// `minimumConnections` stays 0: postgres-nio 1.33 asserts (and crashes the process) when a
     /// query finds no idle connection while fewer than `minimumConnections` are open, which is the
     /// state a database restart leaves it in (it gives up on all but one reconnection attempt).
-    mutating func tuneForServing(poolSize: Int) {
-        maximumConnections = poolSize
+    mutating func tuneForServing() {
         minimumConnections = 0
         connectionIdleTimeout = .seconds(5)
         keepAliveBehavior = nil

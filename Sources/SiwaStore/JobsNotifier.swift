@@ -1,6 +1,5 @@
 import Logging
 import PostgresNIO
-import SiwaDomain
 import Synchronization
 
 /// Tells idle workers that jobs were enqueued: workers in this process at once, workers in other
@@ -66,7 +65,7 @@ package final class JobsNotifier: Sendable {
                 return false
             }
             if !more { return }
-            await pause(for: max(.zero, sent + minimumInterval - ContinuousClock.now))
+            try? await Task.sleep(until: sent + minimumInterval, clock: .continuous)
         }
     }
 }
