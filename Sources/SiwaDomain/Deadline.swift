@@ -8,11 +8,14 @@ package struct DeadlineExceeded: Error, CustomStringConvertible {
     package var description: String { "no answer within \(DurationSyntax.format(limit))" }
 }
 
-/// Runs `operation` but answers by `limit` at the latest. The operation is not abandoned half-way:
-/// it goes on in its own task (a database commit that lands late only makes Apple's retry a
-/// duplicate), so a caller never claims success it has not seen and never waits longer than
-/// `limit` — while PostgreSQL is down, postgres-nio's pool would otherwise hold requests for up
-/// to a minute before failing them, and a trickling JWKS download would hold a key refresh.
+/// Runs `operation` but answers by `limit` at the latest, and at once when the caller is
+/// cancelled. The operation is not abandoned half-way at the deadline: it goes on in its own task
+/// (a database commit that lands late only makes Apple's retry a duplicate), so a caller never
+/// claims success it has not seen and never waits longer than `limit` — while PostgreSQL is down,
+/// postgres-nio's pool would otherwise hold requests for up to a minute before failing them, and
+/// a trickling JWKS download would hold a key refresh. A cancelled caller gets `CancellationError`
+/// and the operation is cancelled too; one that ignores cancellation is left to finish (or never
+/// finish: see `BoundedPostgres`) on its own.
 ///
 /// The timer is a task scheduled on an event loop, cancelled (and freed) when the operation wins.
 /// Not `Task.sleep`: a cancelled `Task.sleep` keeps its task allocated until its original deadline
@@ -20,17 +23,21 @@ package struct DeadlineExceeded: Error, CustomStringConvertible {
 /// rate × limit of memory — most of the RSS growth of the first 10-minute soak at 500/s.
 package func withDeadline<T: Sendable>(_ limit: Duration, _ operation: @escaping @Sendable () async throws -> T) async throws -> T {
     let race = Race<T>()
-    return try await withCheckedThrowingContinuation { (continuation: CheckedContinuation<T, any Error>) in
-        race.set(continuation)
-        let timer = after(limit) { race.finish(.failure(DeadlineExceeded(limit: limit))) }
-        Task {
-            do {
-                race.finish(.success(try await operation()))
-            } catch {
-                race.finish(.failure(error))
+    return try await withTaskCancellationHandler {
+        try await withCheckedThrowingContinuation { (continuation: CheckedContinuation<T, any Error>) in
+            let timer = after(limit) { race.finish(.failure(DeadlineExceeded(limit: limit))) }
+            let work = Task {
+                do {
+                    race.finish(.success(try await operation()))
+                } catch {
+                    race.finish(.failure(error))
+                }
+                timer.cancel()
             }
-            timer.cancel()
+            race.set(continuation, work: work)
         }
+    } onCancel: {
+        race.cancel()
     }
 }
 
@@ -41,21 +48,49 @@ package func after(_ delay: Duration, _ body: @escaping @Sendable () -> Void) ->
     MultiThreadedEventLoopGroup.singleton.any().scheduleTask(in: TimeAmount(delay), body)
 }
 
-/// The first result wins; later ones are dropped.
+/// The first result wins; later ones are dropped. Cancellation is a result too, and may come
+/// before the continuation and the operation's task are registered.
 private final class Race<T: Sendable>: Sendable {
-    private let state = Mutex<(done: Bool, waiter: CheckedContinuation<T, any Error>?)>((false, nil))
+    private struct State {
+        var result: Result<T, any Error>?
+        var waiter: CheckedContinuation<T, any Error>?
+        var work: Task<Void, Never>?
+        var cancelled = false
+    }
+    private let state = Mutex(State())
 
-    func set(_ continuation: CheckedContinuation<T, any Error>) {
-        state.withLock { $0.waiter = continuation }
+    func set(_ continuation: CheckedContinuation<T, any Error>, work: Task<Void, Never>) {
+        let (ready, cancelled) = state.withLock { state -> (Result<T, any Error>?, Bool) in
+            state.work = work
+            guard let result = state.result else {
+                state.waiter = continuation
+                return (nil, false)
+            }
+            return (result, state.cancelled)
+        }
+        if cancelled { work.cancel() }
+        if let ready { continuation.resume(with: ready) }
     }
 
     func finish(_ result: Result<T, any Error>) {
         let waiter = state.withLock { state -> CheckedContinuation<T, any Error>? in
-            guard !state.done else { return nil }
-            state.done = true
+            guard state.result == nil else { return nil }
+            state.result = result
             defer { state.waiter = nil }
             return state.waiter
         }
         waiter?.resume(with: result)
+    }
+
+    func cancel() {
+        let (waiter, work) = state.withLock { state -> (CheckedContinuation<T, any Error>?, Task<Void, Never>?) in
+            guard state.result == nil else { return (nil, nil) }
+            state.result = .failure(CancellationError())
+            state.cancelled = true
+            defer { state.waiter = nil }
+            return (state.waiter, state.work)
+        }
+        work?.cancel()
+        waiter?.resume(throwing: CancellationError())
     }
 }

@@ -71,7 +71,7 @@ package struct AccountStore: Sendable {
     package func createSession(aud: String, sub: String, expiresAt: Date?, identity: VerifiedIdentity?) async throws -> Session {
         let logger = self.logger
         let issuedMillis = identity.map { $0.issuedAt * 1000 }
-        return try await client.transaction(logger: logger) { connection in
+        return try await client.bounded.transaction(logger: logger) { connection in
             var deletedAt: Date?
             for try await (deleted,) in try await connection.query(
                 """
@@ -114,7 +114,7 @@ package struct AccountStore: Sendable {
     // MARK: SessionsGet, SessionsLogout, SessionsList
 
     package func session(id: UUID) async throws -> Session? {
-        for try await row in try await client.query(
+        for try await row in try await client.bounded.query(
             "SELECT \(unescaped: Self.sessionColumns) FROM sessions WHERE id = \(id)", logger: logger
         ).decode(SessionRow.self) {
             return Self.session(row)
@@ -124,7 +124,7 @@ package struct AccountStore: Sendable {
 
     /// Logs a session out. Idempotent: an already revoked session keeps its first revocation.
     package func logout(id: UUID) async throws -> Session? {
-        for try await row in try await client.query(
+        for try await row in try await client.bounded.query(
             """
             UPDATE sessions SET revoked_at = coalesce(revoked_at, now()), revoked_reason = coalesce(revoked_reason, 'logout')
             WHERE id = \(id)
@@ -139,7 +139,7 @@ package struct AccountStore: Sendable {
     /// The user's sessions, newest first, `limit` at a time after `cursor` (created_at µs, id).
     package func sessions(aud: String, sub: String, limit: Int, after cursor: (micros: Int64, id: UUID)?) async throws -> [Session] {
         var sessions: [Session] = []
-        for try await row in try await client.query(
+        for try await row in try await client.bounded.query(
             """
             SELECT \(unescaped: Self.sessionColumns) FROM sessions
             WHERE aud = \(aud) AND sub = \(sub)
@@ -157,7 +157,7 @@ package struct AccountStore: Sendable {
     // MARK: AccountsGet
 
     package func account(aud: String, sub: String) async throws -> Account? {
-        for try await row in try await client.query(
+        for try await row in try await client.bounded.query(
             """
             SELECT aud, sub, email, is_private_email, real_user_status::int, email_forwarding::text, consent_revoked_at, deleted_at, erased_at,
                 created_at, updated_at
@@ -179,7 +179,7 @@ package struct AccountStore: Sendable {
     /// user we know nothing about records the request all the same.
     package func erase(aud: String, sub: String, actor: String) async throws -> Erasure {
         let logger = self.logger
-        return try await client.transaction(logger: logger) { connection in
+        return try await client.bounded.transaction(logger: logger) { connection in
             var erasedAt = Date()
             for try await (at,) in try await connection.query(
                 """

@@ -60,7 +60,7 @@ package struct AlertStore: Sendable {
     /// lease runs.
     package func acquire(lease name: String, holder: String, ttl: Duration) async throws -> Bool {
         var held = false
-        for try await (_,) in try await client.query(
+        for try await (_,) in try await client.bounded.query(
             """
             INSERT INTO leases AS l (name, holder, expires_at)
             VALUES (\(name), \(holder), now() + \(Int(ttl.milliseconds)) * interval '1 millisecond')
@@ -76,7 +76,7 @@ package struct AlertStore: Sendable {
 
     /// Gives the lease up (graceful shutdown), so another process takes over at once.
     package func release(lease name: String, holder: String) async throws {
-        try await client.query("DELETE FROM leases WHERE name = \(name) AND holder = \(holder)", logger: logger)
+        try await client.bounded.query("DELETE FROM leases WHERE name = \(name) AND holder = \(holder)", logger: logger)
     }
 
     // MARK: SpikeCounts
@@ -88,7 +88,7 @@ package struct AlertStore: Sendable {
         let ranges = SpikeRule.ranges(now: now, window: window)
         let from = ranges.window.lowerBound
         var byKey: [String: SpikeCounts] = [:]
-        for try await (index, aud, type, count) in try await client.query(
+        for try await (index, aud, type, count) in try await client.bounded.query(
             """
             WITH win AS (
                 SELECT aud, type, sum(n)::bigint AS n FROM (
@@ -121,7 +121,7 @@ package struct AlertStore: Sendable {
     /// When each app's first notification arrived (apps absent: none folded yet — new).
     package func firstSeen(auds: [String]) async throws -> [String: Date] {
         var result: [String: Date] = [:]
-        for try await (aud, date) in try await client.query(
+        for try await (aud, date) in try await client.bounded.query(
             "SELECT aud, first_seen FROM app_first_seen WHERE aud = ANY(\(auds)::text[])", logger: logger
         ).decode((String, Date).self) {
             result[aud] = date
@@ -135,7 +135,7 @@ package struct AlertStore: Sendable {
     /// discarded and deliveries refused for a bad signature (recorded or sampled out) since `since`.
     package func operationalSignals(since: Date) async throws -> (queueLag: Int, discarded: Int, badSignatures: Int) {
         var result = (0, 0, 0)
-        for try await row in try await client.query(
+        for try await row in try await client.bounded.query(
             """
             SELECT
                 coalesce((SELECT extract(epoch FROM now() - min(run_at))::bigint FROM jobs
@@ -156,7 +156,7 @@ package struct AlertStore: Sendable {
     /// per lane, running, discarded), so completed jobs — most of the table — are never read.
     package func queueDepth() async throws -> [(lane: String, state: String, count: Int)] {
         var result: [(lane: String, state: String, count: Int)] = []
-        for try await row in try await client.query(
+        for try await row in try await client.bounded.query(
             """
             SELECT lane, state::text, count(*)::bigint FROM jobs WHERE lane = 'effects' AND state IN ('available', 'retryable') GROUP BY 1, 2
             UNION ALL
@@ -182,8 +182,8 @@ package struct AlertStore: Sendable {
 
     /// Opens an episode: the alert row, and one message per sink unless a silence covers it.
     /// Returns the record, or nil when a concurrent evaluator opened the same series first.
-    package func fire(_ episode: AlertEpisode, window: Duration, sinks: (AlertMessage) -> [SinkMessage]) async throws -> AlertRecord? {
-        try await client.transaction(logger: logger) { connection -> AlertRecord? in
+    package func fire(_ episode: AlertEpisode, window: Duration, sinks: @escaping @Sendable (AlertMessage) -> [SinkMessage]) async throws -> AlertRecord? {
+        try await client.bounded.transaction(logger: logger) { connection -> AlertRecord? in
             var inserted: (Int, Int?)?
             for try await row in try await connection.query(
                 """
@@ -211,7 +211,7 @@ package struct AlertStore: Sendable {
 
     /// Writes an open episode's new figures (peak, normal since).
     package func update(_ id: Int, _ episode: AlertEpisode) async throws {
-        try await client.query(
+        try await client.bounded.query(
             """
             UPDATE alerts SET value = \(episode.value), peak = \(episode.peak), baseline = \(episode.baseline), threshold = \(episode.threshold),
                 normal_since = \(episode.normalSince)
@@ -220,8 +220,8 @@ package struct AlertStore: Sendable {
     }
 
     /// Closes an episode and tells the sinks (unless it fired silenced: nobody heard of it).
-    package func resolve(_ record: AlertRecord, at: Date, sinks: (AlertMessage) -> [SinkMessage]) async throws {
-        try await client.transaction(logger: logger) { connection in
+    package func resolve(_ record: AlertRecord, at: Date, sinks: @escaping @Sendable (AlertMessage) -> [SinkMessage]) async throws {
+        try await client.bounded.transaction(logger: logger) { connection in
             var resolved = false
             for try await (_,) in try await connection.query(
                 """
@@ -240,8 +240,8 @@ package struct AlertStore: Sendable {
 
     /// `alerts test`: a test alert (stored resolved, so it never shows as open) and one message
     /// per sink. Returns the alert id.
-    package func test(window: Duration, sinks: (AlertMessage) -> [SinkMessage]) async throws -> Int {
-        try await client.transaction(logger: logger) { connection -> Int in
+    package func test(window: Duration, sinks: @escaping @Sendable (AlertMessage) -> [SinkMessage]) async throws -> Int {
+        try await client.bounded.transaction(logger: logger) { connection -> Int in
             var id = 0
             for try await (n, started) in try await connection.query(
                 """
@@ -289,7 +289,7 @@ package struct AlertStore: Sendable {
         sql.append(" ORDER BY started_at DESC, id DESC LIMIT ")
         sql.bind(max(1, min(limit, 10_000)))
         var result: [AlertRecord] = []
-        for try await row in try await client.query(sql.query, logger: logger).decode(
+        for try await row in try await client.bounded.query(sql.query, logger: logger).decode(
             (Int, String, String?, String?, String, Date, Date?, Int, Int, Int, Double?, Double, Date?, Int?).self)
         {
             let key = AlertKey(kind: AlertKind(rawValue: row.1) ?? .test, aud: row.2, type: row.3)
@@ -304,7 +304,7 @@ package struct AlertStore: Sendable {
 
     package func silence(kind: AlertKind, aud: String?, for duration: Duration, by actor: String, reason: String?) async throws -> AlertSilence {
         var silence: AlertSilence?
-        for try await row in try await client.query(
+        for try await row in try await client.bounded.query(
             """
             INSERT INTO alert_silences (kind, aud, until, created_by, reason)
             VALUES (\(kind.rawValue), \(aud), now() + \(Int(duration.milliseconds)) * interval '1 millisecond', \(actor), \(reason))
@@ -320,7 +320,7 @@ package struct AlertStore: Sendable {
     /// Silences still running (and, with `expired`, the last day's ended ones too), newest first.
     package func silences(includeExpired: Bool) async throws -> [AlertSilence] {
         var result: [AlertSilence] = []
-        for try await row in try await client.query(
+        for try await row in try await client.bounded.query(
             """
             SELECT id, kind, aud, until, created_at, created_by, reason FROM alert_silences
             WHERE until > now() - CASE WHEN \(includeExpired) THEN interval '1 day' ELSE interval '0' END
@@ -368,7 +368,7 @@ extension AlertStore {
 
     package func deliveries(alertID: Int) async throws -> [AlertDelivery] {
         var result: [AlertDelivery] = []
-        for try await row in try await client.query(
+        for try await row in try await client.bounded.query(
             "SELECT target, state::text, last_status, last_error FROM jobs WHERE lane = 'alerts' AND alert_id = \(alertID) ORDER BY id",
             logger: logger
         ).decode((String, String, Int?, String?).self) {

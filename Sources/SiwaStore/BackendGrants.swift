@@ -37,7 +37,7 @@ package struct BackendGrants: Sendable {
     package func grant(role: String) async throws -> [String] {
         guard role.range(of: "^[a-z_][a-z0-9_]{0,62}$", options: .regularExpression) != nil else { throw BackendGrantsError.invalidRole(role) }
         let logger = self.logger
-        return try await client.transaction(logger: logger) { connection in
+        return try await client.bounded.transaction(logger: logger) { connection in
             var exists = false
             for try await (_,) in try await connection.query("SELECT 1 FROM pg_roles WHERE rolname = \(role)", logger: logger).decode((Int,).self) {
                 exists = true

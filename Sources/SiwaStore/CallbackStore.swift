@@ -59,7 +59,7 @@ package struct CallbackStore: Sendable {
     /// Claims up to `limit` ready deliveries of `lane`, oldest first. No per-user gate: a callback
     /// carries its event_time, and a receiver orders by it if it needs to.
     package func claim(lane: DeliveryLane, worker: String, limit: Int, lease: Duration) async throws -> [ClaimedCallback] {
-        let rows = try await client.query(
+        let rows = try await client.bounded.query(
             """
             WITH candidates AS (
                 SELECT id FROM jobs
@@ -102,7 +102,7 @@ package struct CallbackStore: Sendable {
         }
         let delivered = error == nil
         var state: String?
-        for try await (s,) in try await client.query(
+        for try await (s,) in try await client.bounded.query(
             """
             WITH recorded AS (
                 UPDATE jobs SET
@@ -136,7 +136,7 @@ package struct CallbackStore: Sendable {
     @discardableResult
     package func redeliver(id: Int?, since: Date?) async throws -> Int {
         var count = 0
-        for try await (n,) in try await client.query(
+        for try await (n,) in try await client.bounded.query(
             """
             WITH redelivered AS (
                 UPDATE jobs SET state = 'available', run_at = now(), attempt = 0, finished_at = NULL, last_error = NULL,
@@ -150,7 +150,7 @@ package struct CallbackStore: Sendable {
         ).decode((Int,).self) {
             count = n
         }
-        if count > 0 { try await client.query("SELECT pg_notify('siwa_jobs', 'callbacks')", logger: logger) }
+        if count > 0 { try await client.bounded.query("SELECT pg_notify('siwa_jobs', 'callbacks')", logger: logger) }
         return count
     }
 
@@ -185,7 +185,7 @@ package struct CallbackStore: Sendable {
         sql.append(" ORDER BY j.created_at DESC, j.id DESC LIMIT ")
         sql.bind(max(1, min(limit, 10_000)))
         var result: [Summary] = []
-        for try await row in try await client.query(sql.query, logger: logger).decode(
+        for try await row in try await client.bounded.query(sql.query, logger: logger).decode(
             (Int, Int, String, Int, String, String?, String?, Date, Date, Date?, Int?, String?).self)
         {
             result.append(

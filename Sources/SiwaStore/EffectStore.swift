@@ -56,7 +56,7 @@ package struct EffectStore: Sendable {
     package func claim(worker: String, limit: Int, lease: Duration, rivals: Int = 0) async throws -> [ClaimedJob] {
         precondition(limit > 0)
         let leaseMillis = Int(lease.milliseconds)
-        let rows = try await client.query(
+        let rows = try await client.bounded.query(
             """
             WITH heads AS MATERIALIZED (\(unescaped: Self.headsSQL(limit: limit * (1 + max(0, rivals)) + limit / 4))
             ), candidates AS (
@@ -110,7 +110,7 @@ package struct EffectStore: Sendable {
     package func apply(_ jobs: [ClaimedJob], worker: String, eraseOnDelete: Bool, callbacks: Bool = false) async throws -> [AppliedEffect] {
         guard !jobs.isEmpty else { return [] }
         let logger = self.logger
-        return try await client.transaction(logger: logger) { connection -> [AppliedEffect] in
+        return try await client.bounded.transaction(logger: logger) { connection -> [AppliedEffect] in
             // JobsComplete (guarded) + AccountsLock: the jobs still ours, and their users' current
             // state, locked.
             var confirmed = Set<Int>()
@@ -397,7 +397,7 @@ package struct EffectStore: Sendable {
             let d = delay(job.attempt)
             return Int(d.milliseconds)
         }
-        try await client.query(
+        try await client.bounded.query(
             """
             WITH failed AS (
                 UPDATE jobs j SET
@@ -428,7 +428,7 @@ package struct EffectStore: Sendable {
     @discardableResult
     package func rescueExpiredLeases(maxAttempts: Int) async throws -> Int {
         var count = 0
-        for try await (n,) in try await client.query(
+        for try await (n,) in try await client.bounded.query(
             """
             WITH expired AS (
                 SELECT id, locked_by FROM jobs WHERE state = 'running' AND lease_expires_at < now()
@@ -460,7 +460,7 @@ package struct EffectStore: Sendable {
     /// Renews the leases of `jobs`, those of them `worker` still holds.
     package func heartbeat(worker: String, jobs: [Int], lease: Duration) async throws {
         let leaseMillis = Int(lease.milliseconds)
-        try await client.query(
+        try await client.bounded.query(
             """
             UPDATE jobs SET lease_expires_at = now() + \(leaseMillis) * interval '1 millisecond'
             WHERE id = ANY(\(jobs)::bigint[]) AND state = 'running' AND locked_by = \(worker)
@@ -472,7 +472,7 @@ package struct EffectStore: Sendable {
     @discardableResult
     package func release(workers: [String]) async throws -> [String: Int] {
         var counts: [String: Int] = [:]
-        for try await (worker, n) in try await client.query(
+        for try await (worker, n) in try await client.bounded.query(
             """
             WITH held AS (
                 SELECT id, locked_by FROM jobs WHERE state = 'running' AND locked_by = ANY(\(workers)::text[]) FOR UPDATE
@@ -492,7 +492,7 @@ package struct EffectStore: Sendable {
     @discardableResult
     package func prune(retention: Duration, limit: Int = 10_000) async throws -> Int {
         var count = 0
-        for try await (n,) in try await client.query(
+        for try await (n,) in try await client.bounded.query(
             """
             WITH pruned AS (
                 DELETE FROM jobs WHERE id IN (
@@ -515,7 +515,7 @@ package struct EffectStore: Sendable {
     @discardableResult
     package func retry(jobID: Int?, discarded: Bool, type: String?) async throws -> Int {
         var count = 0
-        for try await (n,) in try await client.query(
+        for try await (n,) in try await client.bounded.query(
             """
             WITH retried AS (
                 UPDATE jobs j SET state = 'available', run_at = now(), attempt = 0, finished_at = NULL, last_error = NULL,
@@ -540,7 +540,7 @@ package struct EffectStore: Sendable {
     /// no-op). Returns false when no such notification has an effect to run.
     package func replay(jti: String) async throws -> Bool {
         var replayed = false
-        for try await (_,) in try await client.query(
+        for try await (_,) in try await client.bounded.query(
             """
             WITH target AS (
                 SELECT id, aud, sub, event_time FROM notifications
@@ -558,7 +558,7 @@ package struct EffectStore: Sendable {
         ).decode((Int,).self) {
             replayed = true
         }
-        if replayed { try await client.query("SELECT pg_notify('siwa_jobs', '')", logger: logger) }
+        if replayed { try await client.bounded.query("SELECT pg_notify('siwa_jobs', '')", logger: logger) }
         return replayed
     }
 
@@ -588,7 +588,7 @@ package struct EffectStore: Sendable {
         sql.append(" ORDER BY j.id DESC LIMIT ")
         sql.bind(max(1, min(limit, 10_000)))
         var result: [JobSummary] = []
-        for try await row in try await client.query(sql.query, logger: logger).decode(
+        for try await row in try await client.bounded.query(sql.query, logger: logger).decode(
             (Int, String, Int, String, String, String?, String?, Date, Date, Date?, String?, String?).self)
         {
             result.append(

@@ -124,7 +124,7 @@ package struct HistoryStore: Sendable {
         sql.append(" ORDER BY \(field) DESC, id DESC LIMIT ")
         sql.bind(query.limit)
         var records: [NotificationRecord] = []
-        for try await row in try await client.query(sql.query, logger: logger).decode(Row.self) {
+        for try await row in try await client.bounded.query(sql.query, logger: logger).decode(Row.self) {
             records.append(Self.record(row))
         }
         return records
@@ -134,7 +134,7 @@ package struct HistoryStore: Sendable {
 
     package func notification(jti: String) async throws -> NotificationDetail? {
         var detail: NotificationDetail?
-        for try await row in try await client.query(
+        for try await row in try await client.bounded.query(
             """
             SELECT \(unescaped: Self.columns), 0::bigint, kid, issued_at, expires_at, last_delivery_at, jti_derived
             FROM notifications WHERE jti = \(jti)
@@ -145,7 +145,7 @@ package struct HistoryStore: Sendable {
                 record: record, kid: row.15, issuedAt: row.16, expiresAt: row.17, lastDeliveryAt: row.18, jtiDerived: row.19, attempts: [])
         }
         guard var found = detail else { return nil }
-        for try await row in try await client.query(
+        for try await row in try await client.bounded.query(
             """
             SELECT lane, attempt, worker, started_at, finished_at, outcome, error, effect->>'effect', (effect->>'revoked_sessions')::int, http_status
             FROM job_attempts WHERE notification_id = \(found.record.id) ORDER BY id
@@ -165,7 +165,7 @@ package struct HistoryStore: Sendable {
     /// recorded (nil: not applied yet, skipped, or discarded).
     package func timeline(aud: String, sub: String, limit: Int) async throws -> [TimelineEntry] {
         var entries: [TimelineEntry] = []
-        for try await row in try await client.query(
+        for try await row in try await client.bounded.query(
             """
             SELECT n.id, n.jti, n.aud, n.sub, n.type, n.raw_type, n.status::text, n.skip_reason, n.event_time, n.received_at, n.deliveries,
                 n.email, n.is_private_email, n.erased_at, 0::bigint,
@@ -196,7 +196,7 @@ package struct HistoryStore: Sendable {
     package func prune(retention: Duration, limit: Int = 1000) async throws -> Int {
         let seconds = Int(retention.components.seconds)
         var deleted = 0
-        for try await (n,) in try await client.query(
+        for try await (n,) in try await client.bounded.query(
             """
             WITH old AS (
                 SELECT id FROM notifications
@@ -234,7 +234,7 @@ package struct HistoryStore: Sendable {
     /// (006_stats_rollup.sql) plus the deltas not folded yet: exact, without touching notifications.
     package func stats(bucket: String, from: Date, to: Date, aud: String?, types: [String]) async throws -> [StatsRow] {
         var rows: [StatsRow] = []
-        for try await row in try await client.query(
+        for try await row in try await client.bounded.query(
             """
             SELECT date_trunc(\(bucket), minute, 'UTC') AS start, type, sum(n)::bigint
             FROM (
@@ -261,7 +261,7 @@ package struct HistoryStore: Sendable {
     @discardableResult
     package func foldCounts(limit: Int = foldLimit) async throws -> Int {
         var folded = 0
-        for try await (n,) in try await client.query(
+        for try await (n,) in try await client.bounded.query(
             """
             WITH moved AS (
                 DELETE FROM notification_count_deltas

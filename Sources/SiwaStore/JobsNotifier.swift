@@ -52,7 +52,7 @@ package final class JobsNotifier: Sendable {
         while true {
             let sent = ContinuousClock.now
             do {
-                try await client.query("SELECT pg_notify('siwa_jobs', '')", logger: logger)
+                try await client.bounded.query("SELECT pg_notify('siwa_jobs', '')", logger: logger)
             } catch {
                 logger.debug("NOTIFY siwa_jobs failed; workers elsewhere find the jobs when they poll", metadata: ["error": "\(loggable(error))"])
             }

@@ -91,7 +91,7 @@ package struct NotificationStore: Sendable {
     package func record(_ batch: [Incoming]) async throws -> [RecordOutcome?] {
         guard !batch.isEmpty else { return [] }
         let logger = self.logger
-        let (outcomes, jobs) = try await client.transaction(logger: logger) { connection -> ([RecordOutcome?], Int) in
+        let (outcomes, jobs) = try await client.bounded.transaction(logger: logger) { connection -> ([RecordOutcome?], Int) in
             var outcomes = [RecordOutcome?](repeating: nil, count: batch.count)
             var firstIndexOfJTI: [String: Int] = [:]
             for (index, item) in batch.enumerated() where firstIndexOfJTI[item.notification.jti] == nil {
@@ -253,7 +253,7 @@ package struct NotificationStore: Sendable {
         sql.append(" ORDER BY received_at DESC, id DESC LIMIT ")
         sql.bind(max(1, min(filter.limit, 10_000)))
         var result: [NotificationSummary] = []
-        let rows = try await client.query(sql.query, logger: logger)
+        let rows = try await client.bounded.query(sql.query, logger: logger)
         for try await (jti, aud, type, rawType, sub, eventTime, receivedAt, status, skipReason, deliveries) in rows.decode(
             (String, String, String?, String?, String?, Date?, Date, String, String?, Int).self)
         {
@@ -267,13 +267,13 @@ package struct NotificationStore: Sendable {
 
     /// Health: the database answers.
     package func ping() async throws {
-        try await client.query("SELECT 1", logger: logger)
+        try await client.bounded.query("SELECT 1", logger: logger)
     }
 
     // MARK: JWKSCache
 
     package func loadKeySetDocument(sourceURL: String) async throws -> (document: String, fetchedAt: Date)? {
-        let rows = try await client.query(
+        let rows = try await client.bounded.query(
             "SELECT document, fetched_at FROM jwks_cache WHERE source_url = \(sourceURL)", logger: logger)
         for try await (document, fetchedAt) in rows.decode((String, Date).self) {
             return (document, fetchedAt)
@@ -282,7 +282,7 @@ package struct NotificationStore: Sendable {
     }
 
     package func saveKeySetDocument(sourceURL: String, document: String, fetchedAt: Date) async throws {
-        try await client.query(
+        try await client.bounded.query(
             """
             INSERT INTO jwks_cache (source_url, document, fetched_at) VALUES (\(sourceURL), \(document), \(fetchedAt))
             ON CONFLICT (source_url) DO UPDATE SET document = excluded.document, fetched_at = excluded.fetched_at

@@ -96,7 +96,7 @@ package struct RejectionStore: Sendable {
     /// Writes a batch of sampled rejections and the per-minute counts in one transaction.
     package func insert(_ records: [RejectionRecord], counts: [RejectionCount]) async throws {
         guard !records.isEmpty || !counts.isEmpty else { return }
-        try await client.transaction(logger: logger) { connection in
+        try await client.bounded.transaction(logger: logger) { connection in
             for record in records {
                 try await insert(record, on: connection)
             }
@@ -160,7 +160,7 @@ package struct RejectionStore: Sendable {
         sql.append(" ORDER BY received_at DESC, id DESC LIMIT ")
         sql.bind(max(1, min(limit, 10_000)))
         var result: [StoredRejection] = []
-        for try await row in try await client.query(sql.query, logger: logger).decode(
+        for try await row in try await client.bounded.query(sql.query, logger: logger).decode(
             (Int, Date, String?, String, String, Int, String?, String?, String?, Bool, Date?, String?, Int64).self)
         {
             result.append(
@@ -174,7 +174,7 @@ package struct RejectionStore: Sendable {
     /// Totals per reason since `since`, including what sampling left out.
     package func counts(since: Date) async throws -> [(reason: String, recorded: Int, sampledOut: Int)] {
         var result: [(String, Int, Int)] = []
-        for try await row in try await client.query(
+        for try await row in try await client.bounded.query(
             """
             SELECT reason, sum(recorded)::bigint, sum(sampled_out)::bigint FROM rejection_counts
             WHERE minute >= \(since) GROUP BY reason ORDER BY reason
@@ -190,7 +190,7 @@ package struct RejectionStore: Sendable {
     /// Rejections that kept their token and have not been replayed successfully yet.
     package func replayCandidates(reason: String) async throws -> [ReplayCandidate] {
         var result: [ReplayCandidate] = []
-        for try await row in try await client.query(
+        for try await row in try await client.bounded.query(
             """
             SELECT id, received_at, remote_addr, token, key_jwk::text FROM rejections
             WHERE reason = \(reason) AND token IS NOT NULL AND replayed_at IS NULL ORDER BY id
@@ -203,7 +203,7 @@ package struct RejectionStore: Sendable {
 
     package func markReplayed(id: Int, outcome: String, succeeded: Bool, at: Date) async throws {
         let replayedAt: Date? = succeeded ? at : nil
-        try await client.query(
+        try await client.bounded.query(
             "UPDATE rejections SET replayed_at = \(replayedAt), replay_outcome = \(outcome) WHERE id = \(id)", logger: logger)
     }
 }

@@ -58,7 +58,7 @@ package struct TokenStore: Sendable {
         let hash = Data(APIToken.hash(token)!)
         let scopeNames = scopes.map(\.rawValue)
         do {
-            for try await (id,) in try await client.query(
+            for try await (id,) in try await client.bounded.query(
                 """
                 WITH created AS (
                     INSERT INTO api_tokens (name, token_hash, scopes, expires_at)
@@ -85,7 +85,7 @@ package struct TokenStore: Sendable {
     /// answers 401 alike). Marks it used, at most once a minute.
     package func authenticate(_ token: String) async throws -> TokenIdentity? {
         guard let hash = APIToken.hash(token).map({ Data($0) }) else { return nil }
-        for try await (id, name, scopes) in try await client.query(
+        for try await (id, name, scopes) in try await client.bounded.query(
             """
             WITH live AS (
                 SELECT id, name, scopes, last_used_at FROM api_tokens
@@ -106,7 +106,7 @@ package struct TokenStore: Sendable {
 
     package func list(includeRevoked: Bool) async throws -> [TokenSummary] {
         var tokens: [TokenSummary] = []
-        for try await row in try await client.query(
+        for try await row in try await client.bounded.query(
             """
             SELECT id::text, name, scopes, created_at, expires_at, last_used_at, revoked_at FROM api_tokens
             WHERE \(includeRevoked) OR revoked_at IS NULL
@@ -121,7 +121,7 @@ package struct TokenStore: Sendable {
     /// Revokes the live token with this name or id. Returns its name, or nil when none matched.
     package func revoke(_ nameOrID: String, actor: String) async throws -> String? {
         let id = UUID(uuidString: nameOrID)
-        for try await (name,) in try await client.query(
+        for try await (name,) in try await client.bounded.query(
             """
             WITH revoked AS (
                 UPDATE api_tokens SET revoked_at = now()
@@ -143,7 +143,7 @@ package struct TokenStore: Sendable {
 
     package func audit(limit: Int) async throws -> [AuditEntry] {
         var entries: [AuditEntry] = []
-        for try await row in try await client.query(
+        for try await row in try await client.bounded.query(
             "SELECT id, at, actor, action, target, details::text FROM audit_log ORDER BY at DESC, id DESC LIMIT \(max(1, min(limit, 10_000)))",
             logger: logger
         ).decode((Int, Date, String, String, String, String).self) {

@@ -44,10 +44,15 @@ package final class AlertMonitor: Service, Sendable {
         let interval = configuration.spike.interval
         while !Task.isCancelled && !Task.isShuttingDownGracefully {
             do {
-                if try await store.acquire(lease: Self.leaseName, holder: identity, ttl: interval * 3 + .seconds(5)) {
-                    try await evaluate(now: Date())
+                // Abandoned on shutdown (each step is its own transaction; the next evaluator
+                // redoes the round), so a statement that never answers cannot hold SIGTERM.
+                try await cancelWhenGracefulShutdown {
+                    if try await self.store.acquire(lease: Self.leaseName, holder: self.identity, ttl: interval * 3 + .seconds(5)) {
+                        try await self.evaluate(now: Date())
+                    }
                 }
             } catch {
+                if Task.isCancelled || Task.isShuttingDownGracefully { break }
                 logger.warning("alert evaluation failed; will retry", metadata: ["error": "\(loggable(error))"])
             }
             // Graceful shutdown ends the wait at once (SIGTERM must not wait out an interval).

@@ -171,6 +171,7 @@ package final class EffectWorkers: Service, Sendable {
             do {
                 if try await once() == 0 { await doorbell.wait(timeout: configuration.pollInterval) }
             } catch {
+                if stopping { break }  // a claim given up on shutdown
                 logger.warning("worker: database error; retrying", metadata: ["worker": "\(worker)", "error": "\(loggable(error))"])
                 try? await Task.sleep(for: .seconds(1))
             }
@@ -184,7 +185,14 @@ package final class EffectWorkers: Service, Sendable {
         let jobs: [ClaimedJob]
         do {
             defer { claiming.subtract(1, ordering: .relaxed) }
-            jobs = try await store.claim(worker: worker, limit: configuration.batchSize, lease: configuration.lease, rivals: rivals)
+            // A claim is not waited for on shutdown (nothing is in hand yet; what it may still
+            // take in the database is released with the rest). One that never answers — a
+            // statement lost at a database restart, see `BoundedPostgres` — held SIGTERM for
+            // the whole grace period.
+            let (store, limit, lease) = (self.store, configuration.batchSize, configuration.lease)
+            jobs = try await cancelWhenGracefulShutdown {
+                try await store.claim(worker: worker, limit: limit, lease: lease, rivals: rivals)
+            }
         }
         guard !jobs.isEmpty else { return 0 }
         await holding(jobs.map(\.id), as: worker) { await process(jobs, worker: worker) }
@@ -282,7 +290,11 @@ package final class EffectWorkers: Service, Sendable {
     private func deliverBatch(
         lane: DeliveryLane, worker: String, limit: Int, _ attempt: @escaping @Sendable (ClaimedCallback) async -> Void
     ) async throws -> Int {
-        let claimed = try await callbackStore.claim(lane: lane, worker: worker, limit: limit, lease: configuration.lease)
+        let (callbackStore, lease) = (self.callbackStore, configuration.lease)
+        // Not waited for on shutdown, as the effects' claim (`runOnce`).
+        let claimed = try await cancelWhenGracefulShutdown {
+            try await callbackStore.claim(lane: lane, worker: worker, limit: limit, lease: lease)
+        }
         guard !claimed.isEmpty else { return 0 }
         await holding(claimed.map(\.id), as: worker) {
             await withDiscardingTaskGroup { group in
@@ -418,7 +430,7 @@ package final class EffectWorkers: Service, Sendable {
                 // worker-restart test run with only the LISTEN connection open after the restart).
                 try await withThrowingTaskGroup(of: Void.self) { group in
                     group.addTask {
-                        try await self.store.client.withConnection { connection in
+                        try await self.store.client.bounded.withConnection { connection in
                             try await connection.listen(on: "siwa_jobs") { notifications in
                                 // Catch up on anything enqueued before LISTEN took effect.
                                 self.doorbell.ring()
