@@ -30,8 +30,10 @@ struct WorkerRestartTests {
         // As in production: the client is a service of the same group, stopped last.
         let services = ServiceGroup(configuration: .init(services: [client, workers], logger: logger))
         let task = Task { try await services.run() }
+        // The test's own queries are bounded too: one written as PostgreSQL closes its connections
+        // can be lost by postgres-nio and would wait forever (see BoundedPostgres).
         func completed() async -> Int? {
-            guard let rows = try? await client.query("SELECT count(*) FROM jobs WHERE state = 'completed'") else { return nil }
+            guard let rows = try? await client.bounded.query("SELECT count(*) FROM jobs WHERE state = 'completed'", logger: logger) else { return nil }
             do {
                 for try await (n,) in rows.decode((Int,).self) { return n }
             } catch {}
@@ -50,7 +52,7 @@ struct WorkerRestartTests {
         }
         #expect(done == 2_000)
         var applied = 0
-        for try await (n,) in try await client.query("SELECT count(*) FROM job_attempts WHERE outcome = 'applied'").decode((Int,).self) { applied = n }
+        for try await (n,) in try await client.bounded.query("SELECT count(*) FROM job_attempts WHERE outcome = 'applied'", logger: logger).decode((Int,).self) { applied = n }
         #expect(applied == 2_000)
         await services.triggerGracefulShutdown()
         _ = await task.result
