@@ -21,7 +21,8 @@ extension PostgresClient {
     /// `withTransaction`, throwing what went wrong itself: the closure's error (a rolled-back
     /// transaction's cause, e.g. a domain error the caller maps), or BEGIN's or COMMIT's — not
     /// postgres-nio's wrapper around them.
-    package func transaction<Result>(
+    /// Internal: stores call `client.bounded.transaction` (see `BoundedPostgres`).
+    func transaction<Result>(
         logger: Logger, _ body: (PostgresConnection) async throws -> sending Result
     ) async throws -> sending Result {
         do {

@@ -119,7 +119,7 @@ package struct RejectionStore: Sendable {
     package func insertIndividually(_ records: [RejectionRecord]) async -> [RejectionRecord] {
         for (index, record) in records.enumerated() {
             do {
-                try await client.withConnection { try await insert(record, on: $0) }
+                try await client.bounded.withConnection { try await insert(record, on: $0) }
             } catch where isDataException(error) {
                 logger.warning("rejection record refused by the database; dropped", metadata: ["reason": "\(record.reason.rawValue)", "error": "\(loggable(error))"])
             } catch {

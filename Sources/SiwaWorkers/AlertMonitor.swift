@@ -58,7 +58,8 @@ package final class AlertMonitor: Service, Sendable {
             // Graceful shutdown ends the wait at once (SIGTERM must not wait out an interval).
             try? await cancelWhenGracefulShutdown { try await Task.sleep(for: interval) }
         }
-        try? await store.release(lease: Self.leaseName, holder: identity)
+        let (store, identity) = (self.store, self.identity)
+        _ = try? await withDeadline(.seconds(5)) { try await store.release(lease: Self.leaseName, holder: identity) }
     }
 
     /// One evaluation of every series at `now`; returns what fired and resolved.

@@ -73,6 +73,8 @@ package final class EffectWorkers: Service, Sendable {
     private let inHand = Mutex<[String: [Int]]>([:])
     /// This process's effect claims running right now (see `EffectStore.claim`'s rivals).
     private let claiming = Atomic<Int>(0)
+    /// Claims given up on shutdown (see `claimUnlessStopping`).
+    private let abandonedClaims = Atomic<Int>(0)
     /// This process's workers are `<identity>/<n>`, its callback deliverer `<identity>/callbacks`.
     package let identity: String
     let metrics: WorkerMetrics?
@@ -152,7 +154,14 @@ package final class EffectWorkers: Service, Sendable {
         if !Task.isCancelled {
             let store = self.store
             let holders = holderNames
-            let released = (try? await withDeadline(.seconds(5)) { try await store.release(workers: holders) }) ?? [:]
+            var released = (try? await withDeadline(.seconds(5)) { try await store.release(workers: holders) }) ?? [:]
+            // A claim abandoned on shutdown may commit after that: once more, a moment later
+            // (otherwise its jobs wait out their lease and are rescued with an attempt spent).
+            if abandonedClaims.load(ordering: .relaxed) > 0 && !Task.isCancelled {
+                try? await Task.sleep(for: .milliseconds(500))
+                let again = (try? await withDeadline(.seconds(5)) { try await store.release(workers: holders) }) ?? [:]
+                released.merge(again, uniquingKeysWith: +)
+            }
             for (worker, count) in released.sorted(by: { $0.key < $1.key }) {
                 logger.info("released jobs on shutdown", metadata: ["worker": "\(worker)", "count": "\(count)"])
             }
@@ -185,18 +194,26 @@ package final class EffectWorkers: Service, Sendable {
         let jobs: [ClaimedJob]
         do {
             defer { claiming.subtract(1, ordering: .relaxed) }
-            // A claim is not waited for on shutdown (nothing is in hand yet; what it may still
-            // take in the database is released with the rest). One that never answers — a
-            // statement lost at a database restart, see `BoundedPostgres` — held SIGTERM for
-            // the whole grace period.
             let (store, limit, lease) = (self.store, configuration.batchSize, configuration.lease)
-            jobs = try await cancelWhenGracefulShutdown {
+            jobs = try await claimUnlessStopping {
                 try await store.claim(worker: worker, limit: limit, lease: lease, rivals: rivals)
             }
         }
         guard !jobs.isEmpty else { return 0 }
         await holding(jobs.map(\.id), as: worker) { await process(jobs, worker: worker) }
         return jobs.count
+    }
+
+    /// A claim is not waited for on shutdown: nothing is in hand yet, and one that never answers
+    /// (a statement lost at a database restart, see `BoundedPostgres`) held SIGTERM for the whole
+    /// grace period. One abandoned may still commit in the database: `run` releases twice then.
+    private func claimUnlessStopping<T: Sendable>(_ claim: @escaping @Sendable () async throws -> T) async throws -> T {
+        do {
+            return try await cancelWhenGracefulShutdown(claim)
+        } catch is CancellationError where Task.isShuttingDownGracefully {
+            abandonedClaims.add(1, ordering: .relaxed)
+            throw CancellationError()
+        }
     }
 
     /// Runs `work` with `jobs` registered as in hand for `worker`: the heartbeat renews their
@@ -291,8 +308,7 @@ package final class EffectWorkers: Service, Sendable {
         lane: DeliveryLane, worker: String, limit: Int, _ attempt: @escaping @Sendable (ClaimedCallback) async -> Void
     ) async throws -> Int {
         let (callbackStore, lease) = (self.callbackStore, configuration.lease)
-        // Not waited for on shutdown, as the effects' claim (`runOnce`).
-        let claimed = try await cancelWhenGracefulShutdown {
+        let claimed = try await claimUnlessStopping {
             try await callbackStore.claim(lane: lane, worker: worker, limit: limit, lease: lease)
         }
         guard !claimed.isEmpty else { return 0 }
@@ -408,6 +424,7 @@ package final class EffectWorkers: Service, Sendable {
                     if removed > 0 { logger.info("pruned notifications past their retention", metadata: ["count": "\(removed)"]) }
                 }
             } catch {
+                if stopping { break }  // a statement abandoned on shutdown
                 logger.warning("queue maintenance failed; will retry", metadata: ["error": "\(loggable(error))"])
             }
             try? await Task.sleep(for: configuration.maintenanceInterval)
