@@ -75,7 +75,10 @@ package final class TestServer: Sendable {
         request.method = method
         for (name, value) in headers { request.headers.add(name: name, value: value) }
         if let body { request.body = .bytes(ByteBuffer(string: body)) }
-        let response = try await HTTPClient.shared.execute(request, timeout: .seconds(30))
+        // A bound against a hang, not a speed check: in the full suite (a dozen tests, their
+        // servers and clusters on two cores) 500 concurrent requests through the shared client's
+        // 8 connections took 60 s, and one request waited past an earlier 30 s bound (CI).
+        let response = try await HTTPClient.shared.execute(request, timeout: .seconds(120))
         let bytes = try await response.body.collect(upTo: 1 << 22)
         return Answer(status: Int(response.status.code), headers: response.headers, body: String(buffer: bytes))
     }
