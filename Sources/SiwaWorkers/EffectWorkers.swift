@@ -152,15 +152,16 @@ package final class EffectWorkers: Service, Sendable {
         // what is still held can be handed back. When cancelled outright, the client may be gone
         // already: leave it to the lease. Either way never wait on the database for long.
         if !Task.isCancelled {
-            let store = self.store
-            let holders = holderNames
-            var released = (try? await withDeadline(.seconds(5)) { try await store.release(workers: holders) }) ?? [:]
+            let (store, holders) = (self.store, holderNames)
+            func release() async -> [String: Int] {
+                (try? await withDeadline(.seconds(5)) { try await store.release(workers: holders) }) ?? [:]
+            }
+            var released = await release()
             // A claim abandoned on shutdown may commit after that: once more, a moment later
             // (otherwise its jobs wait out their lease and are rescued with an attempt spent).
             if abandonedClaims.load(ordering: .relaxed) > 0 && !Task.isCancelled {
                 try? await Task.sleep(for: .milliseconds(500))
-                let again = (try? await withDeadline(.seconds(5)) { try await store.release(workers: holders) }) ?? [:]
-                released.merge(again, uniquingKeysWith: +)
+                released.merge(await release(), uniquingKeysWith: +)
             }
             for (worker, count) in released.sorted(by: { $0.key < $1.key }) {
                 logger.info("released jobs on shutdown", metadata: ["worker": "\(worker)", "count": "\(count)"])
@@ -194,9 +195,8 @@ package final class EffectWorkers: Service, Sendable {
         let jobs: [ClaimedJob]
         do {
             defer { claiming.subtract(1, ordering: .relaxed) }
-            let (store, limit, lease) = (self.store, configuration.batchSize, configuration.lease)
             jobs = try await claimUnlessStopping {
-                try await store.claim(worker: worker, limit: limit, lease: lease, rivals: rivals)
+                try await self.store.claim(worker: worker, limit: self.configuration.batchSize, lease: self.configuration.lease, rivals: rivals)
             }
         }
         guard !jobs.isEmpty else { return 0 }
@@ -210,9 +210,9 @@ package final class EffectWorkers: Service, Sendable {
     private func claimUnlessStopping<T: Sendable>(_ claim: @escaping @Sendable () async throws -> T) async throws -> T {
         do {
             return try await cancelWhenGracefulShutdown(claim)
-        } catch is CancellationError where Task.isShuttingDownGracefully {
+        } catch let error as CancellationError where Task.isShuttingDownGracefully {
             abandonedClaims.add(1, ordering: .relaxed)
-            throw CancellationError()
+            throw error
         }
     }
 
@@ -307,9 +307,8 @@ package final class EffectWorkers: Service, Sendable {
     private func deliverBatch(
         lane: DeliveryLane, worker: String, limit: Int, _ attempt: @escaping @Sendable (ClaimedCallback) async -> Void
     ) async throws -> Int {
-        let (callbackStore, lease) = (self.callbackStore, configuration.lease)
         let claimed = try await claimUnlessStopping {
-            try await callbackStore.claim(lane: lane, worker: worker, limit: limit, lease: lease)
+            try await self.callbackStore.claim(lane: lane, worker: worker, limit: limit, lease: self.configuration.lease)
         }
         guard !claimed.isEmpty else { return 0 }
         await holding(claimed.map(\.id), as: worker) {
