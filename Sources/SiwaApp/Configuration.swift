@@ -90,7 +90,7 @@ package struct Configuration: Sendable {
         ("SIWA_SHUTDOWN_GRACE", "--shutdown-grace", "on SIGTERM, how long in-flight requests and batches get to finish"),
         ("SIWA_ROLE", "--role", "all|receiver|worker: what this process runs"),
         ("SIWA_WORKERS", "--workers", "effect worker loops in this process"),
-        ("SIWA_JOB_LEASE", "--job-lease", "how long a claimed job stays held without a heartbeat"),
+        ("SIWA_JOB_LEASE", "--job-lease", "how long a claimed callback or alert delivery stays held without a heartbeat"),
         ("SIWA_JOB_MAX_ATTEMPTS", "--job-max-attempts", "attempts before a job is discarded"),
         ("SIWA_JOB_RETENTION", "--job-retention", "how long finished jobs are kept"),
         ("SIWA_JOB_POLL_INTERVAL", "--job-poll-interval", "idle workers look for jobs this often (NOTIFY wakes them sooner)"),

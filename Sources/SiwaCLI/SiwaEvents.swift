@@ -59,7 +59,7 @@ struct ConfigOptions: ParsableArguments {
     var role: String?
     @Option(help: "Effect worker loops in this process (SIWA_WORKERS, default 4).")
     var workers: String?
-    @Option(name: .customLong("job-lease"), help: "Lease of a claimed job, renewed by heartbeat, e.g. 15s (SIWA_JOB_LEASE).")
+    @Option(name: .customLong("job-lease"), help: "Lease of a claimed callback or alert delivery, renewed by heartbeat, e.g. 15s (SIWA_JOB_LEASE).")
     var jobLease: String?
     @Option(name: .customLong("job-max-attempts"), help: "Attempts before a job is discarded (SIWA_JOB_MAX_ATTEMPTS, default 25).")
     var jobMaxAttempts: String?

@@ -2,6 +2,7 @@ import Foundation
 import Logging
 import PostgresNIO
 import SiwaDomain
+import Synchronization
 
 /// An effect job held by a worker, with the event it applies.
 package struct ClaimedJob: Sendable {
@@ -26,8 +27,10 @@ package struct AppliedEffect: Sendable, Equatable {
     package var revokedSessions: Int
 }
 
-/// Every SQL statement of the effect queue: claim, apply + complete, fail, rescue, heartbeat,
-/// release, prune, and the operator's views. The rules themselves are `EffectRules` (pure).
+/// Every SQL statement of the effect queue: the batch (claim, apply, complete: one transaction),
+/// a failed job on its own, and — for the leased delivery lanes, and effect jobs a version before
+/// batches-in-one-transaction left `running` — rescue, heartbeat, release; prune, and the
+/// operator's views. The rules themselves are `EffectRules` (pure).
 package struct EffectStore: Sendable {
     package let client: PostgresClient
     let logger: Logger
@@ -37,44 +40,155 @@ package struct EffectStore: Sendable {
         self.logger = logger
     }
 
-    // MARK: JobsClaim
+    // MARK: JobsClaim + EffectsApply: one transaction per batch
 
-    /// Claims up to `limit` ready effect jobs in one statement. Per-user order: a job is eligible
-    /// only when no earlier (event_time, id) job of the same user is unfinished, so one user never
-    /// has two effect jobs in flight, while many users run in parallel.
+    /// What one worker round did: the jobs it claimed and the effects it applied.
+    package struct Round: Sendable {
+        package var claimed: [ClaimedJob] = []
+        package var applied: [AppliedEffect] = []
+    }
+
+    /// A batch whose effects could not be applied: its transaction rolled back, so its jobs are
+    /// ready again exactly as before the claim (no attempt spent). The worker then tries them one
+    /// by one (`runOne`), so one bad job cannot hold back its batch.
+    package struct BatchFailed: Error {
+        package var jobs: [ClaimedJob]
+        package var underlying: any Error
+    }
+
+    /// One worker round, in one transaction: claims up to `limit` ready effect jobs (their rows
+    /// locked, `SKIP LOCKED`, so no other worker can take them), applies their effects to accounts
+    /// and sessions, completes them, commits. No lease, no `running` state, no heartbeat: a worker
+    /// that dies mid-batch loses its connection, PostgreSQL rolls the transaction back, and the
+    /// jobs are ready at once for the next claim, with no attempt spent. Against a claim committed
+    /// on its own (then applied in a second transaction), this is one commit and one update of
+    /// each job fewer per batch.
+    ///
+    /// `claimed` is called once the claim statement has answered (the worker counts claims running
+    /// side by side, see `claimSQL`). Throws `BatchFailed` when the effects fail after the claim.
+    package func runBatch(
+        worker: String, limit: Int, rivals: Int = 0, eraseOnDelete: Bool, callbacks: Bool = false,
+        claimed: @escaping @Sendable () -> Void = {}
+    ) async throws -> Round {
+        let logger = self.logger
+        let sql = Self.claimSQL(limit: limit, rivals: rivals)
+        let inHand = ClaimedBox()
+        do {
+            return try await client.bounded.transaction(logger: logger) { connection -> Round in
+                let jobs = try await Self.claimLocked(sql, on: connection, logger: logger)
+                claimed()
+                guard !jobs.isEmpty else { return Round() }
+                inHand.jobs = jobs
+                let applied = try await Self.applyLocked(jobs, worker: worker, eraseOnDelete: eraseOnDelete, callbacks: callbacks, on: connection, logger: logger)
+                return Round(claimed: jobs, applied: applied)
+            }
+        } catch {
+            claimed()
+            if let jobs = inHand.jobs, !(error is CancellationError) { throw BatchFailed(jobs: jobs, underlying: error) }
+            throw error
+        }
+    }
+
+    /// The jobs of a batch, once claimed (a failed transaction's closure result is lost with it).
+    private final class ClaimedBox: Sendable {
+        private let held = Mutex<[ClaimedJob]?>(nil)
+        var jobs: [ClaimedJob]? {
+            get { held.withLock { $0 } }
+            set { held.withLock { $0 = newValue } }
+        }
+    }
+
+    /// What became of one job tried on its own.
+    package enum OneOutcome: Sendable {
+        case applied(AppliedEffect)
+        /// Its effect failed: recorded as an attempt, the job `retryable` (after a backoff) or
+        /// `discarded` (out of attempts).
+        case failed(error: String, discarded: Bool)
+        /// Another worker has it, or it is no longer ready (completed meanwhile).
+        case gone
+    }
+
+    /// Tries one job of a failed batch on its own, in one transaction: locks it again (as it was
+    /// when claimed), applies its effect under a savepoint; if that fails, rolls back to the
+    /// savepoint and records the failed attempt instead — both under the same lock.
+    package func runOne(
+        _ job: ClaimedJob, worker: String, eraseOnDelete: Bool, callbacks: Bool = false, maxAttempts: Int, delay: @escaping @Sendable (Int) -> Duration
+    ) async throws -> OneOutcome {
+        let logger = self.logger
+        let sql = Self.claimOneSQL(id: job.id, attempt: job.attempt - 1)
+        return try await client.bounded.transaction(logger: logger) { connection -> OneOutcome in
+            guard let job = try await Self.claimLocked(sql, on: connection, logger: logger).first else { return .gone }
+            try await connection.query("SAVEPOINT one_job", logger: logger)
+            do {
+                let applied = try await Self.applyLocked([job], worker: worker, eraseOnDelete: eraseOnDelete, callbacks: callbacks, on: connection, logger: logger)
+                guard let effect = applied.first else { return .gone }
+                return .applied(effect)
+            } catch {
+                if Task.isCancelled { throw error }
+                let message = loggable(error)
+                try await connection.query("ROLLBACK TO SAVEPOINT one_job", logger: logger)
+                let discarded = job.attempt >= maxAttempts
+                try await Self.failLocked(job, error: message, discarded: discarded, delay: delay(job.attempt), worker: worker, on: connection, logger: logger)
+                return .failed(error: message, discarded: discarded)
+            }
+        }
+    }
+
+    /// The claim (EffectsHeads + JobsClaim): ready effect jobs, each its user's earliest unfinished
+    /// one, locked with `SKIP LOCKED`, with the events they apply. Per-user order: a job is
+    /// eligible only when no earlier (event_time, id) job of the same user is unfinished, so one
+    /// user never has two effect jobs in flight (a job in another worker's transaction is locked,
+    /// not finished: its user's later jobs wait), while many users run in parallel.
     ///
     /// Two steps: `heads` finds eligible jobs — the per-user gate, read from the snapshot without
     /// locks, one probe of `jobs_user_order` per candidate (why that index is not partial: sql/003)
-    /// — and `candidates` locks
-    /// up to `limit` of them by primary key with `SKIP LOCKED`, re-checking that each is still
-    /// ready. `heads` looks `rivals` batches further than `limit`: workers claiming at the same
-    /// moment see the same heads, and each must still find a batch of its own. Every head costs a
-    /// probe, so the caller passes how many claims it knows are running beside this one (its
-    /// process's other workers); a rival in another process it cannot see only makes a batch
-    /// smaller. (The gate reads a snapshot: a job delivered late with an earlier event_time can
-    /// run beside its user's later one; the effect rules make the result the same in any order.)
-    package func claim(worker: String, limit: Int, lease: Duration, rivals: Int = 0) async throws -> [ClaimedJob] {
+    /// — and `candidates` locks up to `limit` of them by primary key with `SKIP LOCKED`,
+    /// re-checking that each is still ready. `heads` looks `rivals` batches further than `limit`:
+    /// workers claiming at the same moment see the same heads, and each must still find a batch of
+    /// its own. Every head costs a probe, so the caller passes how many claims it knows are running
+    /// beside this one (its process's other workers); a rival in another process it cannot see only
+    /// makes a batch smaller. (The gate reads a snapshot: a job delivered late with an earlier
+    /// event_time can run beside its user's later one; the effect rules make the result the same in
+    /// any order.)
+    package static func claimSQL(limit: Int, rivals: Int = 0) -> String {
         precondition(limit > 0)
-        let leaseMillis = Int(lease.milliseconds)
-        let rows = try await client.bounded.query(
-            """
-            WITH heads AS MATERIALIZED (\(unescaped: Self.headsSQL(limit: limit * (1 + max(0, rivals)) + limit / 4))
+        return """
+            WITH heads AS MATERIALIZED (\(headsSQL(limit: limit * (1 + max(0, rivals)) + limit / 4))
             ), candidates AS (
-                SELECT id FROM jobs
+                SELECT id, notification_id, attempt FROM jobs
                 WHERE id IN (SELECT id FROM heads) AND state IN ('available', 'retryable') AND run_at <= now()
                 ORDER BY run_at, id
                 LIMIT \(limit)
                 FOR UPDATE SKIP LOCKED
             )
-            UPDATE jobs SET state = 'running', attempt = jobs.attempt + 1, attempted_at = now(), locked_by = \(worker),
-                lease_expires_at = now() + \(leaseMillis) * interval '1 millisecond'
-            FROM candidates, notifications n
-            WHERE jobs.id = candidates.id AND n.id = jobs.notification_id
-            RETURNING jobs.id, jobs.attempt, n.id, n.jti, n.aud, n.sub, n.type, n.raw_type,
-                (extract(epoch FROM n.event_time) * 1000)::bigint, n.email, n.is_private_email, jobs.attempted_at
-            """, logger: logger)
+            \(claimedColumnsSQL)
+            """
+    }
+
+    /// One job again, as it was claimed (same attempt count, still ready), locked.
+    static func claimOneSQL(id: Int, attempt: Int) -> String {
+        """
+        WITH candidates AS (
+            SELECT id, notification_id, attempt FROM jobs
+            WHERE id = \(id) AND attempt = \(attempt) AND lane = 'effects' AND state IN ('available', 'retryable')
+            FOR UPDATE SKIP LOCKED
+        )
+        \(claimedColumnsSQL)
+        """
+    }
+
+    private static let claimedColumnsSQL = """
+        SELECT c.id, c.attempt + 1, n.id, n.jti, n.aud, n.sub, n.type, n.raw_type,
+            (extract(epoch FROM n.event_time) * 1000)::bigint, n.email, n.is_private_email, now()
+        FROM candidates c JOIN notifications n ON n.id = c.notification_id
+        ORDER BY c.id
+        """
+
+    private static func claimLocked(_ sql: String, on connection: PostgresConnection, logger: Logger) async throws -> [ClaimedJob] {
         var jobs: [ClaimedJob] = []
-        for try await row in rows.decode((Int, Int, Int, String, String, String, String, String, Int64, String?, Bool?, Date).self) {
+        for try await row in try await connection.query(PostgresQuery(unsafeSQL: sql), logger: logger).decode(
+            (Int, Int, Int, String, String, String, String, String, Int64, String?, Bool?, Date).self)
+        {
             jobs.append(
                 ClaimedJob(
                     id: row.0, attempt: row.1, notificationID: row.2, jti: row.3, aud: row.4,
@@ -100,75 +214,86 @@ package struct EffectStore: Sendable {
         """
     }
 
-    // MARK: EffectsApply
-
-    /// Applies the effects of `jobs` and completes them in one transaction. A job is completed only
-    /// if it is still running and still held by `worker` (a job the rescuer handed to another worker
-    /// is not applied twice); its effect is applied only then. Returns what was applied.
-    /// With `callbacks`, each applied effect also enqueues its callback (lane `callbacks`) in the
-    /// same transaction.
-    package func apply(_ jobs: [ClaimedJob], worker: String, eraseOnDelete: Bool, callbacks: Bool = false) async throws -> [AppliedEffect] {
+    /// Applies the effects of `jobs` (locked by this transaction's claim) and completes them.
+    /// Returns what was applied. With `callbacks`, each applied effect also enqueues its callback
+    /// (lane `callbacks`) in the same transaction.
+    static func applyLocked(
+        _ jobs: [ClaimedJob], worker: String, eraseOnDelete: Bool, callbacks: Bool, on connection: PostgresConnection, logger: Logger
+    ) async throws -> [AppliedEffect] {
         guard !jobs.isEmpty else { return [] }
-        let logger = self.logger
-        return try await client.bounded.transaction(logger: logger) { connection -> [AppliedEffect] in
-            // JobsComplete (guarded) + AccountsLock: the jobs still ours, and their users' current
-            // state, locked.
-            var confirmed = Set<Int>()
-            var states: [User: AccountState] = [:]
-            for try await row in try await connection.execute(CompleteAndLock(jobs: jobs, worker: worker), logger: logger) {
-                confirmed.insert(row.jobID)
-                if let state = row.account { states[row.user] = state }
-            }
-            let held = jobs.filter { confirmed.contains($0.id) }.sorted { ($0.event.eventTimeMillis, $0.id) < ($1.event.eventTimeMillis, $1.id) }
-            guard !held.isEmpty else { return [] }
+        let held = jobs.sorted { ($0.event.eventTimeMillis, $0.id) < ($1.event.eventTimeMillis, $1.id) }
+        var users: [User] = []
+        var seen = Set<User>()
+        for job in held {
+            let user = User(aud: job.aud, sub: job.event.sub)
+            if seen.insert(user).inserted { users.append(user) }
+        }
 
-            // The rules decide, in event_time order per user.
-            var revocations: [Revocation] = []
-            var erase = Set<User>()
-            var plans: [Int: EffectPlan] = [:]
-            var users: [User] = []
-            for job in held {
-                let user = User(aud: job.aud, sub: job.event.sub)
-                if states[user] == nil { states[user] = .unknown }
-                if !users.contains(user) { users.append(user) }
-                let plan = EffectRules.plan(job.event, on: states[user]!, eraseOnDelete: eraseOnDelete)
-                states[user] = plan.account
-                plans[job.id] = plan
-                if plan.erase { erase.insert(user) }
-                switch plan.revoke {
-                case .none: break
-                case .createdAtOrBefore(let cutoff, let reason):
-                    revocations.append(Revocation(job: job, cutoff: cutoff, reason: reason))
-                case .all(let reason):
-                    revocations.append(Revocation(job: job, cutoff: nil, reason: reason))
-                }
-            }
+        // AccountsLock: the users' current state, locked.
+        var states: [User: AccountState] = [:]
+        for try await row in try await connection.execute(LockAccounts(users: users), logger: logger) {
+            states[row.user] = row.account
+        }
 
-            // SessionsRevoke: active sessions in scope, and those attributed to a later revoking event.
-            var revoked: [String: Int] = [:]
-            if !revocations.isEmpty {
-                for try await (jti, wasActive) in try await connection.execute(RevokeSessions(revocations: revocations), logger: logger) where wasActive {
-                    revoked[jti, default: 0] += 1
-                }
+        // The rules decide, in event_time order per user.
+        var revocations: [Revocation] = []
+        var erase = Set<User>()
+        var plans: [Int: EffectPlan] = [:]
+        for job in held {
+            let user = User(aud: job.aud, sub: job.event.sub)
+            let plan = EffectRules.plan(job.event, on: states[user] ?? .unknown, eraseOnDelete: eraseOnDelete)
+            states[user] = plan.account
+            plans[job.id] = plan
+            if plan.erase { erase.insert(user) }
+            switch plan.revoke {
+            case .none: break
+            case .createdAtOrBefore(let cutoff, let reason):
+                revocations.append(Revocation(job: job, cutoff: cutoff, reason: reason))
+            case .all(let reason):
+                revocations.append(Revocation(job: job, cutoff: nil, reason: reason))
             }
+        }
 
-            // Erasure: the address leaves every place we hold it.
-            if !erase.isEmpty {
-                try await Self.eraseAddresses(of: erase.map { ($0.aud, $0.sub) }, on: connection, logger: logger)
+        // SessionsRevoke: active sessions in scope, and those attributed to a later revoking event.
+        var revoked: [String: Int] = [:]
+        if !revocations.isEmpty {
+            for try await (jti, wasActive) in try await connection.execute(RevokeSessions(revocations: revocations), logger: logger) where wasActive {
+                revoked[jti, default: 0] += 1
             }
+        }
 
-            // AccountsUpsert + NotificationsApplied + JobAttemptsInsert + CallbacksEnqueue + NOTIFY.
-            let applied = held.map { job -> AppliedEffect in
-                AppliedEffect(
-                    jobID: job.id, jti: job.jti, aud: job.aud, sub: job.event.sub, type: job.event.type?.rawValue ?? job.event.rawType,
-                    eventTimeMillis: job.event.eventTimeMillis, effect: plans[job.id]!.effect, revokedSessions: revoked[job.jti] ?? 0)
+        // Erasure: the address leaves every place we hold it.
+        if !erase.isEmpty {
+            try await eraseAddresses(of: erase.map { ($0.aud, $0.sub) }, on: connection, logger: logger)
+        }
+
+        // JobsComplete + AccountsUpsert + NotificationsApplied + JobAttemptsInsert + CallbacksEnqueue + NOTIFY.
+        let applied = held.map { job -> AppliedEffect in
+            AppliedEffect(
+                jobID: job.id, jti: job.jti, aud: job.aud, sub: job.event.sub, type: job.event.type?.rawValue ?? job.event.rawType,
+                eventTimeMillis: job.event.eventTimeMillis, effect: plans[job.id]!.effect, revokedSessions: revoked[job.jti] ?? 0)
+        }
+        // Read to the end: a prepared statement's error arrives with its rows, and one left
+        // unread here would surface nowhere — COMMIT of the failed transaction answers ROLLBACK.
+        let completion = Complete(
+            jobs: held, applied: applied, worker: worker, callbacks: callbacks, accounts: users.map { ($0, states[$0] ?? .unknown) })
+        var completed = 0
+        for try await row in try await connection.execute(completion, logger: logger) { completed = row.0 }
+        guard completed == held.count else {
+            // Cannot happen while the claim's locks hold; never report effects that were not recorded.
+            throw EffectStoreError.completionMismatch(expected: held.count, completed: completed)
+        }
+        return applied
+    }
+
+    package enum EffectStoreError: Error, CustomStringConvertible {
+        case completionMismatch(expected: Int, completed: Int)
+
+        package var description: String {
+            switch self {
+            case .completionMismatch(let expected, let completed):
+                "completed \(completed) of \(expected) claimed jobs (a job changed under its lock); the batch was rolled back"
             }
-            // Read to the end: a prepared statement's error arrives with its rows, and one left
-            // unread here would surface nowhere — COMMIT of the failed transaction answers ROLLBACK.
-            let completion = Complete(
-                jobs: held, applied: applied, worker: worker, callbacks: callbacks, accounts: users.map { ($0, states[$0] ?? .unknown) })
-            for try await _ in try await connection.execute(completion, logger: logger) {}
-            return applied
         }
     }
 
@@ -180,54 +305,41 @@ package struct EffectStore: Sendable {
         var reason: String
     }
 
-    /// The jobs still running under this worker become completed; their users' accounts are
-    /// locked and returned (a job whose user has no account yet has a row with NULLs).
-    struct CompleteAndLock: PostgresPreparedStatement {
-        static let name = "siwa_effects_complete_and_lock_v2"
+    /// The users' accounts, locked (in key order), as the rules read them; users without an
+    /// account have no row.
+    struct LockAccounts: PostgresPreparedStatement {
+        static let name = "siwa_accounts_lock_v1"
         static let sql = """
-            WITH done AS (
-                UPDATE jobs j SET state = 'completed', finished_at = now(), locked_by = NULL, lease_expires_at = NULL
-                FROM unnest($1::int8[], $2::int8[]) AS c(id, attempt)
-                WHERE j.id = c.id AND j.attempt = c.attempt AND j.state = 'running' AND j.locked_by = $3
-                RETURNING j.id, j.aud, j.sub
-            ), locked AS (
-                SELECT a.aud, a.sub, a.email, a.is_private_email, a.email_forwarding::text AS email_forwarding,
-                    (extract(epoch FROM a.email_event_time) * 1000)::bigint AS email_event_time,
-                    (extract(epoch FROM a.consent_revoked_at) * 1000)::bigint AS consent_revoked_at,
-                    (extract(epoch FROM a.deleted_at) * 1000)::bigint AS deleted_at,
-                    (extract(epoch FROM a.consent_event_time) * 1000)::bigint AS consent_event_time,
-                    (extract(epoch FROM a.address_event_time) * 1000)::bigint AS address_event_time,
-                    (extract(epoch FROM a.erased_at) * 1000)::bigint AS erased_at
-                FROM accounts a WHERE (a.aud, a.sub) IN (SELECT aud, sub FROM done)
-                FOR UPDATE
-            )
-            SELECT done.id, done.aud, done.sub, locked.aud IS NOT NULL, locked.email, locked.is_private_email, locked.email_forwarding,
-                locked.email_event_time, locked.consent_revoked_at, locked.deleted_at, locked.consent_event_time,
-                locked.address_event_time, locked.erased_at
-            FROM done LEFT JOIN locked ON locked.aud = done.aud AND locked.sub = done.sub
+            SELECT a.aud, a.sub, a.email, a.is_private_email, a.email_forwarding::text,
+                (extract(epoch FROM a.email_event_time) * 1000)::bigint,
+                (extract(epoch FROM a.consent_revoked_at) * 1000)::bigint,
+                (extract(epoch FROM a.deleted_at) * 1000)::bigint,
+                (extract(epoch FROM a.consent_event_time) * 1000)::bigint,
+                (extract(epoch FROM a.address_event_time) * 1000)::bigint,
+                (extract(epoch FROM a.erased_at) * 1000)::bigint
+            FROM accounts a JOIN unnest($1::text[], $2::text[]) AS u(aud, sub) ON a.aud = u.aud AND a.sub = u.sub
+            ORDER BY a.aud, a.sub
+            FOR UPDATE OF a
             """
         struct Row {
-            var jobID: Int
             var user: User
-            var account: AccountState?
+            var account: AccountState
         }
-        let jobs: [ClaimedJob]
-        let worker: String
+        let users: [User]
 
         func makeBindings() -> PostgresBindings {
-            var bindings = PostgresBindings(capacity: 3)
-            bindings.append(jobs.map { Int64($0.id) })
-            bindings.append(jobs.map { Int64($0.attempt) })
-            bindings.append(worker)
+            var bindings = PostgresBindings(capacity: 2)
+            bindings.append(users.map(\.aud))
+            bindings.append(users.map(\.sub))
             return bindings
         }
 
         func decodeRow(_ row: PostgresRow) throws -> Row {
-            let r = try row.decode((Int, String, String, Bool, String?, Bool?, String?, Int64?, Int64?, Int64?, Int64?, Int64?, Int64?).self)
-            let account = !r.3 ? nil : AccountState(
-                email: r.4, isPrivateEmail: r.5, forwarding: r.6.flatMap(AccountState.Forwarding.init(rawValue:)),
-                emailEventTime: r.7, addressEventTime: r.11, consentRevokedAt: r.8, deletedAt: r.9, consentEventTime: r.10, erasedAt: r.12)
-            return Row(jobID: r.0, user: User(aud: r.1, sub: r.2), account: account)
+            let r = try row.decode((String, String, String?, Bool?, String?, Int64?, Int64?, Int64?, Int64?, Int64?, Int64?).self)
+            let account = AccountState(
+                email: r.2, isPrivateEmail: r.3, forwarding: r.4.flatMap(AccountState.Forwarding.init(rawValue:)),
+                emailEventTime: r.5, addressEventTime: r.9, consentRevokedAt: r.6, deletedAt: r.7, consentEventTime: r.8, erasedAt: r.10)
+            return Row(user: User(aud: r.0, sub: r.1), account: account)
         }
     }
 
@@ -275,9 +387,16 @@ package struct EffectStore: Sendable {
     /// Writes the accounts as the rules left them, marks the notifications applied, logs the
     /// attempts, enqueues callbacks, and NOTIFYs `siwa_effects` (one payload per effect).
     struct Complete: PostgresPreparedStatement {
-        static let name = "siwa_effects_complete_v1"
+        static let name = "siwa_effects_complete_v2"
         static let sql = """
-            WITH accounts_written AS (
+            WITH done AS (
+                UPDATE jobs j SET state = 'completed', attempt = c.attempt,
+                    attempted_at = timestamptz 'epoch' + c.started_at_us * interval '1 microsecond', finished_at = now(),
+                    locked_by = NULL, lease_expires_at = NULL
+                FROM unnest($1::int8[], $3::int8[], $4::int8[]) AS c(id, attempt, started_at_us)
+                WHERE j.id = c.id AND j.state IN ('available', 'retryable')
+                RETURNING j.id
+            ), accounts_written AS (
                 INSERT INTO accounts (aud, sub, email, is_private_email, email_forwarding, email_event_time, consent_revoked_at, deleted_at,
                     consent_event_time, address_event_time)
                 SELECT a.aud, a.sub, a.email, a.is_private_email, a.email_forwarding::email_forwarding,
@@ -310,10 +429,10 @@ package struct EffectStore: Sendable {
                 ON CONFLICT (notification_id, kind) DO NOTHING
                 RETURNING id
             )
-            SELECT (SELECT count(pg_notify('siwa_effects', notify)) FROM r),
+            SELECT (SELECT count(*) FROM done), (SELECT count(pg_notify('siwa_effects', notify)) FROM r),
                 (SELECT count(pg_notify('siwa_jobs', 'callbacks')) FROM (SELECT 1 FROM callbacks LIMIT 1) c)
             """
-        typealias Row = (Int, Int)
+        typealias Row = (Int, Int, Int)
         let jobs: [ClaimedJob]
         let applied: [AppliedEffect]
         let worker: String
@@ -389,24 +508,23 @@ package struct EffectStore: Sendable {
 
     // MARK: JobsFail
 
-    /// Records a failed attempt: back to `retryable` after `delay`, or `discarded` once
-    /// `maxAttempts` is reached; the notification shows `retrying` / `discarded`.
-    package func fail(_ jobs: [ClaimedJob], worker: String, error: String, maxAttempts: Int, delay: (Int) -> Duration) async throws {
-        guard !jobs.isEmpty else { return }
-        let delays = jobs.map { job -> Int in
-            let d = delay(job.attempt)
-            return Int(d.milliseconds)
-        }
-        try await client.bounded.query(
+    /// Records a failed attempt at a job this transaction holds: back to `retryable` after
+    /// `delay`, or `discarded`; the notification shows `retrying` / `discarded`.
+    static func failLocked(
+        _ job: ClaimedJob, error: String, discarded: Bool, delay: Duration, worker: String, on connection: PostgresConnection, logger: Logger
+    ) async throws {
+        let delayMillis = Int(delay.milliseconds)
+        // Read to the end (see applyLocked).
+        for try await _ in try await connection.query(
             """
             WITH failed AS (
                 UPDATE jobs j SET
-                    state = CASE WHEN j.attempt >= \(maxAttempts) THEN 'discarded'::job_state ELSE 'retryable'::job_state END,
-                    run_at = now() + c.delay_ms * interval '1 millisecond',
-                    finished_at = CASE WHEN j.attempt >= \(maxAttempts) THEN now() END,
+                    state = CASE WHEN \(discarded) THEN 'discarded'::job_state ELSE 'retryable'::job_state END,
+                    attempt = \(job.attempt), attempted_at = \(job.claimedAt),
+                    run_at = now() + \(delayMillis) * interval '1 millisecond',
+                    finished_at = CASE WHEN \(discarded) THEN now() END,
                     last_error = \(error), locked_by = NULL, lease_expires_at = NULL
-                FROM unnest(\(jobs.map(\.id))::bigint[], \(jobs.map(\.attempt))::bigint[], \(delays)::bigint[]) AS c(id, attempt, delay_ms)
-                WHERE j.id = c.id AND j.attempt = c.attempt AND j.state = 'running' AND j.locked_by = \(worker)
+                WHERE j.id = \(job.id)
                 RETURNING j.id, j.notification_id, j.attempt, j.attempted_at, j.state
             ), marked AS (
                 UPDATE notifications n SET status = CASE WHEN f.state = 'discarded' THEN 'discarded'::notification_status
@@ -417,13 +535,15 @@ package struct EffectStore: Sendable {
             SELECT id, notification_id, attempt, \(worker), attempted_at,
                 CASE WHEN state = 'discarded' THEN 'discarded' ELSE 'retrying' END, \(error)
             FROM failed
-            """, logger: logger)
+            RETURNING id
+            """, logger: logger) {}
     }
 
     // MARK: JobsRescue, JobsHeartbeat, JobsRelease, JobsPrune
 
-    /// Jobs whose lease ran out (their worker was killed, not stopped) go back to the queue, or are
-    /// discarded once out of attempts; in both lanes (only an effect job's notification changes
+    /// Jobs whose lease ran out (their deliverer was killed, not stopped) go back to the queue, or
+    /// are discarded once out of attempts; in every lane (effect jobs are leased no more, but an
+    /// older release may have left some `running`; only an effect job's notification changes
     /// status). Safe to run from every process at once.
     @discardableResult
     package func rescueExpiredLeases(maxAttempts: Int) async throws -> Int {
@@ -467,8 +587,9 @@ package struct EffectStore: Sendable {
             """, logger: logger)
     }
 
-    /// Graceful shutdown: jobs `workers` still hold go back to the queue as if never attempted, in
-    /// one statement (shutdown waits on it once, not once per worker). Returns how many each held.
+    /// Graceful shutdown: leased jobs `workers` still hold (deliveries) go back to the queue as if
+    /// never attempted, in one statement (shutdown waits on it once, not once per deliverer).
+    /// Returns how many each held.
     @discardableResult
     package func release(workers: [String]) async throws -> [String: Int] {
         var counts: [String: Int] = [:]

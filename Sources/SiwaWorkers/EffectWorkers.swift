@@ -11,12 +11,14 @@ import Synchronization
 
 /// The worker loops that turn recorded notifications into effects on accounts and sessions.
 ///
-/// Each loop claims a batch of ready jobs (one per user at most, see `EffectStore.claim`), applies
-/// their effects and completes them in one transaction, and claims again; when nothing is ready it
-/// sleeps until a `siwa_jobs` NOTIFY or the poll interval. Beside the loops: a listener for that
-/// NOTIFY, a heartbeat renewing the leases of held jobs, and maintenance (rescue of jobs whose
-/// worker died, pruning of finished jobs). Graceful shutdown: stop claiming, finish the batch in
-/// hand, release anything still held.
+/// Each loop claims a batch of ready jobs (one per user at most), applies their effects and
+/// completes them — claim included, one transaction (`EffectStore.runBatch`) — and claims again;
+/// when nothing is ready it sleeps until a `siwa_jobs` NOTIFY or the poll interval. A loop that
+/// dies mid-batch leaves nothing behind: the transaction rolls back. Beside the loops: a listener
+/// for that NOTIFY, a heartbeat renewing the leases of deliveries in hand, and maintenance (rescue
+/// of deliveries whose deliverer died, pruning of finished jobs). Graceful shutdown: stop
+/// claiming, abandon a batch still running (it commits or rolls back whole), release deliveries
+/// still held.
 ///
 /// With a callback endpoint configured, one more loop delivers callbacks (lane `callbacks`, see
 /// `CallbackStore`): claimed in batches, sent concurrently, each attempt recorded. It has its own
@@ -66,14 +68,14 @@ package final class EffectWorkers: Service, Sendable {
     let doorbell = Doorbell()
     let callbackDoorbell = Doorbell()
     let alertDoorbell = Doorbell()
-    /// The jobs each loop is working on right now: the only leases the heartbeat renews. A job a
-    /// loop gave up on (its database connection failed mid-batch and the failure could not be
-    /// recorded) is no longer renewed, so its lease runs out and the rescuer hands it on — instead
-    /// of staying `running` forever and blocking its user's later jobs.
+    /// The deliveries each deliverer is working on right now: the only leases the heartbeat
+    /// renews. One a deliverer gave up on (its database connection failed and the attempt could
+    /// not be recorded) is no longer renewed, so its lease runs out and the rescuer hands it on —
+    /// instead of staying `running` forever.
     private let inHand = Mutex<[String: [Int]]>([:])
-    /// This process's effect claims running right now (see `EffectStore.claim`'s rivals).
+    /// This process's effect claims running right now (see `EffectStore.claimSQL`'s rivals).
     private let claiming = Atomic<Int>(0)
-    /// Claims given up on shutdown (see `claimUnlessStopping`).
+    /// Delivery claims given up on shutdown (see `claimUnlessStopping`).
     private let abandonedClaims = Atomic<Int>(0)
     /// This process's workers are `<identity>/<n>`, its callback deliverer `<identity>/callbacks`.
     package let identity: String
@@ -100,10 +102,10 @@ package final class EffectWorkers: Service, Sendable {
 
     package var alertWorkerName: String { "\(identity)/alerts" }
 
-    /// Every name this process holds jobs under (heartbeats, release on shutdown).
+    /// Every name this process holds leased jobs under (heartbeats, release on shutdown): the
+    /// deliverers. Effect jobs have no lease: a batch holds them only inside its transaction.
     private var holderNames: [String] {
-        (0..<configuration.workers).map(workerName) + (configuration.callbacks == nil ? [] : [callbackWorkerName])
-            + (configuration.alertSinks.isEmpty ? [] : [alertWorkerName])
+        (configuration.callbacks == nil ? [] : [callbackWorkerName]) + (configuration.alertSinks.isEmpty ? [] : [alertWorkerName])
     }
 
     package func run() async throws {
@@ -151,7 +153,7 @@ package final class EffectWorkers: Service, Sendable {
         // Graceful shutdown stops the workers before the database client (service order), so
         // what is still held can be handed back. When cancelled outright, the client may be gone
         // already: leave it to the lease. Either way never wait on the database for long.
-        if !Task.isCancelled {
+        if !Task.isCancelled && !holderNames.isEmpty {
             let (store, holders) = (self.store, holderNames)
             func release() async -> [String: Int] {
                 (try? await withDeadline(.seconds(5)) { try await store.release(workers: holders) }) ?? [:]
@@ -188,25 +190,94 @@ package final class EffectWorkers: Service, Sendable {
         }
     }
 
-    /// Claims one batch and applies it. Returns how many jobs it claimed (0: nothing ready).
+    /// Claims one batch and applies it, in one transaction (`EffectStore.runBatch`). Returns how
+    /// many jobs it claimed (0: nothing ready).
+    ///
+    /// On graceful shutdown a batch still running is abandoned, not waited for: its transaction
+    /// either commits whole or rolls back whole (the jobs then wait for the next claim, no attempt
+    /// spent) — and one that never answers (a statement lost at a database restart, see
+    /// `BoundedPostgres`) held SIGTERM for the whole grace period.
     @discardableResult
     package func runOnce(worker: String) async throws -> Int {
         let rivals = claiming.add(1, ordering: .relaxed).oldValue
-        let jobs: [ClaimedJob]
+        let claimEnded = Once { self.claiming.subtract(1, ordering: .relaxed) }
+        defer { claimEnded.run() }
+        let started = ContinuousClock.now
+        let round: EffectStore.Round
         do {
-            defer { claiming.subtract(1, ordering: .relaxed) }
-            jobs = try await claimUnlessStopping {
-                try await self.store.claim(worker: worker, limit: self.configuration.batchSize, lease: self.configuration.lease, rivals: rivals)
+            round = try await cancelWhenGracefulShutdown {
+                try await self.store.runBatch(
+                    worker: worker, limit: self.configuration.batchSize, rivals: rivals, eraseOnDelete: self.configuration.eraseOnDelete,
+                    callbacks: self.configuration.callbacks != nil, claimed: { claimEnded.run() })
             }
+        } catch let failed as EffectStore.BatchFailed {
+            // One bad job must not hold back its batch: its jobs one by one.
+            logger.warning(
+                "batch failed; applying its jobs one by one",
+                metadata: ["worker": "\(worker)", "size": "\(failed.jobs.count)", "error": "\(loggable(failed.underlying))"])
+            for job in failed.jobs where !stopping { await runOne(job, worker: worker) }
+            return failed.jobs.count
         }
-        guard !jobs.isEmpty else { return 0 }
-        await holding(jobs.map(\.id), as: worker) { await process(jobs, worker: worker) }
-        return jobs.count
+        guard !round.claimed.isEmpty else { return 0 }
+        if configuration.callbacks != nil && !round.applied.isEmpty { callbackDoorbell.ring() }
+        let elapsed = ContinuousClock.now - started
+        for effect in round.applied { logApplied(effect, worker: worker, batch: round.claimed.count, elapsed: elapsed) }
+        return round.claimed.count
     }
 
-    /// A claim is not waited for on shutdown: nothing is in hand yet, and one that never answers
-    /// (a statement lost at a database restart, see `BoundedPostgres`) held SIGTERM for the whole
-    /// grace period. One abandoned may still commit in the database: `run` releases twice then.
+    /// One job of a failed batch, on its own: applied, or its failed attempt recorded.
+    private func runOne(_ job: ClaimedJob, worker: String) async {
+        let started = ContinuousClock.now
+        let (store, configuration) = (self.store, self.configuration)
+        do {
+            let outcome = try await cancelWhenGracefulShutdown {
+                try await store.runOne(
+                    job, worker: worker, eraseOnDelete: configuration.eraseOnDelete, callbacks: configuration.callbacks != nil,
+                    maxAttempts: configuration.maxAttempts
+                ) { attempt in configuration.backoff.delay(attempt: attempt, unit: Double.random(in: 0..<1)) }
+            }
+            let elapsed = ContinuousClock.now - started
+            switch outcome {
+            case .applied(let effect):
+                if configuration.callbacks != nil { callbackDoorbell.ring() }
+                logApplied(effect, worker: worker, batch: 1, elapsed: elapsed)
+            case .failed(let error, let discarded):
+                let result = discarded ? "discarded" : "retrying"
+                metrics?.attempt(lane: "effects", outcome: result, took: elapsed)
+                logger.warning(
+                    "job",
+                    metadata: ["outcome": "\(result)", "job_id": "\(job.id)", "jti": "\(job.jti)", "attempt": "\(job.attempt)", "error": "\(error)", "worker": "\(worker)"])
+            case .gone:
+                logger.debug("job taken by another worker meanwhile", metadata: ["job_id": "\(job.id)", "worker": "\(worker)"])
+            }
+        } catch {
+            if stopping { return }
+            logger.warning(
+                "job",
+                metadata: [
+                    "outcome": "not_recorded", "job_id": "\(job.id)", "jti": "\(job.jti)", "attempt": "\(job.attempt)", "worker": "\(worker)",
+                    "error": "\(loggable(error))", "next": "rolled back; ready for the next claim",
+                ])
+        }
+    }
+
+    /// The one log line (and metrics) of an applied effect.
+    private func logApplied(_ effect: AppliedEffect, worker: String, batch: Int, elapsed: Duration) {
+        metrics?.attempt(lane: "effects", outcome: "applied", took: elapsed)
+        metrics?.effect(type: effect.type, effect: effect.effect)
+        logger.info(
+            "job",
+            metadata: [
+                "outcome": "applied", "job_id": "\(effect.jobID)", "jti": "\(effect.jti)", "aud": "\(effect.aud)", "type": "\(effect.type)",
+                "effect": "\(effect.effect)", "revoked_sessions": "\(effect.revokedSessions)", "worker": "\(worker)",
+                "batch": "\(batch)", "batch_ms": "\(Double(elapsed.components.attoseconds / 1_000_000_000_000) / 1000 + Double(elapsed.components.seconds) * 1000)",
+            ])
+    }
+
+    /// A delivery claim is not waited for on shutdown: nothing is in hand yet, and one that never
+    /// answers (a statement lost at a database restart, see `BoundedPostgres`) held SIGTERM for
+    /// the whole grace period. One abandoned may still commit in the database: `run` releases
+    /// twice then.
     private func claimUnlessStopping<T: Sendable>(_ claim: @escaping @Sendable () async throws -> T) async throws -> T {
         do {
             return try await cancelWhenGracefulShutdown(claim)
@@ -222,50 +293,6 @@ package final class EffectWorkers: Service, Sendable {
         inHand.withLock { $0[worker] = jobs }
         defer { _ = inHand.withLock { $0.removeValue(forKey: worker) } }
         await work()
-    }
-
-    private func process(_ jobs: [ClaimedJob], worker: String) async {
-        let started = ContinuousClock.now
-        do {
-            let applied = try await store.apply(
-                jobs, worker: worker, eraseOnDelete: configuration.eraseOnDelete, callbacks: configuration.callbacks != nil)
-            if configuration.callbacks != nil && !applied.isEmpty { callbackDoorbell.ring() }
-            let elapsed = ContinuousClock.now - started
-            for effect in applied {
-                metrics?.attempt(lane: "effects", outcome: "applied", took: elapsed)
-                metrics?.effect(type: effect.type, effect: effect.effect)
-                logger.info(
-                    "job",
-                    metadata: [
-                        "outcome": "applied", "job_id": "\(effect.jobID)", "jti": "\(effect.jti)", "aud": "\(effect.aud)", "type": "\(effect.type)",
-                        "effect": "\(effect.effect)", "revoked_sessions": "\(effect.revokedSessions)", "worker": "\(worker)",
-                        "batch": "\(jobs.count)", "batch_ms": "\(Double(elapsed.components.attoseconds / 1_000_000_000_000) / 1000 + Double(elapsed.components.seconds) * 1000)",
-                    ])
-            }
-            if applied.count < jobs.count {
-                logger.warning("jobs no longer held at completion (taken over after their lease)", metadata: ["worker": "\(worker)", "count": "\(jobs.count - applied.count)"])
-            }
-        } catch where jobs.count > 1 {
-            // One bad job must not hold back its batch: apply them one by one.
-            logger.warning("batch failed; applying its jobs one by one", metadata: ["worker": "\(worker)", "size": "\(jobs.count)", "error": "\(loggable(error))"])
-            for job in jobs { await process([job], worker: worker) }
-        } catch {
-            let message = loggable(error)
-            let elapsed = ContinuousClock.now - started
-            for job in jobs {
-                metrics?.attempt(lane: "effects", outcome: job.attempt >= configuration.maxAttempts ? "discarded" : "retrying", took: elapsed)
-                logger.warning(
-                    "job", metadata: ["outcome": job.attempt >= configuration.maxAttempts ? "discarded" : "retrying", "job_id": "\(job.id)", "jti": "\(job.jti)", "attempt": "\(job.attempt)", "error": "\(message)", "worker": "\(worker)"])
-            }
-            do {
-                let backoff = configuration.backoff
-                try await store.fail(jobs, worker: worker, error: message, maxAttempts: configuration.maxAttempts) { attempt in
-                    backoff.delay(attempt: attempt, unit: Double.random(in: 0..<1))
-                }
-            } catch {
-                logger.warning("could not record the failure; the lease will expire and the job be retried", metadata: ["error": "\(loggable(error))"])
-            }
-        }
     }
 
     // MARK: Callbacks
@@ -474,5 +501,17 @@ package final class EffectWorkers: Service, Sendable {
                 try? await Task.sleep(for: .seconds(1))
             }
         }
+    }
+}
+
+/// Runs its closure once, however many times `run` is called, from whichever task.
+private final class Once: Sendable {
+    private let action: @Sendable () -> Void
+    private let done = Atomic<Bool>(false)
+
+    init(_ action: @escaping @Sendable () -> Void) { self.action = action }
+
+    func run() {
+        if !done.exchange(true, ordering: .relaxed) { action() }
     }
 }

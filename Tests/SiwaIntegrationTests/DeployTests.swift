@@ -332,7 +332,7 @@ struct DeployTests {
         let acknowledged = load.acknowledged
         #expect(acknowledged.count == bodies.count, "every notification acknowledged by one replica or the other")
         try await Self.withDatabase(databaseURL) { client in
-            // The survivor applies everything, including jobs the killed replica held (after their lease).
+            // The survivor applies everything, including jobs the killed replica's transactions held (rolled back when it died).
             var pending = -1
             for _ in 0..<120 {
                 pending = try await Self.count(client, "SELECT count(*) FROM jobs WHERE lane = 'effects' AND state <> 'completed'")

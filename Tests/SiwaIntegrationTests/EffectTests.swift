@@ -236,39 +236,72 @@ struct EffectTests {
         await e.stop()
     }
 
-    @Test("A job whose worker died is taken over after its lease and applied exactly once")
-    func leaseTakeover() async throws {
-        let e = try await EffectHarness.start { $0.lease = .seconds(1) }
+    @Test("A worker that dies mid-batch holds its jobs only while its transaction lives: then they are ready at once, applied exactly once, no attempt spent")
+    func deadWorkerMidBatch() async throws {
+        let e = try await EffectHarness.start()
         try await e.session(sub: "u5", createdAt: 1_000)
         try await e.post("consent-revoked", sub: "u5", at: 5_000)
-        let store = EffectStore(client: e.client, logger: Logger(label: "dead"))
-        // A worker claims the job and dies (never completes, never heartbeats).
-        let held = try await store.claim(worker: "dead-worker", limit: 10, lease: .seconds(1))
-        #expect(held.count == 1)
-        #expect(try await e.drain() == 0)  // held: not claimable
-        try await Task.sleep(for: .milliseconds(1200))
-        #expect(try await store.rescueExpiredLeases(maxAttempts: 25) == 1)
-        #expect(try await e.drain() == 1)
-        // The dead worker wakes up and tries to finish: nothing is applied twice.
-        #expect(try await store.apply(held, worker: "dead-worker", eraseOnDelete: true).isEmpty)
-        #expect(try await e.h.count("SELECT count(*) FROM job_attempts WHERE outcome = 'applied'") == 1)
-        #expect(try await e.h.count("SELECT count(*) FROM job_attempts WHERE outcome = 'lease_expired'") == 1)
-        #expect(try await e.h.count("SELECT attempt FROM jobs") == 2)
+        try await e.post("account-delete", sub: "u5", at: 6_000)
+        let logger = Logger(label: "dead")
+        // A worker claims (its transaction locks the user's first job) and hangs there.
+        try await e.client.withConnection { connection in
+            var backend = 0
+            for try await (pid,) in try await connection.query("SELECT pg_backend_pid()", logger: logger).decode((Int,).self) { backend = pid }
+            try await connection.query("BEGIN", logger: logger)
+            var claimed = 0
+            for try await _ in try await connection.query(PostgresQuery(unsafeSQL: EffectStore.claimSQL(limit: 10)), logger: logger) { claimed += 1 }
+            #expect(claimed == 1)  // one job per user in flight
+            #expect(try await e.drain() == 0)  // held: neither it nor its user's later job is claimable
+            // The worker dies: its backend goes, its transaction rolls back.
+            #expect(try await e.h.count("SELECT pg_terminate_backend(\(backend), 10000)::int") == 1)
+        }
+        #expect(try await e.drain() == 2)
+        #expect(try await e.h.count("SELECT count(*) FROM job_attempts WHERE outcome = 'applied'") == 2)
+        #expect(try await e.h.count("SELECT count(*) FROM job_attempts") == 2)
+        #expect(try await e.h.count("SELECT count(*) FROM jobs WHERE lane = 'effects' AND state = 'completed' AND attempt = 1") == 2)
         #expect(try await e.activeSessions(sub: "u5").isEmpty)
+        // In event_time order: the revocation first, then the deletion.
+        #expect(try await e.h.count(
+            "SELECT count(*) FROM job_attempts a JOIN notifications n ON n.id = a.notification_id WHERE n.type = 'consent-revoked' AND a.id < (SELECT max(id) FROM job_attempts)") == 1)
         await e.stop()
     }
 
-    @Test("Shutdown hands back what this process's workers hold, as if never attempted, and nothing another process holds")
+    @Test("A callback whose deliverer died is taken over after its lease; the dead deliverer's late result is not recorded")
+    func callbackLeaseTakeover() async throws {
+        let e = try await EffectHarness.start { configuration in
+            configuration.callbacks = .init(url: URL(string: "http://127.0.0.1:9/")!, signer: try! WebhookSigner(secrets: CallbackTests.secret))
+        }
+        try await e.post("consent-revoked", sub: "u6", at: 5_000)
+        #expect(try await e.drain() == 1)
+        let store = CallbackStore(client: e.client, logger: Logger(label: "dead"))
+        let held = try await store.claim(lane: .callbacks, worker: "dead/callbacks", limit: 10, lease: .seconds(1))
+        #expect(held.count == 1)
+        #expect(try await store.claim(lane: .callbacks, worker: "alive/callbacks", limit: 10, lease: .seconds(60)).isEmpty)  // held
+        try await Task.sleep(for: .milliseconds(1200))
+        #expect(try await EffectStore(client: e.client, logger: Logger(label: "rescuer")).rescueExpiredLeases(maxAttempts: 25) == 1)
+        #expect(try await e.h.count("SELECT count(*) FROM job_attempts WHERE outcome = 'lease_expired' AND lane = 'callbacks'") == 1)
+        let taken = try await store.claim(lane: .callbacks, worker: "alive/callbacks", limit: 10, lease: .seconds(60))
+        #expect(taken.count == 1)
+        // The dead deliverer wakes up and reports: not held any more, nothing recorded.
+        #expect(try await store.record(held[0], worker: "dead/callbacks", outcome: .delivered(status: 200), maxAttempts: 25, delay: .seconds(1)) == nil)
+        #expect(try await e.h.count("SELECT count(*) FROM jobs WHERE lane = 'callbacks' AND state = 'running' AND locked_by = 'alive/callbacks' AND attempt = 2") == 1)
+        await e.stop()
+    }
+
+    @Test("Shutdown hands back the deliveries this process holds, as if never attempted, and nothing another process holds")
     func releaseOnShutdown() async throws {
-        let e = try await EffectHarness.start()
+        let e = try await EffectHarness.start { configuration in
+            configuration.callbacks = .init(url: URL(string: "http://127.0.0.1:9/")!, signer: try! WebhookSigner(secrets: CallbackTests.secret))
+        }
         for user in ["r1", "r2", "r3"] { try await e.post("consent-revoked", sub: user, at: 1_000) }
+        #expect(try await e.drain() == 3)
+        let callbacks = CallbackStore(client: e.client, logger: Logger(label: "release"))
+        #expect(try await callbacks.claim(lane: .callbacks, worker: "here/callbacks", limit: 2, lease: .seconds(60)).count == 2)
+        #expect(try await callbacks.claim(lane: .callbacks, worker: "elsewhere/callbacks", limit: 10, lease: .seconds(60)).count == 1)
         let store = EffectStore(client: e.client, logger: Logger(label: "release"))
-        #expect(try await store.claim(worker: "here/0", limit: 2, lease: .seconds(60)).count == 2)
-        #expect(try await store.claim(worker: "elsewhere/0", limit: 10, lease: .seconds(60)).count == 1)
-        #expect(try await store.release(workers: ["here/0", "here/1"]) == ["here/0": 2])
-        #expect(try await e.h.count("SELECT count(*) FROM jobs WHERE state = 'available' AND attempt = 0 AND locked_by IS NULL") == 2)
-        #expect(try await e.h.count("SELECT count(*) FROM jobs WHERE state = 'running' AND locked_by = 'elsewhere/0'") == 1)
-        #expect(try await e.drain() == 2)
+        #expect(try await store.release(workers: ["here/callbacks", "here/alerts"]) == ["here/callbacks": 2])
+        #expect(try await e.h.count("SELECT count(*) FROM jobs WHERE lane = 'callbacks' AND state = 'available' AND attempt = 0 AND locked_by IS NULL") == 2)
+        #expect(try await e.h.count("SELECT count(*) FROM jobs WHERE state = 'running' AND locked_by = 'elsewhere/callbacks'") == 1)
         await e.stop()
     }
 

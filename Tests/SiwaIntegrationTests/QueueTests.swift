@@ -56,8 +56,9 @@ struct QueueTests {
             let text = plan.joined(separator: "\n")
             #expect(text.contains("Index Cond: ((aud = j.aud) AND (sub = j.sub)"), "\(text)")
             // And the claim itself takes work at once.
-            let claimed = try await EffectStore(client: client, logger: Logger(label: "queue-test")).claim(worker: "w", limit: 200, lease: .seconds(30))
-            #expect(claimed.count == 200)
+            let round = try await EffectStore(client: client, logger: Logger(label: "queue-test")).runBatch(worker: "w", limit: 200, eraseOnDelete: true)
+            #expect(round.claimed.count == 200)
+            #expect(round.applied.count == 200)
         }
     }
 

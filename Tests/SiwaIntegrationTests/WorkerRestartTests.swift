@@ -22,9 +22,8 @@ struct WorkerRestartTests {
         let logger = Logger(label: "queue-test", factory: { _ in SwiftLogNoOpLogHandler() })
         var workerConfiguration = EffectWorkers.Configuration()
         workerConfiguration.batchSize = 20
-        // Batches in hand when PostgreSQL goes away cannot record their failure: they come back
-        // when their lease runs out (it is no longer renewed), so a short lease keeps this short.
-        workerConfiguration.lease = .seconds(2)
+        // Batches in hand when PostgreSQL goes away roll back with its connections: their jobs are
+        // ready again as soon as it is back (no lease to wait out).
         workerConfiguration.maintenanceInterval = .milliseconds(500)
         let workers = EffectWorkers(configuration: workerConfiguration, store: EffectStore(client: client, logger: logger), logger: logger)
         // As in production: the client is a service of the same group, stopped last.
