@@ -64,26 +64,22 @@ package struct EffectStore: Sendable {
     /// on its own (then applied in a second transaction), this is one commit and one update of
     /// each job fewer per batch.
     ///
-    /// `claimed` is called once the claim statement has answered (the worker counts claims running
-    /// side by side, see `claimSQL`). Throws `BatchFailed` when the effects fail after the claim.
+    /// Throws `BatchFailed` when the effects fail after the claim.
     package func runBatch(
-        worker: String, limit: Int, rivals: Int = 0, eraseOnDelete: Bool, callbacks: Bool = false,
-        claimed: @escaping @Sendable () -> Void = {}
+        worker: String, limit: Int, eraseOnDelete: Bool, callbacks: Bool = false
     ) async throws -> Round {
         let logger = self.logger
-        let sql = Self.claimSQL(limit: limit, rivals: rivals)
+        let sql = Self.claimSQL(limit: limit)
         let inHand = ClaimedBox()
         do {
             return try await client.bounded.transaction(logger: logger) { connection -> Round in
                 let jobs = try await Self.claimLocked(sql, on: connection, logger: logger)
-                claimed()
                 guard !jobs.isEmpty else { return Round() }
                 inHand.jobs = jobs
                 let applied = try await Self.applyLocked(jobs, worker: worker, eraseOnDelete: eraseOnDelete, callbacks: callbacks, on: connection, logger: logger)
                 return Round(claimed: jobs, applied: applied)
             }
         } catch {
-            claimed()
             if let jobs = inHand.jobs, !(error is CancellationError) { throw BatchFailed(jobs: jobs, underlying: error) }
             throw error
         }
@@ -134,32 +130,25 @@ package struct EffectStore: Sendable {
         }
     }
 
-    /// The claim (EffectsHeads + JobsClaim): ready effect jobs, each its user's earliest unfinished
-    /// one, locked with `SKIP LOCKED`, with the events they apply. Per-user order: a job is
-    /// eligible only when no earlier (event_time, id) job of the same user is unfinished, so one
-    /// user never has two effect jobs in flight (a job in another worker's transaction is locked,
-    /// not finished: its user's later jobs wait), while many users run in parallel.
+    /// The claim (EffectsHeads + JobsClaim): up to `limit` ready effect jobs, each its user's
+    /// earliest unfinished one, locked with `SKIP LOCKED`, with the events they apply. Per-user
+    /// order: a job is eligible only when no earlier (event_time, id) job of the same user is
+    /// unfinished, so one user never has two effect jobs in flight (a job in another worker's
+    /// transaction is locked, not finished: its user's later jobs wait), while many users run in
+    /// parallel.
     ///
-    /// Two steps: `heads` finds eligible jobs — the per-user gate, read from the snapshot without
-    /// locks, one probe of `jobs_user_order` per candidate (why that index is not partial: sql/003)
-    /// — and `candidates` locks up to `limit` of them by primary key with `SKIP LOCKED`,
-    /// re-checking that each is still ready. `heads` looks `rivals` batches further than `limit`:
-    /// workers claiming at the same moment see the same heads, and each must still find a batch of
-    /// its own. Every head costs a probe, so the caller passes how many claims it knows are running
-    /// beside this one (its process's other workers); a rival in another process it cannot see only
-    /// makes a batch smaller. (The gate reads a snapshot: a job delivered late with an earlier
-    /// event_time can run beside its user's later one; the effect rules make the result the same in
-    /// any order.)
-    package static func claimSQL(limit: Int, rivals: Int = 0) -> String {
+    /// One scan of the ready jobs in run order, each tested by the per-user gate (one probe of
+    /// `jobs_user_order`; why that index is not partial: sql/003) and then locked; rows another
+    /// worker holds are skipped and do not count towards `limit` (the lock sits under the limit in
+    /// the plan), so a batch is full whenever enough work is ready, and the scan probes only as
+    /// far as it must: the batches other workers hold at the front, then its own. (The gate reads
+    /// the statement's snapshot: a job delivered late with an earlier event_time can run beside
+    /// its user's later one; the effect rules make the result the same in any order.)
+    package static func claimSQL(limit: Int) -> String {
         precondition(limit > 0)
         return """
-            WITH heads AS MATERIALIZED (\(headsSQL(limit: limit * (1 + max(0, rivals)) + limit / 4))
-            ), candidates AS (
-                SELECT id, notification_id, attempt FROM jobs
-                WHERE id IN (SELECT id FROM heads) AND state IN ('available', 'retryable') AND run_at <= now()
-                ORDER BY run_at, id
-                LIMIT \(limit)
-                FOR UPDATE SKIP LOCKED
+            WITH candidates AS (\(headsSQL(limit: limit, columns: "j.id, j.notification_id, j.attempt"))
+                FOR UPDATE OF j SKIP LOCKED
             )
             \(claimedColumnsSQL)
             """
@@ -198,11 +187,11 @@ package struct EffectStore: Sendable {
         return jobs
     }
 
-    /// The claim's first step (EffectsHeads): ready effect jobs that are their user's earliest
+    /// The claim's scan (EffectsHeads): ready effect jobs that are their user's earliest
     /// unfinished one, oldest first.
-    package static func headsSQL(limit: Int) -> String {
+    package static func headsSQL(limit: Int, columns: String = "j.id") -> String {
         """
-        SELECT j.id FROM jobs j
+        SELECT \(columns) FROM jobs j
         WHERE j.lane = 'effects' AND j.state IN ('available', 'retryable') AND j.run_at <= now()
           AND NOT EXISTS (
               SELECT 1 FROM jobs e

@@ -73,8 +73,6 @@ package final class EffectWorkers: Service, Sendable {
     /// not be recorded) is no longer renewed, so its lease runs out and the rescuer hands it on —
     /// instead of staying `running` forever.
     private let inHand = Mutex<[String: [Int]]>([:])
-    /// This process's effect claims running right now (see `EffectStore.claimSQL`'s rivals).
-    private let claiming = Atomic<Int>(0)
     /// Delivery claims given up on shutdown (see `claimUnlessStopping`).
     private let abandonedClaims = Atomic<Int>(0)
     /// This process's workers are `<identity>/<n>`, its callback deliverer `<identity>/callbacks`.
@@ -199,16 +197,13 @@ package final class EffectWorkers: Service, Sendable {
     /// `BoundedPostgres`) held SIGTERM for the whole grace period.
     @discardableResult
     package func runOnce(worker: String) async throws -> Int {
-        let rivals = claiming.add(1, ordering: .relaxed).oldValue
-        let claimEnded = Once { self.claiming.subtract(1, ordering: .relaxed) }
-        defer { claimEnded.run() }
         let started = ContinuousClock.now
         let round: EffectStore.Round
         do {
             round = try await cancelWhenGracefulShutdown {
                 try await self.store.runBatch(
-                    worker: worker, limit: self.configuration.batchSize, rivals: rivals, eraseOnDelete: self.configuration.eraseOnDelete,
-                    callbacks: self.configuration.callbacks != nil, claimed: { claimEnded.run() })
+                    worker: worker, limit: self.configuration.batchSize, eraseOnDelete: self.configuration.eraseOnDelete,
+                    callbacks: self.configuration.callbacks != nil)
             }
         } catch let failed as EffectStore.BatchFailed {
             // One bad job must not hold back its batch: its jobs one by one.
@@ -501,17 +496,5 @@ package final class EffectWorkers: Service, Sendable {
                 try? await Task.sleep(for: .seconds(1))
             }
         }
-    }
-}
-
-/// Runs its closure once, however many times `run` is called, from whichever task.
-private final class Once: Sendable {
-    private let action: @Sendable () -> Void
-    private let done = Atomic<Bool>(false)
-
-    init(_ action: @escaping @Sendable () -> Void) { self.action = action }
-
-    func run() {
-        if !done.exchange(true, ordering: .relaxed) { action() }
     }
 }

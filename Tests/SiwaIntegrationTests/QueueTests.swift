@@ -44,17 +44,19 @@ struct QueueTests {
         return 0
     }
 
-    @Test("the per-user gate probes by user even on a backlog PostgreSQL has never analyzed (no scan of every open job per candidate)")
+    @Test("the claim probes the per-user gate by user even on a backlog PostgreSQL has never analyzed (no scan of every open job per candidate), and locks under its limit (rows other workers hold do not shrink a batch)")
     func gateIsAProbeWithoutStatistics() async throws {
         try await Self.withDatabase { client in
             try await BulkLoad.notifications(count: 20_000, users: 20_000, aud: "com.example.app", client: client)
             #expect(try await Self.count(client, "SELECT reltuples::bigint FROM pg_class WHERE relname = 'jobs'") <= 0)  // never analyzed
             var plan: [String] = []
-            for try await (line,) in try await client.query(PostgresQuery(unsafeSQL: "EXPLAIN " + EffectStore.headsSQL(limit: 800))).decode((String,).self) {
+            for try await (line,) in try await client.query(PostgresQuery(unsafeSQL: "EXPLAIN " + EffectStore.claimSQL(limit: 200))).decode((String,).self) {
                 plan.append(line)
             }
             let text = plan.joined(separator: "\n")
             #expect(text.contains("Index Cond: ((aud = j.aud) AND (sub = j.sub)"), "\(text)")
+            let limit = plan.firstIndex { $0.contains("->  Limit") }, lock = plan.firstIndex { $0.contains("->  LockRows") }
+            #expect(limit != nil && lock != nil && limit! < lock!, "\(text)")
             // And the claim itself takes work at once.
             let round = try await EffectStore(client: client, logger: Logger(label: "queue-test")).runBatch(worker: "w", limit: 200, eraseOnDelete: true)
             #expect(round.claimed.count == 200)
