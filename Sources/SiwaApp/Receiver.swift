@@ -171,8 +171,8 @@ package enum Server {
                 ])
         }
         // SIGTERM/SIGINT: Hummingbird stops accepting and finishes in-flight requests, the workers
-        // finish their batch and hand back what they hold; after SIWA_SHUTDOWN_GRACE whatever is
-        // still running is cancelled.
+        // abandon their batch (it commits or rolls back whole) and hand back the deliveries they
+        // hold; after SIWA_SHUTDOWN_GRACE whatever is still running is cancelled.
         var group = ServiceGroupConfiguration(services: [app], gracefulShutdownSignals: [.sigterm, .sigint], logger: logger)
         group.maximumGracefulShutdownDuration = config.shutdownGrace
         group.maximumCancellationDuration = .seconds(5)

@@ -64,12 +64,19 @@ package struct EffectStore: Sendable {
     /// on its own (then applied in a second transaction), this is one commit and one update of
     /// each job fewer per batch.
     ///
-    /// Throws `BatchFailed` when the effects fail after the claim.
+    /// `stall` bounds a worker that stops without losing its connection (a paused process, a
+    /// frozen VM, a half-open TCP connection): PostgreSQL ends a transaction left idle that long
+    /// (`idle_in_transaction_session_timeout`, set for this transaction only), which frees its
+    /// jobs — the lease's job, without a heartbeat.
+    ///
+    /// Throws `BatchFailed` when the effects fail after the claim with an error that may be the
+    /// jobs' own (not a lost connection, a deadline, a deadlock or a shutdown: then the batch just
+    /// rolled back and its jobs are ready again).
     package func runBatch(
-        worker: String, limit: Int, eraseOnDelete: Bool, callbacks: Bool = false
+        worker: String, limit: Int, eraseOnDelete: Bool, callbacks: Bool = false, stall: Duration = .seconds(15)
     ) async throws -> Round {
         let logger = self.logger
-        let sql = Self.claimSQL(limit: limit)
+        let sql = Self.claimSQL(limit: limit, stall: stall)
         let inHand = ClaimedBox()
         do {
             return try await client.bounded.transaction(logger: logger) { connection -> Round in
@@ -80,9 +87,21 @@ package struct EffectStore: Sendable {
                 return Round(claimed: jobs, applied: applied)
             }
         } catch {
-            if let jobs = inHand.jobs, !(error is CancellationError) { throw BatchFailed(jobs: jobs, underlying: error) }
+            if let jobs = inHand.jobs, Self.mayBeTheJobs(error) { throw BatchFailed(jobs: jobs, underlying: error) }
             throw error
         }
+    }
+
+    /// Whether a failed batch's error may come from its jobs (a statement PostgreSQL refused:
+    /// a constraint, a trigger, bad data), rather than from the connection, the server's state or
+    /// a transient conflict — SQLSTATE classes 08 (connection), 25 (e.g. idle-in-transaction
+    /// timeout), 40 (deadlock, serialization), 53 (resources), 57 (shutdown, cancel), or no
+    /// server error at all (a deadline, a closed connection, cancellation). Those say nothing
+    /// about a job: retrying the jobs one by one, or spending their attempts, would be wrong.
+    static func mayBeTheJobs(_ error: any Error) -> Bool {
+        if error is EffectStoreError { return true }
+        guard let state = (error as? PSQLError)?.serverInfo?[.sqlState] else { return false }
+        return !["08", "25", "40", "53", "57"].contains(String(state.prefix(2)))
     }
 
     /// The jobs of a batch, once claimed (a failed transaction's closure result is lost with it).
@@ -107,11 +126,13 @@ package struct EffectStore: Sendable {
     /// Tries one job of a failed batch on its own, in one transaction: locks it again (as it was
     /// when claimed), applies its effect under a savepoint; if that fails, rolls back to the
     /// savepoint and records the failed attempt instead — both under the same lock.
+    /// An error that says nothing about the job (see `mayBeTheJobs`) is thrown, not recorded.
     package func runOne(
-        _ job: ClaimedJob, worker: String, eraseOnDelete: Bool, callbacks: Bool = false, maxAttempts: Int, delay: @escaping @Sendable (Int) -> Duration
+        _ job: ClaimedJob, worker: String, eraseOnDelete: Bool, callbacks: Bool = false, maxAttempts: Int, stall: Duration = .seconds(15),
+        delay: @escaping @Sendable (Int) -> Duration
     ) async throws -> OneOutcome {
         let logger = self.logger
-        let sql = Self.claimOneSQL(id: job.id, attempt: job.attempt - 1)
+        let sql = Self.claimOneSQL(id: job.id, attempt: job.attempt - 1, stall: stall)
         return try await client.bounded.transaction(logger: logger) { connection -> OneOutcome in
             guard let job = try await Self.claimLocked(sql, on: connection, logger: logger).first else { return .gone }
             try await connection.query("SAVEPOINT one_job", logger: logger)
@@ -120,7 +141,7 @@ package struct EffectStore: Sendable {
                 guard let effect = applied.first else { return .gone }
                 return .applied(effect)
             } catch {
-                if Task.isCancelled { throw error }
+                if Task.isCancelled || !Self.mayBeTheJobs(error) { throw error }
                 let message = loggable(error)
                 try await connection.query("ROLLBACK TO SAVEPOINT one_job", logger: logger)
                 let discarded = job.attempt >= maxAttempts
@@ -144,34 +165,56 @@ package struct EffectStore: Sendable {
     /// far as it must: the batches other workers hold at the front, then its own. (The gate reads
     /// the statement's snapshot: a job delivered late with an earlier event_time can run beside
     /// its user's later one; the effect rules make the result the same in any order.)
-    package static func claimSQL(limit: Int) -> String {
+    package static func claimSQL(limit: Int, stall: Duration = .seconds(15)) -> String {
         precondition(limit > 0)
         return """
-            WITH candidates AS (\(headsSQL(limit: limit, columns: "j.id, j.notification_id, j.attempt"))
+            WITH candidates AS (
+                SELECT j.id, j.notification_id, j.attempt FROM jobs j
+                WHERE j.lane = 'effects' AND j.state IN ('available', 'retryable') AND j.run_at <= now() AND \(gateSQL)
+                ORDER BY j.run_at, j.id
+                LIMIT \(limit)
                 FOR UPDATE OF j SKIP LOCKED
             )
-            \(claimedColumnsSQL)
+            \(claimedColumnsSQL(stall: stall))
             """
     }
 
-    /// One job again, as it was claimed (same attempt count, still ready), locked.
-    static func claimOneSQL(id: Int, attempt: Int) -> String {
+    /// The per-user gate on a job `j`: no earlier (event_time, id) effect job of its user is
+    /// unfinished.
+    private static let gateSQL = """
+        NOT EXISTS (
+                  SELECT 1 FROM jobs e
+                  WHERE e.aud = j.aud AND e.sub = j.sub AND e.lane = 'effects'
+                    AND e.state IN ('available', 'retryable', 'running')
+                    AND (e.event_time, e.id) < (j.event_time, j.id))
+        """
+
+    /// One job of a failed batch again, as it was claimed (same attempt count, still ready, still
+    /// its user's earliest unfinished one), locked.
+    static func claimOneSQL(id: Int, attempt: Int, stall: Duration) -> String {
         """
         WITH candidates AS (
-            SELECT id, notification_id, attempt FROM jobs
-            WHERE id = \(id) AND attempt = \(attempt) AND lane = 'effects' AND state IN ('available', 'retryable')
-            FOR UPDATE SKIP LOCKED
+            SELECT j.id, j.notification_id, j.attempt FROM jobs j
+            WHERE j.id = \(id) AND j.attempt = \(attempt) AND j.lane = 'effects' AND j.state IN ('available', 'retryable') AND \(gateSQL)
+            FOR UPDATE OF j SKIP LOCKED
         )
-        \(claimedColumnsSQL)
+        \(claimedColumnsSQL(stall: stall))
         """
     }
 
-    private static let claimedColumnsSQL = """
+    /// The claimed jobs with their events; the first row also bounds how long this transaction may
+    /// sit idle (`stall`, see `runBatch`). No row, no setting: the transaction ends at once.
+    private static func claimedColumnsSQL(stall: Duration) -> String {
+        """
+        , stall AS MATERIALIZED (
+            SELECT set_config('idle_in_transaction_session_timeout', '\(max(1, Int(stall.milliseconds)))ms', true) FROM candidates LIMIT 1
+        )
         SELECT c.id, c.attempt + 1, n.id, n.jti, n.aud, n.sub, n.type, n.raw_type,
             (extract(epoch FROM n.event_time) * 1000)::bigint, n.email, n.is_private_email, now()
-        FROM candidates c JOIN notifications n ON n.id = c.notification_id
+        FROM candidates c JOIN notifications n ON n.id = c.notification_id, (SELECT count(*) FROM stall) s
         ORDER BY c.id
         """
+    }
 
     private static func claimLocked(_ sql: String, on connection: PostgresConnection, logger: Logger) async throws -> [ClaimedJob] {
         var jobs: [ClaimedJob] = []
@@ -185,22 +228,6 @@ package struct EffectStore: Sendable {
                     claimedAt: row.11))
         }
         return jobs
-    }
-
-    /// The claim's scan (EffectsHeads): ready effect jobs that are their user's earliest
-    /// unfinished one, oldest first.
-    package static func headsSQL(limit: Int, columns: String = "j.id") -> String {
-        """
-        SELECT \(columns) FROM jobs j
-        WHERE j.lane = 'effects' AND j.state IN ('available', 'retryable') AND j.run_at <= now()
-          AND NOT EXISTS (
-              SELECT 1 FROM jobs e
-              WHERE e.aud = j.aud AND e.sub = j.sub AND e.lane = 'effects'
-                AND e.state IN ('available', 'retryable', 'running')
-                AND (e.event_time, e.id) < (j.event_time, j.id))
-        ORDER BY j.run_at, j.id
-        LIMIT \(max(1, limit))
-        """
     }
 
     /// Applies the effects of `jobs` (locked by this transaction's claim) and completes them.

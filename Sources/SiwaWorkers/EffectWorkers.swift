@@ -123,7 +123,8 @@ package final class EffectWorkers: Service, Sendable {
             if configuration.listen {
                 helpers.addTask { await self.listen() }
             }
-            // The loops end on graceful shutdown, each after the batch in hand; then the helpers go.
+            // The loops end on graceful shutdown (an effect batch abandoned, deliveries in hand
+            // finished); then the helpers go.
             await withGracefulShutdownHandler {
                 await withDiscardingTaskGroup { loops in
                     for index in 0..<configuration.workers {
@@ -203,14 +204,17 @@ package final class EffectWorkers: Service, Sendable {
             round = try await cancelWhenGracefulShutdown {
                 try await self.store.runBatch(
                     worker: worker, limit: self.configuration.batchSize, eraseOnDelete: self.configuration.eraseOnDelete,
-                    callbacks: self.configuration.callbacks != nil)
+                    callbacks: self.configuration.callbacks != nil, stall: self.configuration.lease)
             }
         } catch let failed as EffectStore.BatchFailed {
             // One bad job must not hold back its batch: its jobs one by one.
             logger.warning(
                 "batch failed; applying its jobs one by one",
                 metadata: ["worker": "\(worker)", "size": "\(failed.jobs.count)", "error": "\(loggable(failed.underlying))"])
-            for job in failed.jobs where !stopping { await runOne(job, worker: worker) }
+            for job in failed.jobs where !stopping {
+                // Not recorded (the connection or the server failed): the rest would fail alike.
+                guard await runOne(job, worker: worker) else { break }
+            }
             return failed.jobs.count
         }
         guard !round.claimed.isEmpty else { return 0 }
@@ -220,15 +224,16 @@ package final class EffectWorkers: Service, Sendable {
         return round.claimed.count
     }
 
-    /// One job of a failed batch, on its own: applied, or its failed attempt recorded.
-    private func runOne(_ job: ClaimedJob, worker: String) async {
+    /// One job of a failed batch, on its own: applied, or its failed attempt recorded. False when
+    /// neither could be done (the job is left ready for the next claim).
+    private func runOne(_ job: ClaimedJob, worker: String) async -> Bool {
         let started = ContinuousClock.now
         let (store, configuration) = (self.store, self.configuration)
         do {
             let outcome = try await cancelWhenGracefulShutdown {
                 try await store.runOne(
                     job, worker: worker, eraseOnDelete: configuration.eraseOnDelete, callbacks: configuration.callbacks != nil,
-                    maxAttempts: configuration.maxAttempts
+                    maxAttempts: configuration.maxAttempts, stall: configuration.lease
                 ) { attempt in configuration.backoff.delay(attempt: attempt, unit: Double.random(in: 0..<1)) }
             }
             let elapsed = ContinuousClock.now - started
@@ -245,14 +250,16 @@ package final class EffectWorkers: Service, Sendable {
             case .gone:
                 logger.debug("job taken by another worker meanwhile", metadata: ["job_id": "\(job.id)", "worker": "\(worker)"])
             }
+            return true
         } catch {
-            if stopping { return }
+            if stopping { return false }
             logger.warning(
                 "job",
                 metadata: [
                     "outcome": "not_recorded", "job_id": "\(job.id)", "jti": "\(job.jti)", "attempt": "\(job.attempt)", "worker": "\(worker)",
                     "error": "\(loggable(error))", "next": "rolled back; ready for the next claim",
                 ])
+            return false
         }
     }
 

@@ -236,26 +236,43 @@ struct EffectTests {
         await e.stop()
     }
 
-    @Test("A worker that dies mid-batch holds its jobs only while its transaction lives: then they are ready at once, applied exactly once, no attempt spent")
-    func deadWorkerMidBatch() async throws {
+    @Test("A worker that dies or stalls mid-batch holds its jobs only while its transaction lives (PostgreSQL ends one idle past the lease): then they are ready, applied exactly once, no attempt spent", arguments: [false, true])
+    func deadOrStalledWorkerMidBatch(stalls: Bool) async throws {
         let e = try await EffectHarness.start()
         try await e.session(sub: "u5", createdAt: 1_000)
         try await e.post("consent-revoked", sub: "u5", at: 5_000)
         try await e.post("account-delete", sub: "u5", at: 6_000)
         let logger = Logger(label: "dead")
-        // A worker claims (its transaction locks the user's first job) and hangs there.
+        // A worker claims (its transaction locks the user's first job) and stops there.
         try await e.client.withConnection { connection in
             var backend = 0
             for try await (pid,) in try await connection.query("SELECT pg_backend_pid()", logger: logger).decode((Int,).self) { backend = pid }
             try await connection.query("BEGIN", logger: logger)
             var claimed = 0
-            for try await _ in try await connection.query(PostgresQuery(unsafeSQL: EffectStore.claimSQL(limit: 10)), logger: logger) { claimed += 1 }
+            let claim = EffectStore.claimSQL(limit: 10, stall: .seconds(1))
+            for try await _ in try await connection.query(PostgresQuery(unsafeSQL: claim), logger: logger) { claimed += 1 }
             #expect(claimed == 1)  // one job per user in flight
             #expect(try await e.drain() == 0)  // held: neither it nor its user's later job is claimable
-            // The worker dies: its backend goes, its transaction rolls back.
-            #expect(try await e.h.count("SELECT pg_terminate_backend(\(backend), 10000)::int") == 1)
+            if stalls {
+                // It never sends another statement (and keeps its connection out of the pool):
+                // PostgreSQL ends the transaction, and the session, after 1 s idle.
+                var alive = 1
+                for _ in 0..<200 where alive > 0 {
+                    try await Task.sleep(for: .milliseconds(100))
+                    alive = try await e.h.count("SELECT count(*) FROM pg_stat_activity WHERE pid = \(backend)")
+                }
+                #expect(alive == 0)
+            } else {
+                // The worker dies: its backend goes, its transaction rolls back.
+                #expect(try await e.h.count("SELECT pg_terminate_backend(\(backend), 10000)::int") == 1)
+            }
         }
-        #expect(try await e.drain() == 2)
+        var applied = try await e.drain()
+        for _ in 0..<100 where applied < 2 {
+            try await Task.sleep(for: .milliseconds(100))
+            applied += try await e.drain()
+        }
+        #expect(applied == 2)
         #expect(try await e.h.count("SELECT count(*) FROM job_attempts WHERE outcome = 'applied'") == 2)
         #expect(try await e.h.count("SELECT count(*) FROM job_attempts") == 2)
         #expect(try await e.h.count("SELECT count(*) FROM jobs WHERE lane = 'effects' AND state = 'completed' AND attempt = 1") == 2)
