@@ -11,7 +11,9 @@ import Testing
 @Suite("The effect queue under load")
 struct QueueTests {
     /// Runs `EffectWorkers` as a service until every job is finished, then stops it gracefully.
-    static func drain(client: PostgresClient, total: Int, configure: (inout EffectWorkers.Configuration) -> Void) async throws -> Duration {
+    static func drain(
+        client: PostgresClient, total: Int, giveUpAfter: Duration = .seconds(120), configure: (inout EffectWorkers.Configuration) -> Void
+    ) async throws -> Duration {
         var configuration = EffectWorkers.Configuration()
         configure(&configuration)
         let logger = Logger(label: "queue-test", factory: { _ in SwiftLogNoOpLogHandler() })
@@ -20,7 +22,7 @@ struct QueueTests {
         let started = ContinuousClock.now
         let task = Task { try await group.run() }
         var done = 0
-        for _ in 0..<1200 where done < total {
+        for _ in 0..<Int(giveUpAfter / .milliseconds(100)) where done < total {
             try await Task.sleep(for: .milliseconds(100))
             for try await (n,) in try await client.query("SELECT count(*) FROM jobs WHERE state = 'completed'").decode((Int,).self) { done = n }
         }
@@ -49,18 +51,46 @@ struct QueueTests {
         try await Self.withDatabase { client in
             try await BulkLoad.notifications(count: 20_000, users: 20_000, aud: "com.example.app", client: client)
             #expect(try await Self.count(client, "SELECT reltuples::bigint FROM pg_class WHERE relname = 'jobs'") <= 0)  // never analyzed
-            var plan: [String] = []
-            for try await (line,) in try await client.query(PostgresQuery(unsafeSQL: "EXPLAIN " + EffectStore.claimSQL(limit: 200))).decode((String,).self) {
-                plan.append(line)
+            // The statement workers prepare, as PostgreSQL plans it once for every claim on a
+            // connection (generic plan: limit and stall unknown), and as planned with them known.
+            for mode in ["force_generic_plan", "force_custom_plan"] {
+                var plan: [String] = []
+                try await client.withConnection { connection in
+                    let logger = Logger(label: "queue-test")
+                    try await connection.query(PostgresQuery(unsafeSQL: "SET plan_cache_mode = \(mode)"), logger: logger)
+                    try await connection.query(PostgresQuery(unsafeSQL: "PREPARE claim(int8, text) AS " + EffectStore.ClaimBatch.sql), logger: logger)
+                    for try await (line,) in try await connection.query("EXPLAIN EXECUTE claim(200, '15000ms')", logger: logger).decode((String,).self) {
+                        plan.append(line)
+                    }
+                    try await connection.query("DEALLOCATE claim", logger: logger)
+                    try await connection.query("RESET plan_cache_mode", logger: logger)
+                }
+                let text = plan.joined(separator: "\n")
+                #expect(text.contains("Index Cond: ((aud = j.aud) AND (sub = j.sub)"), "\(mode)\n\(text)")
+                let limit = plan.firstIndex { $0.contains("->  Limit") }, lock = plan.firstIndex { $0.contains("->  LockRows") }
+                #expect(limit != nil && lock != nil && limit! < lock!, "\(mode)\n\(text)")
             }
-            let text = plan.joined(separator: "\n")
-            #expect(text.contains("Index Cond: ((aud = j.aud) AND (sub = j.sub)"), "\(text)")
-            let limit = plan.firstIndex { $0.contains("->  Limit") }, lock = plan.firstIndex { $0.contains("->  LockRows") }
-            #expect(limit != nil && lock != nil && limit! < lock!, "\(text)")
             // And the claim itself takes work at once.
             let round = try await EffectStore(client: client, logger: Logger(label: "queue-test")).runBatch(worker: "w", limit: 200, eraseOnDelete: true)
             #expect(round.claimed.count == 200)
             #expect(round.applied.count == 200)
+        }
+    }
+
+    @Test("a batch smaller than the limit does not claim again at once, yet the jobs it held back (each user's next) run without waiting for a poll")
+    func heldBackJobsRunWithoutPolling() async throws {
+        try await Self.withDatabase { client in
+            // 20 events for each of 50 users: a claim takes one job per user (the per-user gate),
+            // so every batch is partial, and each frees the next job of each of its users.
+            try await BulkLoad.notifications(count: 1_000, users: 50, aud: "com.example.app", client: client)
+            _ = try await Self.drain(client: client, total: 1_000, giveUpAfter: .seconds(60)) {
+                $0.workers = 1
+                $0.listen = false
+                $0.batchSize = 200
+                $0.pollInterval = .seconds(3600)  // a worker left waiting for its poll would never finish
+            }
+            #expect(try await Self.count(client, "SELECT count(*) FROM jobs WHERE state = 'completed'") == 1_000)
+            #expect(try await Self.count(client, "SELECT max(attempt) FROM jobs") == 1)
         }
     }
 
