@@ -46,9 +46,6 @@ package struct EffectStore: Sendable {
     package struct Round: Sendable {
         package var claimed: [ClaimedJob] = []
         package var applied: [AppliedEffect] = []
-        /// A user of this batch has another effect job ready: one this batch held back (the
-        /// per-user gate), which the next claim can now take.
-        package var unblocked = false
     }
 
     /// A batch whose effects could not be applied: its transaction rolled back, so its jobs are
@@ -79,17 +76,15 @@ package struct EffectStore: Sendable {
         worker: String, limit: Int, eraseOnDelete: Bool, callbacks: Bool = false, stall: Duration = .seconds(15)
     ) async throws -> Round {
         let logger = self.logger
-        let claim = ClaimBatch(limit: limit, stall: stall)
+        let sql = Self.claimSQL(limit: limit, stall: stall)
         let inHand = ClaimedBox()
         do {
             return try await client.bounded.transaction(logger: logger) { connection -> Round in
-                var jobs: [ClaimedJob] = []
-                for try await row in try await connection.execute(claim, logger: logger) { jobs.append(Self.claimedJob(row)) }
+                let jobs = try await Self.claimLocked(sql, on: connection, logger: logger)
                 guard !jobs.isEmpty else { return Round() }
                 inHand.jobs = jobs
-                let (applied, unblocked) = try await Self.applyLocked(
-                    jobs, worker: worker, eraseOnDelete: eraseOnDelete, callbacks: callbacks, on: connection, logger: logger)
-                return Round(claimed: jobs, applied: applied, unblocked: unblocked)
+                let applied = try await Self.applyLocked(jobs, worker: worker, eraseOnDelete: eraseOnDelete, callbacks: callbacks, on: connection, logger: logger)
+                return Round(claimed: jobs, applied: applied)
             }
         } catch {
             if let jobs = inHand.jobs, Self.mayBeTheJobs(error) { throw BatchFailed(jobs: jobs, underlying: error) }
@@ -142,7 +137,7 @@ package struct EffectStore: Sendable {
             guard let job = try await Self.claimLocked(sql, on: connection, logger: logger).first else { return .gone }
             try await connection.query("SAVEPOINT one_job", logger: logger)
             do {
-                let (applied, _) = try await Self.applyLocked([job], worker: worker, eraseOnDelete: eraseOnDelete, callbacks: callbacks, on: connection, logger: logger)
+                let applied = try await Self.applyLocked([job], worker: worker, eraseOnDelete: eraseOnDelete, callbacks: callbacks, on: connection, logger: logger)
                 guard let effect = applied.first else { return .gone }
                 return .applied(effect)
             } catch {
@@ -170,49 +165,18 @@ package struct EffectStore: Sendable {
     /// far as it must: the batches other workers hold at the front, then its own. (The gate reads
     /// the statement's snapshot: a job delivered late with an earlier event_time can run beside
     /// its user's later one; the effect rules make the result the same in any order.)
-    ///
-    /// Prepared once per connection (`ClaimBatch`): parsing and planning this statement cost
-    /// PostgreSQL about 0.7 ms per claim, which at a steady trickle (batches of a few jobs) was
-    /// more than the jobs themselves. This text, with the limit and the stall written in, is what
-    /// tests and EXPLAIN read.
     package static func claimSQL(limit: Int, stall: Duration = .seconds(15)) -> String {
         precondition(limit > 0)
-        return claimSQL(limitSQL: "\(limit)", stallSQL: stallSetting(stall))
-    }
-
-    private static func claimSQL(limitSQL: String, stallSQL: String) -> String {
-        """
-        WITH candidates AS (
-            SELECT j.id, j.notification_id, j.attempt FROM jobs j
-            WHERE j.lane = 'effects' AND j.state IN ('available', 'retryable') AND j.run_at <= now() AND \(gateSQL)
-            ORDER BY j.run_at, j.id
-            LIMIT \(limitSQL)
-            FOR UPDATE OF j SKIP LOCKED
-        )
-        \(claimedColumnsSQL(stallSQL: stallSQL))
-        """
-    }
-
-    /// `stall` as a literal setting of idle_in_transaction_session_timeout.
-    private static func stallSetting(_ stall: Duration) -> String { "'\(stallMilliseconds(stall))ms'" }
-    private static func stallMilliseconds(_ stall: Duration) -> Int { max(1, Int(stall.milliseconds)) }
-
-    /// EffectsClaimBatch: `claimSQL` with the limit and the stall as parameters.
-    package struct ClaimBatch: PostgresPreparedStatement {
-        package static let name = "siwa_effects_claim_v1"
-        package static let sql = EffectStore.claimSQL(limitSQL: "$1::int8", stallSQL: "$2::text")
-        package typealias Row = ClaimedRow
-        let limit: Int
-        let stall: Duration
-
-        package func makeBindings() -> PostgresBindings {
-            var bindings = PostgresBindings(capacity: 2)
-            bindings.append(Int64(limit))
-            bindings.append("\(EffectStore.stallMilliseconds(stall))ms")
-            return bindings
-        }
-
-        package func decodeRow(_ row: PostgresRow) throws -> Row { try row.decode(Row.self) }
+        return """
+            WITH candidates AS (
+                SELECT j.id, j.notification_id, j.attempt FROM jobs j
+                WHERE j.lane = 'effects' AND j.state IN ('available', 'retryable') AND j.run_at <= now() AND \(gateSQL)
+                ORDER BY j.run_at, j.id
+                LIMIT \(limit)
+                FOR UPDATE OF j SKIP LOCKED
+            )
+            \(claimedColumnsSQL(stall: stall))
+            """
     }
 
     /// The per-user gate on a job `j`: no earlier (event_time, id) effect job of its user is
@@ -234,16 +198,16 @@ package struct EffectStore: Sendable {
             WHERE j.id = \(id) AND j.attempt = \(attempt) AND j.lane = 'effects' AND j.state IN ('available', 'retryable') AND \(gateSQL)
             FOR UPDATE OF j SKIP LOCKED
         )
-        \(claimedColumnsSQL(stallSQL: stallSetting(stall)))
+        \(claimedColumnsSQL(stall: stall))
         """
     }
 
     /// The claimed jobs with their events; the first row also bounds how long this transaction may
     /// sit idle (`stall`, see `runBatch`). No row, no setting: the transaction ends at once.
-    private static func claimedColumnsSQL(stallSQL: String) -> String {
+    private static func claimedColumnsSQL(stall: Duration) -> String {
         """
         , stall AS MATERIALIZED (
-            SELECT set_config('idle_in_transaction_session_timeout', \(stallSQL), true) FROM candidates LIMIT 1
+            SELECT set_config('idle_in_transaction_session_timeout', '\(max(1, Int(stall.milliseconds)))ms', true) FROM candidates LIMIT 1
         )
         SELECT c.id, c.attempt + 1, n.id, n.jti, n.aud, n.sub, n.type, n.raw_type,
             (extract(epoch FROM n.event_time) * 1000)::bigint, n.email, n.is_private_email, now()
@@ -252,32 +216,27 @@ package struct EffectStore: Sendable {
         """
     }
 
-    /// A row of `claimedColumnsSQL`.
-    package typealias ClaimedRow = (Int, Int, Int, String, String, String, String, String, Int64, String?, Bool?, Date)
-
-    private static func claimedJob(_ row: ClaimedRow) -> ClaimedJob {
-        ClaimedJob(
-            id: row.0, attempt: row.1, notificationID: row.2, jti: row.3, aud: row.4,
-            event: AppleEvent(rawType: row.7, type: EventType(apple: row.6), sub: row.5, eventTimeMillis: row.8, email: row.9, isPrivateEmail: row.10),
-            claimedAt: row.11)
-    }
-
     private static func claimLocked(_ sql: String, on connection: PostgresConnection, logger: Logger) async throws -> [ClaimedJob] {
         var jobs: [ClaimedJob] = []
-        for try await row in try await connection.query(PostgresQuery(unsafeSQL: sql), logger: logger).decode(ClaimedRow.self) {
-            jobs.append(claimedJob(row))
+        for try await row in try await connection.query(PostgresQuery(unsafeSQL: sql), logger: logger).decode(
+            (Int, Int, Int, String, String, String, String, String, Int64, String?, Bool?, Date).self)
+        {
+            jobs.append(
+                ClaimedJob(
+                    id: row.0, attempt: row.1, notificationID: row.2, jti: row.3, aud: row.4,
+                    event: AppleEvent(rawType: row.7, type: EventType(apple: row.6), sub: row.5, eventTimeMillis: row.8, email: row.9, isPrivateEmail: row.10),
+                    claimedAt: row.11))
         }
         return jobs
     }
 
     /// Applies the effects of `jobs` (locked by this transaction's claim) and completes them.
-    /// Returns what was applied, and whether a user of the batch has another effect job ready
-    /// (see `Round.unblocked`). With `callbacks`, each applied effect also enqueues its callback
+    /// Returns what was applied. With `callbacks`, each applied effect also enqueues its callback
     /// (lane `callbacks`) in the same transaction.
     static func applyLocked(
         _ jobs: [ClaimedJob], worker: String, eraseOnDelete: Bool, callbacks: Bool, on connection: PostgresConnection, logger: Logger
-    ) async throws -> (applied: [AppliedEffect], unblocked: Bool) {
-        guard !jobs.isEmpty else { return ([], false) }
+    ) async throws -> [AppliedEffect] {
+        guard !jobs.isEmpty else { return [] }
         let held = jobs.sorted { ($0.event.eventTimeMillis, $0.id) < ($1.event.eventTimeMillis, $1.id) }
         var users: [User] = []
         var seen = Set<User>()
@@ -335,13 +294,12 @@ package struct EffectStore: Sendable {
         let completion = Complete(
             jobs: held, applied: applied, worker: worker, callbacks: callbacks, accounts: users.map { ($0, states[$0] ?? .unknown) })
         var completed = 0
-        var unblocked = false
-        for try await row in try await connection.execute(completion, logger: logger) { (completed, unblocked) = (row.0, row.3) }
+        for try await row in try await connection.execute(completion, logger: logger) { completed = row.0 }
         guard completed == held.count else {
             // Cannot happen while the claim's locks hold; never report effects that were not recorded.
             throw EffectStoreError.completionMismatch(expected: held.count, completed: completed)
         }
-        return (applied, unblocked)
+        return applied
     }
 
     package enum EffectStoreError: Error, CustomStringConvertible {
@@ -445,7 +403,7 @@ package struct EffectStore: Sendable {
     /// Writes the accounts as the rules left them, marks the notifications applied, logs the
     /// attempts, enqueues callbacks, and NOTIFYs `siwa_effects` (one payload per effect).
     struct Complete: PostgresPreparedStatement {
-        static let name = "siwa_effects_complete_v3"
+        static let name = "siwa_effects_complete_v2"
         static let sql = """
             WITH done AS (
                 UPDATE jobs j SET state = 'completed', attempt = c.attempt,
@@ -488,15 +446,9 @@ package struct EffectStore: Sendable {
                 RETURNING id
             )
             SELECT (SELECT count(*) FROM done), (SELECT count(pg_notify('siwa_effects', notify)) FROM r),
-                (SELECT count(pg_notify('siwa_jobs', 'callbacks')) FROM (SELECT 1 FROM callbacks LIMIT 1) c),
-                EXISTS (
-                    SELECT 1 FROM (SELECT DISTINCT aud, sub FROM r) u, LATERAL (
-                        SELECT 1 FROM jobs e
-                        WHERE e.aud = u.aud AND e.sub = u.sub AND e.lane = 'effects' AND e.state IN ('available', 'retryable')
-                            AND e.id <> ALL($1::int8[])
-                        LIMIT 1) e)
+                (SELECT count(pg_notify('siwa_jobs', 'callbacks')) FROM (SELECT 1 FROM callbacks LIMIT 1) c)
             """
-        typealias Row = (Int, Int, Int, Bool)
+        typealias Row = (Int, Int, Int)
         let jobs: [ClaimedJob]
         let applied: [AppliedEffect]
         let worker: String

@@ -129,16 +129,16 @@ package final class EffectWorkers: Service, Sendable {
                 await withDiscardingTaskGroup { loops in
                     for index in 0..<configuration.workers {
                         let worker = self.workerName(index)
-                        loops.addTask { await self.poll(worker, doorbell: self.doorbell, full: self.configuration.batchSize) { try await self.runOnce(worker: worker) } }
+                        loops.addTask { await self.poll(worker, doorbell: self.doorbell) { try await self.runOnce(worker: worker) } }
                     }
                     if let http {
                         loops.addTask {
-                            await self.poll(self.callbackWorkerName, doorbell: self.callbackDoorbell, full: 1) { try await self.runCallbacksOnce(http: http) }
+                            await self.poll(self.callbackWorkerName, doorbell: self.callbackDoorbell) { try await self.runCallbacksOnce(http: http) }
                         }
                     }
                     if let alertHTTP {
                         loops.addTask {
-                            await self.poll(self.alertWorkerName, doorbell: self.alertDoorbell, full: 1) { try await self.runAlertDeliveriesOnce(http: alertHTTP) }
+                            await self.poll(self.alertWorkerName, doorbell: self.alertDoorbell) { try await self.runAlertDeliveriesOnce(http: alertHTTP) }
                         }
                     }
                 }
@@ -175,14 +175,12 @@ package final class EffectWorkers: Service, Sendable {
 
     private var stopping: Bool { Task.isCancelled || Task.isShuttingDownGracefully }
 
-    /// Runs `once` until shutdown: again at once after a full batch (`full` jobs: more may be
-    /// ready); after a ring of `doorbell` or the poll interval when the batch was smaller (the
-    /// ready jobs were all taken: claiming again at once would, most of the time, find nothing —
-    /// under a steady trickle that was one empty claim per batch); a second after a database error.
-    private func poll(_ worker: String, doorbell: Doorbell, full: Int, _ once: () async throws -> Int) async {
+    /// Runs `once` until shutdown: again at once after a batch, after a ring of `doorbell` or the
+    /// poll interval when nothing was ready, a second after a database error.
+    private func poll(_ worker: String, doorbell: Doorbell, _ once: () async throws -> Int) async {
         while !stopping {
             do {
-                if try await once() < full { await doorbell.wait(timeout: configuration.pollInterval) }
+                if try await once() == 0 { await doorbell.wait(timeout: configuration.pollInterval) }
             } catch {
                 if stopping { break }  // a claim given up on shutdown
                 logger.warning("worker: database error; retrying", metadata: ["worker": "\(worker)", "error": "\(loggable(error))"])
@@ -220,8 +218,6 @@ package final class EffectWorkers: Service, Sendable {
             return failed.jobs.count
         }
         guard !round.claimed.isEmpty else { return 0 }
-        // A job this batch held back (its user's next) is ready now; nothing else would ring for it.
-        if round.unblocked { doorbell.ring() }
         if configuration.callbacks != nil && !round.applied.isEmpty { callbackDoorbell.ring() }
         let elapsed = ContinuousClock.now - started
         for effect in round.applied { logApplied(effect, worker: worker, batch: round.claimed.count, elapsed: elapsed) }

@@ -51,25 +51,14 @@ struct QueueTests {
         try await Self.withDatabase { client in
             try await BulkLoad.notifications(count: 20_000, users: 20_000, aud: "com.example.app", client: client)
             #expect(try await Self.count(client, "SELECT reltuples::bigint FROM pg_class WHERE relname = 'jobs'") <= 0)  // never analyzed
-            // The statement workers prepare, as PostgreSQL plans it once for every claim on a
-            // connection (generic plan: limit and stall unknown), and as planned with them known.
-            for mode in ["force_generic_plan", "force_custom_plan"] {
-                var plan: [String] = []
-                try await client.withConnection { connection in
-                    let logger = Logger(label: "queue-test")
-                    try await connection.query(PostgresQuery(unsafeSQL: "SET plan_cache_mode = \(mode)"), logger: logger)
-                    try await connection.query(PostgresQuery(unsafeSQL: "PREPARE claim(int8, text) AS " + EffectStore.ClaimBatch.sql), logger: logger)
-                    for try await (line,) in try await connection.query("EXPLAIN EXECUTE claim(200, '15000ms')", logger: logger).decode((String,).self) {
-                        plan.append(line)
-                    }
-                    try await connection.query("DEALLOCATE claim", logger: logger)
-                    try await connection.query("RESET plan_cache_mode", logger: logger)
-                }
-                let text = plan.joined(separator: "\n")
-                #expect(text.contains("Index Cond: ((aud = j.aud) AND (sub = j.sub)"), "\(mode)\n\(text)")
-                let limit = plan.firstIndex { $0.contains("->  Limit") }, lock = plan.firstIndex { $0.contains("->  LockRows") }
-                #expect(limit != nil && lock != nil && limit! < lock!, "\(mode)\n\(text)")
+            var plan: [String] = []
+            for try await (line,) in try await client.query(PostgresQuery(unsafeSQL: "EXPLAIN " + EffectStore.claimSQL(limit: 200))).decode((String,).self) {
+                plan.append(line)
             }
+            let text = plan.joined(separator: "\n")
+            #expect(text.contains("Index Cond: ((aud = j.aud) AND (sub = j.sub)"), "\(text)")
+            let limit = plan.firstIndex { $0.contains("->  Limit") }, lock = plan.firstIndex { $0.contains("->  LockRows") }
+            #expect(limit != nil && lock != nil && limit! < lock!, "\(text)")
             // And the claim itself takes work at once.
             let round = try await EffectStore(client: client, logger: Logger(label: "queue-test")).runBatch(worker: "w", limit: 200, eraseOnDelete: true)
             #expect(round.claimed.count == 200)
@@ -77,7 +66,7 @@ struct QueueTests {
         }
     }
 
-    @Test("a batch smaller than the limit does not claim again at once, yet the jobs it held back (each user's next) run without waiting for a poll")
+    @Test("the jobs a batch held back (each user's next, behind the per-user gate) run as soon as it commits, not at the next poll")
     func heldBackJobsRunWithoutPolling() async throws {
         try await Self.withDatabase { client in
             // 20 events for each of 50 users: a claim takes one job per user (the per-user gate),
