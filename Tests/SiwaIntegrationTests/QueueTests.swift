@@ -66,6 +66,43 @@ struct QueueTests {
         }
     }
 
+    @Test("on a fresh install the effect statements stay index lookups as the tables grow: plans PostgreSQL cached while the tables were empty and never analyzed do not scan accounts or jobs")
+    func coldStartPlansStayIndexed() async throws {
+        var configuration = try await TestCluster.shared.makeDatabase()
+        configuration.options.maximumConnections = 1  // one backend: its cached plans, its statistics
+        let client = PostgresClient(configuration: configuration)
+        try await withThrowingTaskGroup(of: Void.self) { group in
+            group.addTask { await client.run() }
+            for table in ["accounts", "jobs", "notifications", "sessions"] {
+                try await client.query(PostgresQuery(unsafeSQL: "ALTER TABLE \(table) SET (autovacuum_enabled = off)"))  // never analyzed
+            }
+            let store = EffectStore(client: client, logger: Logger(label: "queue-test"))
+            // Small batches on near-empty tables: after five custom plans PostgreSQL settles on a
+            // generic plan for each prepared statement, costed for tables of a few rows.
+            for round in 0..<8 {
+                try await BulkLoad.notifications(count: 4, users: 4, aud: "com.example.app", prefix: "small\(round)", client: client)
+                #expect(try await store.runBatch(worker: "w", limit: 200, eraseOnDelete: true).applied.count == 4)
+            }
+            // The tables grow (a launch, a backfill), still never analyzed.
+            try await client.query("INSERT INTO accounts (aud, sub) SELECT 'com.example.app', 'seed-' || i FROM generate_series(1, 20000) i")
+            try await BulkLoad.notifications(count: 20_000, users: 20_000, aud: "com.example.app", prefix: "big", client: client)
+            #expect(try await Self.count(client, "SELECT reltuples::bigint FROM pg_class WHERE relname = 'accounts'") <= 0)
+
+            // Rows read by sequential scans while the next batches run (this connection's
+            // statistics, flushed on demand).
+            let scanned = "SELECT sum(seq_tup_read)::bigint FROM pg_stat_user_tables WHERE relname IN ('accounts', 'jobs', 'notifications', 'sessions')"
+            try await client.query("SELECT pg_stat_force_next_flush()")
+            let before = try await Self.count(client, scanned)
+            for _ in 0..<3 {
+                #expect(try await store.runBatch(worker: "w", limit: 200, eraseOnDelete: true).applied.count == 200)
+            }
+            try await client.query("SELECT pg_stat_force_next_flush()")
+            let read = try await Self.count(client, scanned) - before
+            #expect(read == 0, "\(read) rows read by sequential scans of accounts, jobs, notifications and sessions in 3 batches")
+            group.cancelAll()
+        }
+    }
+
     @Test("the jobs a batch held back (each user's next, behind the per-user gate) run as soon as it commits, not at the next poll")
     func heldBackJobsRunWithoutPolling() async throws {
         try await Self.withDatabase { client in
