@@ -6,6 +6,7 @@ import Synchronization
 package final class Doorbell: Sendable {
     private struct State {
         var rung = false
+        var closed = false
         var nextID = 0
         var waiters: [Int: CheckedContinuation<Void, Never>] = [:]
     }
@@ -27,19 +28,22 @@ package final class Doorbell: Sendable {
         waiter?.resume()
     }
 
-    /// Wakes every idle worker (shutdown).
-    package func ringAll() {
+    /// Wakes every idle worker, and every later `wait` returns at once (shutdown: a worker that
+    /// was between its check for shutdown and its wait would otherwise sleep a whole poll interval).
+    package func close() {
         let waiters = state.withLock { state -> [CheckedContinuation<Void, Never>] in
+            state.closed = true
             defer { state.waiters.removeAll() }
             return Array(state.waiters.values)
         }
         for waiter in waiters { waiter.resume() }
     }
 
-    /// Returns when rung (or already rung since the last wait), or after `timeout`.
+    /// Returns when rung (or already rung since the last wait), or closed, or after `timeout`.
     package func wait(timeout: Duration) async {
         await withCheckedContinuation { (continuation: CheckedContinuation<Void, Never>) in
             let id: Int? = state.withLock { state in
+                if state.closed { return nil }
                 if state.rung {
                     state.rung = false
                     return nil

@@ -143,9 +143,9 @@ package final class EffectWorkers: Service, Sendable {
                     }
                 }
             } onGracefulShutdown: {
-                self.doorbell.ringAll()
-                self.callbackDoorbell.ringAll()
-                self.alertDoorbell.ringAll()
+                self.doorbell.close()
+                self.callbackDoorbell.close()
+                self.alertDoorbell.close()
             }
             helpers.cancelAll()
         }
