@@ -15,6 +15,18 @@ package struct ClaimedJob: Sendable {
     package var claimedAt: Date
 }
 
+extension ClaimedJob {
+    /// A row of a claim: job id, attempt, notification id, jti, aud, sub, type, raw type, event
+    /// time (ms), email, is_private_email, claimed at.
+    init(claimed row: PostgresRow) throws {
+        let r = try row.decode((Int, Int, Int, String, String, String, String, String, Int64, String?, Bool?, Date).self)
+        self.init(
+            id: r.0, attempt: r.1, notificationID: r.2, jti: r.3, aud: r.4,
+            event: AppleEvent(rawType: r.7, type: EventType(apple: r.6), sub: r.5, eventTimeMillis: r.8, email: r.9, isPrivateEmail: r.10),
+            claimedAt: r.11)
+    }
+}
+
 /// What applying one job did (for logs, NOTIFY and callbacks).
 package struct AppliedEffect: Sendable, Equatable {
     package var jobID: Int
@@ -76,11 +88,12 @@ package struct EffectStore: Sendable {
         worker: String, limit: Int, eraseOnDelete: Bool, callbacks: Bool = false, stall: Duration = .seconds(15)
     ) async throws -> Round {
         let logger = self.logger
-        let sql = Self.claimSQL(limit: limit, stall: stall)
+        let claim = Claim(limit: limit, stall: stall)
         let inHand = ClaimedBox()
         do {
             return try await client.bounded.transaction(logger: logger) { connection -> Round in
-                let jobs = try await Self.claimLocked(sql, on: connection, logger: logger)
+                var jobs: [ClaimedJob] = []
+                for try await job in try await connection.execute(claim, logger: logger) { jobs.append(job) }
                 guard !jobs.isEmpty else { return Round() }
                 inHand.jobs = jobs
                 let applied = try await Self.applyLocked(jobs, worker: worker, eraseOnDelete: eraseOnDelete, callbacks: callbacks, on: connection, logger: logger)
@@ -165,22 +178,44 @@ package struct EffectStore: Sendable {
     /// far as it must: the batches other workers hold at the front, then its own. (The gate reads
     /// the statement's snapshot: a job delivered late with an earlier event_time can run beside
     /// its user's later one; the effect rules make the result the same in any order.)
-    package static func claimSQL(limit: Int, stall: Duration = .seconds(15)) -> String {
-        precondition(limit > 0)
-        return """
-            WITH candidates AS (
-                SELECT j.id, j.notification_id, j.attempt FROM jobs j
-                WHERE j.lane = 'effects' AND j.state IN ('available', 'retryable') AND j.run_at <= now() AND \(gateSQL)
-                ORDER BY j.run_at, j.id
-                LIMIT \(limit)
-                FOR UPDATE OF j SKIP LOCKED
+    ///
+    /// The query is `siwa_claim_effects` (sql/009): a function, so that each connection plans it
+    /// once, under settings that leave only that plan (see there); this prepared statement adds
+    /// the transaction's settings (`transactionSettingsSQL`).
+    package struct Claim: PostgresPreparedStatement {
+        package static let name = "siwa_effects_claim_v1"
+        package static let sql = """
+            WITH claimed AS MATERIALIZED (
+                SELECT * FROM siwa_claim_effects($1::integer)
             )
-            \(claimedColumnsSQL(stall: stall))
+            \(EffectStore.transactionSettingsSQL(from: "claimed", stall: "$2::text"))
+            SELECT c.job_id, c.attempt, c.notification_id, c.jti, c.aud, c.sub, c.type, c.raw_type, c.event_time_ms, c.email,
+                c.is_private_email, now()
+            FROM claimed c, (SELECT count(*) FROM settings) s
+            ORDER BY c.job_id
             """
+        package typealias Row = ClaimedJob
+        let limit: Int
+        let stall: Duration
+
+        package init(limit: Int, stall: Duration = .seconds(15)) {
+            precondition(limit > 0)
+            self.limit = limit
+            self.stall = stall
+        }
+
+        package func makeBindings() -> PostgresBindings {
+            var bindings = PostgresBindings(capacity: 2)
+            bindings.append(limit)
+            bindings.append(EffectStore.idleLimit(stall))
+            return bindings
+        }
+
+        package func decodeRow(_ row: PostgresRow) throws -> ClaimedJob { try ClaimedJob(claimed: row) }
     }
 
     /// The per-user gate on a job `j`: no earlier (event_time, id) effect job of its user is
-    /// unfinished.
+    /// unfinished (as in `siwa_claim_effects`, sql/009).
     private static let gateSQL = """
         NOT EXISTS (
                   SELECT 1 FROM jobs e
@@ -202,25 +237,10 @@ package struct EffectStore: Sendable {
         """
     }
 
-    /// The claimed jobs with their events. The first row also sets, for the rest of this
-    /// transaction only (no row, no setting: the transaction ends at once):
-    /// - how long it may sit idle (`stall`, see `runBatch`);
-    /// - how its statements are planned: by key, through indexes (no sequential scans, no hash or
-    ///   merge joins). Every statement after the claim looks up a batch's rows by key, so that is
-    ///   always the right plan once the tables hold more than a few pages — but on a fresh install
-    ///   the tables start empty and never analyzed, the planner rightly prefers scans of tiny
-    ///   tables, and the prepared statements keep that generic plan (hash joins over scans of
-    ///   `accounts` and `jobs`) as the tables grow, until autovacuum's first ANALYZE: measured,
-    ///   e2e p50 24 ms against 10-16 at 1,000/s, 17 M rows read in 20 s (BENCHMARKS.md). The
-    ///   settings only add a cost to the other plans: a statement with no index to use still runs.
+    /// The claimed jobs with their events (see `transactionSettingsSQL`).
     private static func claimedColumnsSQL(stall: Duration) -> String {
         """
-        , settings AS MATERIALIZED (
-            SELECT set_config('idle_in_transaction_session_timeout', '\(max(1, Int(stall.milliseconds)))ms', true),
-                set_config('enable_seqscan', 'off', true), set_config('enable_hashjoin', 'off', true),
-                set_config('enable_mergejoin', 'off', true)
-            FROM candidates LIMIT 1
-        )
+        \(transactionSettingsSQL(from: "candidates", stall: "'\(idleLimit(stall))'"))
         SELECT c.id, c.attempt + 1, n.id, n.jti, n.aud, n.sub, n.type, n.raw_type,
             (extract(epoch FROM n.event_time) * 1000)::bigint, n.email, n.is_private_email, now()
         FROM candidates c JOIN notifications n ON n.id = c.notification_id, (SELECT count(*) FROM settings) s
@@ -228,16 +248,36 @@ package struct EffectStore: Sendable {
         """
     }
 
+    /// A CTE `settings` (`, settings AS (…)`, to follow the claim's) that, when the claim `from`
+    /// found a job, sets for the rest of this transaction only (no job, no setting: the
+    /// transaction ends at once):
+    /// - how long it may sit idle (`stall`, see `runBatch`);
+    /// - how its statements are planned: by key, through indexes (no sequential scans, no hash or
+    ///   merge joins). Every statement after the claim looks up a batch's rows by key, so that is
+    ///   always the right plan once the tables hold more than a few pages — but on a fresh install
+    ///   the tables start empty and never analyzed, the planner rightly prefers scans of tiny
+    ///   tables, and the prepared statements keep that generic plan (hash joins over scans of
+    ///   `accounts` and `jobs`) as the tables grow, until autovacuum's first ANALYZE: measured,
+    ///   e2e p50 24 ms against 12 at 1,000/s, 17 M rows read in 20 s (BENCHMARKS.md). The
+    ///   settings only add a cost to the other plans: a statement with no index to use still runs.
+    static func transactionSettingsSQL(from claim: String, stall: String) -> String {
+        """
+        , settings AS MATERIALIZED (
+            SELECT set_config('idle_in_transaction_session_timeout', \(stall), true),
+                set_config('enable_seqscan', 'off', true), set_config('enable_hashjoin', 'off', true),
+                set_config('enable_mergejoin', 'off', true)
+            FROM \(claim) LIMIT 1
+        )
+        """
+    }
+
+    /// `stall` as an `idle_in_transaction_session_timeout` value.
+    static func idleLimit(_ stall: Duration) -> String { "\(max(1, Int(stall.milliseconds)))ms" }
+
     private static func claimLocked(_ sql: String, on connection: PostgresConnection, logger: Logger) async throws -> [ClaimedJob] {
         var jobs: [ClaimedJob] = []
-        for try await row in try await connection.query(PostgresQuery(unsafeSQL: sql), logger: logger).decode(
-            (Int, Int, Int, String, String, String, String, String, Int64, String?, Bool?, Date).self)
-        {
-            jobs.append(
-                ClaimedJob(
-                    id: row.0, attempt: row.1, notificationID: row.2, jti: row.3, aud: row.4,
-                    event: AppleEvent(rawType: row.7, type: EventType(apple: row.6), sub: row.5, eventTimeMillis: row.8, email: row.9, isPrivateEmail: row.10),
-                    claimedAt: row.11))
+        for try await row in try await connection.query(PostgresQuery(unsafeSQL: sql), logger: logger) {
+            jobs.append(try ClaimedJob(claimed: row))
         }
         return jobs
     }

@@ -14,6 +14,7 @@ let embedded: [(file: String, bytes: [UInt8])] = [
     ("006_stats_rollup.sql", PackageResources._06_stats_rollup_sql),
     ("007_alerts.sql", PackageResources._07_alerts_sql),
     ("008_hot_status.sql", PackageResources._08_hot_status_sql),
+    ("009_effects_claim.sql", PackageResources._09_effects_claim_sql),
 ]
 
 /// A numbered SQL migration from `sql/` (built into the binary, so it runs from any directory).

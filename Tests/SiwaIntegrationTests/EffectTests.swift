@@ -249,8 +249,7 @@ struct EffectTests {
             for try await (pid,) in try await connection.query("SELECT pg_backend_pid()", logger: logger).decode((Int,).self) { backend = pid }
             try await connection.query("BEGIN", logger: logger)
             var claimed = 0
-            let claim = EffectStore.claimSQL(limit: 10, stall: .seconds(1))
-            for try await _ in try await connection.query(PostgresQuery(unsafeSQL: claim), logger: logger) { claimed += 1 }
+            for try await _ in try await connection.execute(EffectStore.Claim(limit: 10, stall: .seconds(1)), logger: logger) { claimed += 1 }
             #expect(claimed == 1)  // one job per user in flight
             #expect(try await e.drain() == 0)  // held: neither it nor its user's later job is claimable
             if stalls {
@@ -266,6 +265,10 @@ struct EffectTests {
                 // The worker dies: its backend goes, its transaction rolls back.
                 #expect(try await e.h.count("SELECT pg_terminate_backend(\(backend), 10000)::int") == 1)
             }
+            // Hand the connection back only once this side has seen it close: a pool that leased
+            // it again first would fail the next claim on it (the worker loop retries such a
+            // claim; `drain` below does not).
+            try? await withDeadline(.seconds(10)) { try await connection.closeFuture.get() }
         }
         var applied = try await e.drain()
         for _ in 0..<100 where applied < 2 {

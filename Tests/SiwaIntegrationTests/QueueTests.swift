@@ -37,8 +37,8 @@ struct QueueTests {
         let client = PostgresClient(configuration: try await TestCluster.shared.makeDatabase())
         try await withThrowingTaskGroup(of: Void.self) { group in
             group.addTask { await client.run() }
+            defer { group.cancelAll() }  // also when the body throws
             try await body(client)
-            group.cancelAll()
         }
     }
 
@@ -47,60 +47,88 @@ struct QueueTests {
         return 0
     }
 
-    @Test("the claim probes the per-user gate by user even on a backlog PostgreSQL has never analyzed (no scan of every open job per candidate), and locks under its limit (rows other workers hold do not shrink a batch)")
-    func gateIsAProbeWithoutStatistics() async throws {
-        try await Self.withDatabase { client in
-            try await BulkLoad.notifications(count: 20_000, users: 20_000, aud: "com.example.app", client: client)
-            #expect(try await Self.count(client, "SELECT reltuples::bigint FROM pg_class WHERE relname = 'jobs'") <= 0)  // never analyzed
-            var plan: [String] = []
-            for try await (line,) in try await client.query(PostgresQuery(unsafeSQL: "EXPLAIN " + EffectStore.claimSQL(limit: 200))).decode((String,).self) {
-                plan.append(line)
+    /// A database whose tables PostgreSQL never analyzes (autovacuum off for them), with a client
+    /// of one connection — one backend: its cached plans, its statistics — and another client.
+    static func withNeverAnalyzedDatabase(_ body: (_ one: PostgresClient, _ other: PostgresClient) async throws -> Void) async throws {
+        var configuration = try await TestCluster.shared.makeDatabase()
+        let other = PostgresClient(configuration: configuration)
+        configuration.options.maximumConnections = 1
+        let one = PostgresClient(configuration: configuration)
+        try await withThrowingTaskGroup(of: Void.self) { group in
+            group.addTask { await one.run() }
+            group.addTask { await other.run() }
+            for table in ["accounts", "jobs", "notifications", "sessions"] {
+                try await other.query(PostgresQuery(unsafeSQL: "ALTER TABLE \(table) SET (autovacuum_enabled = off)"))
             }
-            let text = plan.joined(separator: "\n")
-            #expect(text.contains("Index Cond: ((aud = j.aud) AND (sub = j.sub)"), "\(text)")
-            let limit = plan.firstIndex { $0.contains("->  Limit") }, lock = plan.firstIndex { $0.contains("->  LockRows") }
-            #expect(limit != nil && lock != nil && limit! < lock!, "\(text)")
-            // And the claim itself takes work at once.
-            let round = try await EffectStore(client: client, logger: Logger(label: "queue-test")).runBatch(worker: "w", limit: 200, eraseOnDelete: true)
-            #expect(round.claimed.count == 200)
-            #expect(round.applied.count == 200)
+            defer { group.cancelAll() }  // also when the body throws: the clients' run() would hold the group open
+            try await body(one, other)
+        }
+    }
+
+    /// Rows of accounts, jobs, notifications and sessions read so far by sequential scans and
+    /// through indexes, as counted by `client`'s (one) backend and the others.
+    static func rowsRead(_ client: PostgresClient) async throws -> (sequential: Int, index: Int) {
+        try await client.query("SELECT pg_stat_force_next_flush()")  // flushed when this statement ends
+        for try await row in try await client.query(
+            """
+            SELECT sum(seq_tup_read)::bigint, sum(coalesce(idx_tup_fetch, 0))::bigint FROM pg_stat_user_tables
+            WHERE relname IN ('accounts', 'jobs', 'notifications', 'sessions')
+            """).decode((Int, Int).self)
+        { return (row.0, row.1) }
+        return (0, 0)
+    }
+
+    @Test("the claim takes a full batch past the rows other workers hold (they do not count towards its limit), probing the per-user gate by user on a backlog PostgreSQL has never analyzed, after planning on the empty queue")
+    func claimSkipsHeldRowsAndProbesByUser() async throws {
+        try await Self.withNeverAnalyzedDatabase { one, other in
+            let logger = Logger(label: "queue-test")
+            let store = EffectStore(client: one, logger: logger)
+            for _ in 0..<8 {  // an idle queue: the claim is planned (and its plan cached) on empty tables
+                #expect(try await store.runBatch(worker: "w", limit: 200, eraseOnDelete: true).claimed.isEmpty)
+            }
+            try await BulkLoad.notifications(count: 20_000, users: 20_000, aud: "com.example.app", client: other)
+            // Another worker holds the first 200 jobs in run order.
+            try await other.withConnection { holder in
+                try await holder.query("BEGIN", logger: logger)
+                var held = Set<Int>()
+                for try await (id,) in try await holder.query("SELECT id FROM jobs ORDER BY run_at, id LIMIT 200 FOR UPDATE", logger: logger).decode((Int,).self) {
+                    held.insert(id)
+                }
+                let before = try await Self.rowsRead(one)
+                let round = try await store.runBatch(worker: "w", limit: 200, eraseOnDelete: true)
+                let read = try await Self.rowsRead(one)
+                #expect(round.claimed.count == 200)
+                #expect(held.isDisjoint(with: round.claimed.map(\.id)))
+                // The 400 jobs it stepped over or took, the gate's probe of each one's user, the
+                // batch's effects: a few thousand rows — not the 20,000 open jobs per candidate.
+                #expect(read.sequential == before.sequential, "\(read.sequential - before.sequential) rows read by sequential scans")
+                #expect(read.index - before.index < 5_000, "\(read.index - before.index) rows read through indexes")
+                try await holder.query("ROLLBACK", logger: logger)
+            }
         }
     }
 
     @Test("on a fresh install the effect statements stay index lookups as the tables grow: plans PostgreSQL cached while the tables were empty and never analyzed do not scan accounts or jobs")
     func coldStartPlansStayIndexed() async throws {
-        var configuration = try await TestCluster.shared.makeDatabase()
-        configuration.options.maximumConnections = 1  // one backend: its cached plans, its statistics
-        let client = PostgresClient(configuration: configuration)
-        try await withThrowingTaskGroup(of: Void.self) { group in
-            group.addTask { await client.run() }
-            for table in ["accounts", "jobs", "notifications", "sessions"] {
-                try await client.query(PostgresQuery(unsafeSQL: "ALTER TABLE \(table) SET (autovacuum_enabled = off)"))  // never analyzed
-            }
-            let store = EffectStore(client: client, logger: Logger(label: "queue-test"))
+        try await Self.withNeverAnalyzedDatabase { one, other in
+            let store = EffectStore(client: one, logger: Logger(label: "queue-test"))
             // Small batches on near-empty tables: after five custom plans PostgreSQL settles on a
             // generic plan for each prepared statement, costed for tables of a few rows.
             for round in 0..<8 {
-                try await BulkLoad.notifications(count: 4, users: 4, aud: "com.example.app", prefix: "small\(round)", client: client)
+                try await BulkLoad.notifications(count: 4, users: 4, aud: "com.example.app", prefix: "small\(round)", client: other)
                 #expect(try await store.runBatch(worker: "w", limit: 200, eraseOnDelete: true).applied.count == 4)
             }
             // The tables grow (a launch, a backfill), still never analyzed.
-            try await client.query("INSERT INTO accounts (aud, sub) SELECT 'com.example.app', 'seed-' || i FROM generate_series(1, 20000) i")
-            try await BulkLoad.notifications(count: 20_000, users: 20_000, aud: "com.example.app", prefix: "big", client: client)
-            #expect(try await Self.count(client, "SELECT reltuples::bigint FROM pg_class WHERE relname = 'accounts'") <= 0)
+            try await other.query("INSERT INTO accounts (aud, sub) SELECT 'com.example.app', 'seed-' || i FROM generate_series(1, 20000) i")
+            try await BulkLoad.notifications(count: 20_000, users: 20_000, aud: "com.example.app", prefix: "big", client: other)
+            #expect(try await Self.count(other, "SELECT reltuples::bigint FROM pg_class WHERE relname = 'accounts'") <= 0)
 
-            // Rows read by sequential scans while the next batches run (this connection's
-            // statistics, flushed on demand).
-            let scanned = "SELECT sum(seq_tup_read)::bigint FROM pg_stat_user_tables WHERE relname IN ('accounts', 'jobs', 'notifications', 'sessions')"
-            try await client.query("SELECT pg_stat_force_next_flush()")
-            let before = try await Self.count(client, scanned)
+            let before = try await Self.rowsRead(one)
             for _ in 0..<3 {
                 #expect(try await store.runBatch(worker: "w", limit: 200, eraseOnDelete: true).applied.count == 200)
             }
-            try await client.query("SELECT pg_stat_force_next_flush()")
-            let read = try await Self.count(client, scanned) - before
+            let read = try await Self.rowsRead(one).sequential - before.sequential
             #expect(read == 0, "\(read) rows read by sequential scans of accounts, jobs, notifications and sessions in 3 batches")
-            group.cancelAll()
         }
     }
 
