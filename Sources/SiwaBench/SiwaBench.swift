@@ -66,12 +66,12 @@ struct Ingest: AsyncParsableCommand {
         guard offset + requests <= all.count else {
             throw ValidationError("--offset \(offset) + --requests \(requests) exceeds the \(all.count) bodies in \(bodies)")
         }
-        let slice = Array(all[offset..<(offset + requests)])
-        var configuration = HTTPClient.Configuration()
-        configuration.connectionPool.concurrentHTTP1ConnectionsPerHostSoftLimit = connections
-        let client = HTTPClient(eventLoopGroupProvider: .singleton, configuration: configuration)
-        let target = url + "/apple/notifications"
-        let next = Counter()
+        guard let base = URLComponents(string: url), base.scheme == "http", let host = base.host else {
+            throw ValidationError("--url \(url): expected http://HOST[:PORT] (the load generator speaks plain HTTP/1.1)")
+        }
+        let port = base.port ?? 80
+        // Every request encoded before the clock starts (see RawHTTPConnection).
+        let encoded = all[offset..<(offset + requests)].map { OpenLoopLoad.post(path: "/apple/notifications", host: host, json: Substring($0)) }
         let results = Results(capacity: requests)
         let started = ContinuousClock.now
         let reporter = reportEvery.map { every in
@@ -92,35 +92,8 @@ struct Ingest: AsyncParsableCommand {
             }
         }
         defer { reporter?.cancel() }
-        try await withThrowingTaskGroup(of: Void.self) { group in
-            for _ in 0..<connections {
-                group.addTask {
-                    while let index = next.take(limit: slice.count) {
-                        if let rate {
-                            let due = started + .nanoseconds(Int64(Double(index) / rate * 1e9))
-                            try await Task.sleep(until: due, clock: .continuous)
-                        }
-                        var request = HTTPClientRequest(url: target)
-                        request.method = .POST
-                        request.headers.add(name: "Content-Type", value: "application/json")
-                        request.body = .bytes(ByteBuffer(string: slice[index]))
-                        let sent = ContinuousClock.now
-                        let status: UInt
-                        do {
-                            let response = try await client.execute(request, timeout: .seconds(30))
-                            _ = try await response.body.collect(upTo: 1 << 16)
-                            status = response.status.code
-                        } catch {
-                            status = 0
-                        }
-                        results.add(latency: ContinuousClock.now - sent, status: status)
-                    }
-                }
-            }
-            try await group.waitForAll()
-        }
+        try await OpenLoopLoad.run(host: host, port: port, connections: connections, requests: encoded, rate: rate, results: results)
         let elapsed = ContinuousClock.now - started
-        try await client.shutdown()
         let (latencies, statuses) = results.snapshot()
         let seconds = Double(elapsed.components.seconds) + Double(elapsed.components.attoseconds) / 1e18
         let accepted = statuses[200, default: 0]
@@ -164,18 +137,6 @@ struct Verify: AsyncParsableCommand {
         }
         thread.start()
         while !thread.isFinished { try await Task.sleep(for: .milliseconds(50)) }
-    }
-}
-
-final class Counter: @unchecked Sendable {
-    private let lock = NSLock()
-    private var value = 0
-    func take(limit: Int) -> Int? {
-        lock.lock()
-        defer { lock.unlock() }
-        guard value < limit else { return nil }
-        value += 1
-        return value - 1
     }
 }
 

@@ -1,0 +1,173 @@
+import NIOCore
+import NIOPosix
+
+/// The load generator's sending side: keep-alive HTTP/1.1 connections driven from one event loop,
+/// each request's bytes encoded before the clock starts, and of each answer only the status line
+/// and `Content-Length` read. The load generator shares the two cores with the server and
+/// PostgreSQL, so what it spends the measured system lacks: with AsyncHTTPClient and a task per
+/// connection it spent ~250 µs of CPU per request (BENCHMARKS.md). Not a general client: no
+/// chunked bodies, no redirects, no TLS.
+///
+/// Open loop as before: request `i` is due at `i / rate` s after the start, and goes out on the
+/// first connection free at or after that time (one request in flight per connection); its
+/// latency runs from when it was sent to when its whole answer arrived.
+final class OpenLoopLoad: @unchecked Sendable {  // all state is confined to `loop`
+    private let loop: any EventLoop
+    private let host: String
+    private let port: Int
+    private let requests: [ByteBuffer]
+    private let rate: Double?
+    private let results: Results
+    private let started = ContinuousClock.now
+    private var next = 0
+    private var open = 0
+    private let finished: EventLoopPromise<Void>
+
+    /// A request's bytes: `POST path` with a JSON body.
+    static func post(path: String, host: String, json body: Substring) -> ByteBuffer {
+        var buffer = ByteBuffer()
+        buffer.writeString("POST \(path) HTTP/1.1\r\nHost: \(host)\r\nContent-Type: application/json\r\nContent-Length: \(body.utf8.count)\r\n\r\n")
+        buffer.writeSubstring(body)
+        return buffer
+    }
+
+    /// Sends `requests` over `connections` connections and returns when every one is answered
+    /// (or failed: status 0).
+    static func run(host: String, port: Int, connections: Int, requests: [ByteBuffer], rate: Double?, results: Results) async throws {
+        let loop = MultiThreadedEventLoopGroup.singleton.next()
+        let load = OpenLoopLoad(loop: loop, host: host, port: port, requests: requests, rate: rate, results: results)
+        loop.execute { for _ in 0..<connections { load.openConnection() } }
+        try await load.finished.futureResult.get()
+    }
+
+    private init(loop: any EventLoop, host: String, port: Int, requests: [ByteBuffer], rate: Double?, results: Results) {
+        self.loop = loop
+        self.host = host
+        self.port = port
+        self.requests = requests
+        self.rate = rate
+        self.results = results
+        self.finished = loop.makePromise()
+    }
+
+    private func openConnection() {
+        open += 1
+        let handler = Lane(load: self)
+        ClientBootstrap(group: loop)
+            .channelOption(.socketOption(.tcp_nodelay), value: 1)
+            .channelInitializer { channel in channel.eventLoop.makeCompletedFuture { try channel.pipeline.syncOperations.addHandler(handler) } }
+            .connect(host: host, port: port)
+            .whenComplete { result in
+                switch result {
+                case .success(let channel): self.dispatch(handler, on: channel)
+                case .failure: self.failOne(reopen: true)
+                }
+            }
+    }
+
+    /// The next request on `lane`, at its due time; or, when none is left, the lane closes.
+    fileprivate func dispatch(_ lane: Lane, on channel: any Channel) {
+        guard next < requests.count else {
+            channel.close(promise: nil)
+            closeLane()
+            return
+        }
+        let index = next
+        next += 1
+        let send: @Sendable () -> Void = {
+            lane.sent = ContinuousClock.now
+            lane.inFlight = true
+            channel.writeAndFlush(self.requests[index], promise: nil)
+        }
+        if let rate {
+            let due = started + .nanoseconds(Int64(Double(index) / rate * 1e9))
+            let wait = due - ContinuousClock.now
+            if wait > .zero {
+                loop.scheduleTask(in: .nanoseconds(wait.components.seconds * 1_000_000_000 + wait.components.attoseconds / 1_000_000_000)) { send() }
+                return
+            }
+        }
+        send()
+    }
+
+    fileprivate func answered(_ lane: Lane, status: UInt, on channel: any Channel) {
+        results.add(latency: ContinuousClock.now - lane.sent, status: status)
+        dispatch(lane, on: channel)
+    }
+
+    /// A connection failed (with its request, if one was in flight): counted as status 0; a new
+    /// connection takes its place while requests are left.
+    fileprivate func failed(_ lane: Lane, inFlight: Bool) {
+        if inFlight { results.add(latency: ContinuousClock.now - lane.sent, status: 0) }
+        closeLane()
+        if next < requests.count { openConnection() }
+    }
+
+    private func failOne(reopen: Bool) {
+        if next < requests.count {
+            next += 1
+            results.add(latency: .zero, status: 0)
+        }
+        closeLane()
+        if reopen && next < requests.count { openConnection() }
+    }
+
+    private func closeLane() {
+        open -= 1
+        if open == 0 { finished.succeed(()) }
+    }
+
+    /// One connection: parses answers off its bytes.
+    fileprivate final class Lane: ChannelInboundHandler, @unchecked Sendable {
+        typealias InboundIn = ByteBuffer
+        private let load: OpenLoopLoad
+        var sent = ContinuousClock.now
+        var inFlight = false
+        private var closed = false
+        private var received = ByteBuffer()
+        private static let headEnd: [UInt8] = Array("\r\n\r\n".utf8)
+
+        init(load: OpenLoopLoad) { self.load = load }
+
+        func channelRead(context: ChannelHandlerContext, data: NIOAny) {
+            var incoming = unwrapInboundIn(data)
+            received.writeBuffer(&incoming)
+            while inFlight, let status = takeResponse() {
+                inFlight = false
+                load.answered(self, status: status, on: context.channel)
+            }
+        }
+
+        /// One whole answer off the front of `received`, if it is all there.
+        private func takeResponse() -> UInt? {
+            let view = received.readableBytesView
+            guard let end = view.firstRange(of: Self.headEnd) else { return nil }
+            let head = String(decoding: view[view.startIndex..<end.lowerBound], as: UTF8.self)
+            let lines = head.split(separator: "\r\n")
+            let code = lines.first?.split(separator: " ").dropFirst().first.flatMap { UInt($0) } ?? 0
+            var length = 0
+            for line in lines.dropFirst() where line.lowercased().hasPrefix("content-length:") {
+                length = Int(String(line.dropFirst("content-length:".count).filter { $0 != " " && $0 != "\t" })) ?? 0
+            }
+            let total = end.upperBound - view.startIndex + length
+            guard received.readableBytes >= total else { return nil }
+            received.moveReaderIndex(forwardBy: total)
+            received.discardReadBytes()
+            return code
+        }
+
+        func channelInactive(context: ChannelHandlerContext) {
+            if !closed {
+                closed = true
+                if inFlight || load.hasWork { load.failed(self, inFlight: inFlight) }
+            }
+            context.fireChannelInactive()
+        }
+
+        func errorCaught(context: ChannelHandlerContext, error: any Error) {
+            context.close(promise: nil)
+        }
+    }
+
+    fileprivate var hasWork: Bool { next < requests.count }
+}
