@@ -1,5 +1,6 @@
 import Foundation
 import SiwaDomain
+import SiwaStore
 
 /// A setting that could not be used: names the variable (and its flag) and what is expected.
 package struct ConfigurationError: Error, CustomStringConvertible {
@@ -34,7 +35,7 @@ package struct Configuration: Sendable {
     package enum Role: String, Sendable, CaseIterable { case all, receiver, worker }
     package var role = Role.all
     package var workers = 4
-    package var jobLease: Duration = .seconds(15)
+    package var jobLease: Duration = EffectStore.defaultStall
     package var jobMaxAttempts = 25
     package var jobRetention: Duration = .seconds(7 * 86_400)
     package var jobPollInterval: Duration = .milliseconds(100)

@@ -52,6 +52,10 @@ package struct EffectStore: Sendable {
         self.logger = logger
     }
 
+    /// How long a batch's transaction may sit idle before PostgreSQL ends it, unless told
+    /// (`SIWA_JOB_LEASE`; see `runBatch`).
+    package static let defaultStall: Duration = .seconds(15)
+
     // MARK: JobsClaim + EffectsApply: one transaction per batch
 
     /// What one worker round did: the jobs it claimed and the effects it applied.
@@ -85,7 +89,7 @@ package struct EffectStore: Sendable {
     /// jobs' own (not a lost connection, a deadline, a deadlock or a shutdown: then the batch just
     /// rolled back and its jobs are ready again).
     package func runBatch(
-        worker: String, limit: Int, eraseOnDelete: Bool, callbacks: Bool = false, stall: Duration = .seconds(15)
+        worker: String, limit: Int, eraseOnDelete: Bool, callbacks: Bool = false, stall: Duration = EffectStore.defaultStall
     ) async throws -> Round {
         let logger = self.logger
         let claim = Claim(limit: limit, stall: stall)
@@ -141,7 +145,7 @@ package struct EffectStore: Sendable {
     /// savepoint and records the failed attempt instead — both under the same lock.
     /// An error that says nothing about the job (see `mayBeTheJobs`) is thrown, not recorded.
     package func runOne(
-        _ job: ClaimedJob, worker: String, eraseOnDelete: Bool, callbacks: Bool = false, maxAttempts: Int, stall: Duration = .seconds(15),
+        _ job: ClaimedJob, worker: String, eraseOnDelete: Bool, callbacks: Bool = false, maxAttempts: Int, stall: Duration = EffectStore.defaultStall,
         delay: @escaping @Sendable (Int) -> Duration
     ) async throws -> OneOutcome {
         let logger = self.logger
@@ -198,7 +202,7 @@ package struct EffectStore: Sendable {
         let limit: Int
         let stall: Duration
 
-        package init(limit: Int, stall: Duration = .seconds(15)) {
+        package init(limit: Int, stall: Duration = EffectStore.defaultStall) {
             precondition(limit > 0)
             self.limit = limit
             self.stall = stall

@@ -27,7 +27,7 @@ package final class EffectWorkers: Service, Sendable {
     package struct Configuration: Sendable {
         package var workers = 4
         package var batchSize = 200
-        package var lease: Duration = .seconds(15)
+        package var lease: Duration = EffectStore.defaultStall
         package var pollInterval: Duration = .milliseconds(100)
         package var maxAttempts = 25
         package var backoff = RetryBackoff()
