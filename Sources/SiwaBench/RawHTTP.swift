@@ -60,7 +60,7 @@ final class OpenLoopLoad: @unchecked Sendable {  // all state is confined to `lo
             .whenComplete { result in
                 switch result {
                 case .success(let channel): self.dispatch(handler, on: channel)
-                case .failure: self.failOne(reopen: true)
+                case .failure: self.failOne()
                 }
             }
     }
@@ -99,17 +99,19 @@ final class OpenLoopLoad: @unchecked Sendable {  // all state is confined to `lo
     /// connection takes its place while requests are left.
     fileprivate func failed(_ lane: Lane, inFlight: Bool) {
         if inFlight { results.add(latency: ContinuousClock.now - lane.sent, status: 0) }
+        if next < requests.count { openConnection() }  // before the close: `open` must not reach 0 meanwhile
         closeLane()
-        if next < requests.count { openConnection() }
     }
 
-    private func failOne(reopen: Bool) {
+    /// A connection could not be opened: one request is counted as failed (so a server that is
+    /// down ends the run instead of looping), and another connection is tried while requests are left.
+    private func failOne() {
         if next < requests.count {
             next += 1
             results.add(latency: .zero, status: 0)
         }
+        if next < requests.count { openConnection() }
         closeLane()
-        if reopen && next < requests.count { openConnection() }
     }
 
     private func closeLane() {
