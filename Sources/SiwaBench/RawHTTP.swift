@@ -68,13 +68,16 @@ final class OpenLoopLoad: @unchecked Sendable {  // all state is confined to `lo
     /// The next request on `lane`, at its due time; or, when none is left, the lane closes.
     fileprivate func dispatch(_ lane: Lane, on channel: any Channel) {
         guard next < requests.count else {
+            lane.closed = true
             channel.close(promise: nil)
             closeLane()
             return
         }
         let index = next
         next += 1
+        lane.holding = true
         let send: @Sendable () -> Void = {
+            guard !lane.closed else { return }  // lost while it waited: counted as failed already
             lane.sent = ContinuousClock.now
             lane.inFlight = true
             channel.writeAndFlush(self.requests[index], promise: nil)
@@ -91,14 +94,15 @@ final class OpenLoopLoad: @unchecked Sendable {  // all state is confined to `lo
     }
 
     fileprivate func answered(_ lane: Lane, status: UInt, on channel: any Channel) {
+        lane.holding = false
         results.add(latency: ContinuousClock.now - lane.sent, status: status)
         dispatch(lane, on: channel)
     }
 
-    /// A connection failed (with its request, if one was in flight): counted as status 0; a new
-    /// connection takes its place while requests are left.
-    fileprivate func failed(_ lane: Lane, inFlight: Bool) {
-        if inFlight { results.add(latency: ContinuousClock.now - lane.sent, status: 0) }
+    /// A connection was lost: the request it held (sent, or waiting for its due time) counts as
+    /// status 0, and a new connection takes its place while requests are left.
+    fileprivate func lost(_ lane: Lane) {
+        if lane.holding { results.add(latency: lane.inFlight ? ContinuousClock.now - lane.sent : .zero, status: 0) }
         if next < requests.count { openConnection() }  // before the close: `open` must not reach 0 meanwhile
         closeLane()
     }
@@ -124,8 +128,12 @@ final class OpenLoopLoad: @unchecked Sendable {  // all state is confined to `lo
         typealias InboundIn = ByteBuffer
         private let load: OpenLoopLoad
         var sent = ContinuousClock.now
+        /// It has taken a request (from `dispatch` until its answer).
+        var holding = false
+        /// That request has been sent.
         var inFlight = false
-        private var closed = false
+        /// Closed, by `dispatch` (no request left) or on its loss.
+        var closed = false
         private var received = ByteBuffer()
         private static let headEnd: [UInt8] = Array("\r\n\r\n".utf8)
 
@@ -161,7 +169,7 @@ final class OpenLoopLoad: @unchecked Sendable {  // all state is confined to `lo
         func channelInactive(context: ChannelHandlerContext) {
             if !closed {
                 closed = true
-                if inFlight || load.hasWork { load.failed(self, inFlight: inFlight) }
+                load.lost(self)
             }
             context.fireChannelInactive()
         }
@@ -170,6 +178,4 @@ final class OpenLoopLoad: @unchecked Sendable {  // all state is confined to `lo
             context.close(promise: nil)
         }
     }
-
-    fileprivate var hasWork: Bool { next < requests.count }
 }

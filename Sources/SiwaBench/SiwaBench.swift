@@ -70,7 +70,7 @@ struct Ingest: AsyncParsableCommand {
             throw ValidationError("--url \(url): expected http://HOST[:PORT] (the load generator speaks plain HTTP/1.1)")
         }
         let port = base.port ?? 80
-        // Every request encoded before the clock starts (see RawHTTPConnection).
+        // Every request encoded before the clock starts (see OpenLoopLoad).
         let encoded = all[offset..<(offset + requests)].map { OpenLoopLoad.post(path: "/apple/notifications", host: host, json: Substring($0)) }
         let results = Results(capacity: requests)
         let started = ContinuousClock.now
