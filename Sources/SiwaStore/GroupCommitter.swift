@@ -8,7 +8,12 @@ import Synchronization
 ///
 /// No timer window: a batch is whatever queued while the previous batches were committing, so an
 /// idle server commits a lone notification at once and a busy one commits hundreds per flush.
-/// At most `maximumInFlight` batches commit at a time (PostgreSQL merges their flushes too).
+/// At most `maximumInFlight` batches commit at a time: two by default. One commit can fill the
+/// next batch while the other flushes; more split the same requests into more, smaller
+/// transactions — more statements, more WAL flushes queued behind one another. Measured on 2 cores
+/// (`siwa-bench ingest`, receiver only, open loop, back to back): at 1,000/s p99 10.9-11.9 ms with
+/// two against 23.6-42.8 ms with four; at 2,200/s 12.5-14.0 ms against 20.7-24.5 ms, with a
+/// quarter less PostgreSQL CPU per notification.
 /// A batch that fails on one unacceptable row (SQLSTATE class 22) is retried row by row, so one
 /// bad notification cannot fail its neighbours; a batch that fails otherwise (database down)
 /// fails all its requests, which answer 503 so Apple retries.
@@ -32,7 +37,7 @@ package final class GroupCommitter: Sendable {
     private let state = Mutex(State())
 
     /// `onBatch` is told each batch's size (for the `siwa_commit_batch_size` histogram).
-    package init(store: NotificationStore, maximumBatch: Int = 512, maximumInFlight: Int = 4, logger: Logger, onBatch: @escaping @Sendable (Int) -> Void = { _ in }) {
+    package init(store: NotificationStore, maximumBatch: Int = 512, maximumInFlight: Int = 2, logger: Logger, onBatch: @escaping @Sendable (Int) -> Void = { _ in }) {
         self.store = store
         self.maximumBatch = maximumBatch
         self.maximumInFlight = maximumInFlight
