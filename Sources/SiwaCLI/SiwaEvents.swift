@@ -142,11 +142,7 @@ struct ConfigOptions: ParsableArguments {
 /// (default `info` for `serve`, `warning` for one-shot commands, whose output is their result).
 func makeLogger(_ label: String = "siwa-events", defaultLevel: Logger.Level = .warning) -> Logger {
     let level = ProcessInfo.processInfo.environment["SIWA_LOG_LEVEL"].flatMap(Logger.Level.init(rawValue:)) ?? defaultLevel
-    LoggingSystem.bootstrap { label in
-        var handler = StreamLogHandler.standardError(label: label)
-        handler.logLevel = level
-        return handler
-    }
+    LoggingSystem.bootstrap { label in LineLogHandler(label: label, level: level) }
     return Logger(label: label)
 }
 
