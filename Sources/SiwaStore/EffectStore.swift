@@ -219,7 +219,8 @@ package struct EffectStore: Sendable {
     }
 
     /// The per-user gate on a job `j`: no earlier (event_time, id) effect job of its user is
-    /// unfinished (as in `siwa_claim_effects`, sql/009).
+    /// unfinished — the same condition as in `siwa_claim_effects` (sql/009); QueueTests checks,
+    /// case by case, that the two take and refuse the same jobs.
     private static let gateSQL = """
         NOT EXISTS (
                   SELECT 1 FROM jobs e

@@ -3,6 +3,7 @@ import Logging
 import PostgresNIO
 import ServiceLifecycle
 import SiwaApp
+import SiwaDomain
 import SiwaStore
 import SiwaTestSupport
 import SiwaWorkers
@@ -156,6 +157,84 @@ struct QueueTests {
             }
             #expect(try await Self.count(client, "SELECT count(*) FROM jobs WHERE state = 'completed'") == 1_000)
             #expect(try await Self.count(client, "SELECT max(attempt) FROM jobs") == 1)
+        }
+    }
+
+    /// What the claim would take now (in a transaction rolled back, so nothing changes).
+    static func claimable(_ client: PostgresClient, logger: Logger) async throws -> [ClaimedJob] {
+        try await client.withConnection { connection in
+            try await connection.query("BEGIN", logger: logger)
+            var jobs: [ClaimedJob] = []
+            for try await job in try await connection.execute(EffectStore.Claim(limit: 200), logger: logger) { jobs.append(job) }
+            try await connection.query("ROLLBACK", logger: logger)
+            return jobs
+        }
+    }
+
+    @Test("a failed batch's job retried on its own passes the same per-user gate as the claim, case by case (the gate is written twice: sql/009 and runOne's re-lock)")
+    func runOneKeepsTheClaimsGate() async throws {
+        struct Case {
+            var name: String
+            var aud = "com.example.app"
+            var otherSub = false
+            var lane = "effects"
+            var state = "available"
+            var offsetSeconds = -60
+            var blocks: Bool
+        }
+        let cases = [
+            Case(name: "the user's earlier available job", blocks: true),
+            Case(name: "the user's earlier retryable job", state: "retryable", blocks: true),
+            Case(name: "the user's earlier job an older release left running", state: "running", blocks: true),
+            Case(name: "the user's earlier completed job", state: "completed", blocks: false),
+            Case(name: "the user's earlier discarded job", state: "discarded", blocks: false),
+            Case(name: "the user's later available job", offsetSeconds: 60, blocks: false),
+            Case(name: "another user's earlier job", otherSub: true, blocks: false),
+            Case(name: "the same sub's earlier job under another app", aud: "com.example.other", blocks: false),
+            Case(name: "the user's earlier callback delivery", lane: "callbacks", blocks: false),
+        ]
+        let logger = Logger(label: "queue-test", factory: { _ in SwiftLogNoOpLogHandler() })
+        try await Self.withDatabase { client in
+            func insert(jti: String, aud: String, sub: String, seconds: Int, lane: String = "effects", state: String = "available") async throws {
+                try await client.query(
+                    """
+                    WITH n AS (
+                        INSERT INTO notifications (jti, aud, sub, type, raw_type, event_time, status, kid, issued_at, raw_jws, header, claims)
+                        VALUES (\(jti), \(aud), \(sub), 'consent-revoked', 'consent-revoked', timestamptz '2025-01-01' + \(seconds) * interval '1 second',
+                            'pending', 'test', now(), 'test', '{}'::jsonb, '{}'::jsonb)
+                        RETURNING id, aud, sub, event_time)
+                    INSERT INTO jobs (notification_id, aud, sub, event_time, run_at, lane, kind, payload, state, finished_at, locked_by, lease_expires_at)
+                    SELECT id, aud, sub, event_time, now(), \(lane), CASE WHEN \(lane) = 'callbacks' THEN 'callback' ELSE 'apply_effect' END,
+                        CASE WHEN \(lane) = 'callbacks' THEN '{}' END, \(state)::job_state,
+                        CASE WHEN \(state) IN ('completed', 'discarded') THEN now() END,
+                        CASE WHEN \(state) = 'running' THEN 'an-older-worker' END,
+                        CASE WHEN \(state) = 'running' THEN now() + interval '1 hour' END
+                    FROM n
+                    """, logger: logger)
+            }
+            // Each case's target: its user's only job so far, claimed once (rolled back) as a batch would have.
+            for (index, _) in cases.enumerated() {
+                try await insert(jti: "target-\(index)", aud: "com.example.app", sub: "user-\(index)", seconds: index * 1_000)
+            }
+            let claimed = try await Self.claimable(client, logger: logger)
+            var targets: [String: ClaimedJob] = [:]
+            for job in claimed { targets[job.event.sub] = job }
+            #expect(targets.count == cases.count)
+            for (index, test) in cases.enumerated() {
+                try await insert(
+                    jti: "other-\(index)", aud: test.aud, sub: test.otherSub ? "user-\(index)-other" : "user-\(index)",
+                    seconds: index * 1_000 + test.offsetSeconds, lane: test.lane, state: test.state)
+            }
+            let claimableNow = Set(try await Self.claimable(client, logger: logger).filter { $0.jti.hasPrefix("target-") }.map(\.event.sub))
+            let store = EffectStore(client: client, logger: logger)
+            for (index, test) in cases.enumerated() {
+                let target = try #require(targets["user-\(index)"])
+                let outcome = try await store.runOne(target, worker: "test", eraseOnDelete: false, maxAttempts: 5) { _ in .seconds(1) }
+                var applied = false
+                if case .applied = outcome { applied = true }
+                #expect(claimableNow.contains("user-\(index)") == !test.blocks, "the claim, \(test.name)")
+                #expect(applied == !test.blocks, "runOne, \(test.name): \(outcome)")
+            }
         }
     }
 
