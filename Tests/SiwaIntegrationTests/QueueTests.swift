@@ -238,6 +238,30 @@ struct QueueTests {
         }
     }
 
+    @Test("two workers retrying the same job on its own (runOne) at once, then a third after them: it is applied once, the others find it gone")
+    func runOneTwiceAtOnce() async throws {
+        let logger = Logger(label: "queue-test", factory: { _ in SwiftLogNoOpLogHandler() })
+        try await Self.withDatabase { client in
+            try await BulkLoad.notifications(count: 20, users: 20, aud: "com.example.app", client: client)
+            let jobs = try await Self.claimable(client, logger: logger)
+            #expect(jobs.count == 20)
+            let store = EffectStore(client: client, logger: logger)
+            for job in jobs {
+                async let first = store.runOne(job, worker: "one", eraseOnDelete: false, maxAttempts: 5) { _ in .seconds(1) }
+                async let second = store.runOne(job, worker: "two", eraseOnDelete: false, maxAttempts: 5) { _ in .seconds(1) }
+                let outcomes = try await [first, second]
+                let applied = outcomes.filter { if case .applied = $0 { true } else { false } }.count
+                let gone = outcomes.filter { if case .gone = $0 { true } else { false } }.count
+                #expect(applied == 1 && gone == 1, "job \(job.id): \(outcomes)")
+                // A third, late: the job is completed, its claim stale.
+                let late = try await store.runOne(job, worker: "three", eraseOnDelete: false, maxAttempts: 5) { _ in .seconds(1) }
+                if case .gone = late {} else { Issue.record("job \(job.id) retried after it completed: \(late)") }
+            }
+            #expect(try await Self.count(client, "SELECT count(*) FROM jobs WHERE state = 'completed' AND attempt = 1") == 20)
+            #expect(try await Self.count(client, "SELECT count(*) FROM job_attempts WHERE outcome = 'applied'") == 20)
+        }
+    }
+
     @Test("4 workers × 10,000 jobs over 1,000 users: each applied exactly once, each user's in event_time order", arguments: [true, false])
     func exactlyOnceInOrder(notify: Bool) async throws {
         try await Self.withDatabase { client in
