@@ -65,13 +65,11 @@ package struct LineLogHandler: LogHandler {
             line += label
         }
         line += ":"
-        if !metadata.isEmpty {
-            for (key, value) in metadata.sorted(by: { $0.key < $1.key }) {
-                line += " "
-                line += key
-                line += "="
-                line += value.description
-            }
+        for (key, value) in metadata.sorted(by: { $0.key < $1.key }) {
+            line += " "
+            line += key
+            line += "="
+            line += value.description
         }
         line += " ["
         line += event.source
