@@ -249,22 +249,25 @@ struct EffectTests {
             for try await (pid,) in try await connection.query("SELECT pg_backend_pid()", logger: logger).decode((Int,).self) { backend = pid }
             try await connection.query("BEGIN", logger: logger)
             var claimed = 0
-            for try await _ in try await connection.execute(EffectStore.Claim(limit: 10, stall: .seconds(1)), logger: logger) { claimed += 1 }
+            // Only the stalled worker relies on the idle limit; the dying one gets a long one, so
+            // that it is the kill, not PostgreSQL's timeout, that ends it however slow the machine.
+            let stall: Duration = stalls ? .seconds(1) : .seconds(120)
+            for try await _ in try await connection.execute(EffectStore.Claim(limit: 10, stall: stall), logger: logger) { claimed += 1 }
             #expect(claimed == 1)  // one job per user in flight
             #expect(try await e.drain() == 0)  // held: neither it nor its user's later job is claimable
-            if stalls {
-                // It never sends another statement (and keeps its connection out of the pool):
-                // PostgreSQL ends the transaction, and the session, after 1 s idle.
-                var alive = 1
-                for _ in 0..<200 where alive > 0 {
-                    try await Task.sleep(for: .milliseconds(100))
-                    alive = try await e.h.count("SELECT count(*) FROM pg_stat_activity WHERE pid = \(backend)")
-                }
-                #expect(alive == 0)
-            } else {
+            if !stalls {
                 // The worker dies: its backend goes, its transaction rolls back.
-                #expect(try await e.h.count("SELECT pg_terminate_backend(\(backend), 10000)::int") == 1)
+                #expect(try await e.h.count("SELECT pg_terminate_backend(\(backend))::int") == 1)
             }
+            // The stalled one never sends another statement (and keeps its connection out of the
+            // pool): PostgreSQL ends the transaction, and the session, after 1 s idle. Either way,
+            // wait until the backend has gone (a loaded machine takes its time).
+            var alive = 1
+            for _ in 0..<300 where alive > 0 {
+                try await Task.sleep(for: .milliseconds(100))
+                alive = try await e.h.count("SELECT count(*) FROM pg_stat_activity WHERE pid = \(backend)")
+            }
+            #expect(alive == 0)
             // Hand the connection back only once this side has seen it close: a pool that leased
             // it again first would fail the next claim on it (the worker loop retries such a
             // claim; `drain` below does not).
