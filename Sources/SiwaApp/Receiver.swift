@@ -52,8 +52,8 @@ package struct Receiver: Sendable {
         let rejections = RejectionRecorder(store: rejectionStore, limitPerMinute: config.rejectionsPerMinute, metrics: metrics, logger: logger)
         self.notifications = !config.receives ? nil : NotificationsController(
             verifier: NotificationVerifier(audiences: Set(config.bundleIDs), clockSkew: config.clockSkew), keys: keys,
-            committer: GroupCommitter(store: store, logger: logger) { metrics.batchSize.record(Double($0)) },
-            rejections: rejections, metrics: metrics, trustedProxies: config.trustedProxies, databaseTimeout: config.databaseTimeout, logger: logger)
+            committer: GroupCommitter(store: store, timeout: config.databaseTimeout, logger: logger) { metrics.batchSize.record(Double($0)) },
+            rejections: rejections, metrics: metrics, trustedProxies: config.trustedProxies, logger: logger)
         self.health = HealthController(store: store, keys: config.receives ? keys : nil, databaseTimeout: config.databaseTimeout)
         let effects = EffectStore(client: client, logger: logger)
         self.effects = effects

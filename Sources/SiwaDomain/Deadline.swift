@@ -5,6 +5,7 @@ import Synchronization
 /// Thrown when an operation did not finish within its deadline.
 package struct DeadlineExceeded: Error, CustomStringConvertible {
     package let limit: Duration
+    package init(limit: Duration) { self.limit = limit }
     package var description: String { "no answer within \(DurationSyntax.format(limit))" }
 }
 

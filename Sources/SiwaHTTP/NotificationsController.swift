@@ -23,14 +23,12 @@ package struct NotificationsController: Sendable {
     let rejections: RejectionRecorder
     let metrics: ReceiverMetrics
     let trustedProxies: TrustedProxies
-    let databaseTimeout: Duration
     let logger: Logger
 
     package init(
         verifier: NotificationVerifier, keys: AppleKeyCache, committer: GroupCommitter, rejections: RejectionRecorder,
-        metrics: ReceiverMetrics, trustedProxies: TrustedProxies, databaseTimeout: Duration, logger: Logger
+        metrics: ReceiverMetrics, trustedProxies: TrustedProxies, logger: Logger
     ) {
-        self.databaseTimeout = databaseTimeout
         self.verifier = verifier
         self.keys = keys
         self.committer = committer
@@ -176,7 +174,7 @@ package struct NotificationsController: Sendable {
             let committer = self.committer
             let incoming = NotificationStore.Incoming(notification: notification, rawJWS: jws.raw, receivedAt: receivedAt, remoteAddress: remote)
             let committing = ContinuousClock.now
-            let outcome = try await withDeadline(databaseTimeout) { try await committer.record(incoming) }
+            let outcome = try await committer.record(incoming)  // by the database timeout at the latest
             metrics.durable.record(ContinuousClock.now - committing)
             return .stored(outcome, notification)
         } catch {

@@ -1,5 +1,6 @@
 import AsyncHTTPClient
 import Foundation
+import Logging
 import NIOCore
 import NIOHTTP1
 import PostgresNIO
@@ -47,6 +48,39 @@ struct ReceiverTests {
         #expect(try await h.count("SELECT count(*) FROM notifications") == 1)
         #expect(try await h.count("SELECT deliveries FROM notifications") == 2)
         #expect(try await h.count("SELECT count(*) FROM jobs") == 1)
+        await h.stop()
+    }
+
+    @Test("A commit blocked past the database timeout answers 503 by that timeout, not later; the commit that lands afterwards makes Apple's retry a duplicate")
+    func commitPastDeadline() async throws {
+        let h = try await Harness.start { $0.databaseTimeout = .seconds(2) }
+        #expect(try await h.server.post(jws: try h.notification()).status == 200)  // connections open, statements prepared
+        let jws = try h.notification(jti: "blocked")
+        let logger = Logger(label: "lock")
+        try await h.server.client.withConnection { connection in
+            // Another session holds a lock that inserts wait for (as a long migration would).
+            try await connection.query("BEGIN", logger: logger)
+            try await connection.query("LOCK TABLE notifications IN SHARE MODE", logger: logger)
+            let started = ContinuousClock.now
+            let answer = try await h.server.post(jws: jws)
+            let waited = ContinuousClock.now - started
+            #expect(answer.status == 503)
+            #expect(answer.json?["error"] == .string("unavailable"))
+            #expect(answer.headers.first(name: "retry-after") != nil)
+            // By the 2 s timeout, not by the 60 s bound on any database call.
+            #expect(waited >= .milliseconds(1_900) && waited < .seconds(20), "\(waited)")
+            try await connection.query("ROLLBACK", logger: logger)
+        }
+        var stored = 0
+        for _ in 0..<100 where stored == 0 {
+            stored = try await h.count("SELECT count(*) FROM notifications WHERE jti = 'blocked'")
+            if stored == 0 { try await Task.sleep(for: .milliseconds(100)) }
+        }
+        #expect(stored == 1)
+        let retried = try await h.server.post(jws: jws)
+        #expect(retried.status == 200)
+        #expect(retried.json?["status"] == .string("duplicate"))
+        #expect(try await h.count("SELECT count(*) FROM jobs") == 2)
         await h.stop()
     }
 
