@@ -20,10 +20,10 @@ import Synchronization
 ///
 /// Each request waits at most `timeout` (`DeadlineExceeded`, so the receiver answers 503 while
 /// PostgreSQL hangs). The committer keeps that deadline itself — one timer for all waiting
-/// requests, not `withDeadline`'s task and timer per request. That pair cost about an eighth of
+/// requests, not `withDeadline`'s task and timer per request. That pair cost about a seventh of
 /// the receiver's CPU at its peak (2 cores, wrk at 64 connections, 8 alternations back to back:
 /// 325-421 µs of server CPU per notification with it, 261-366 µs without; lower in each pair,
-/// median -13 %). As with `withDeadline`, a request past its
+/// median -15 %). As with `withDeadline`, a request past its
 /// deadline is not taken out of its batch: a commit that lands late only makes Apple's retry a
 /// duplicate.
 package final class GroupCommitter: Sendable {
