@@ -36,8 +36,9 @@ package final class GroupCommitter: Sendable {
     private struct State {
         var queue: [Pending] = []
         var inFlight = 0
-        /// Unanswered requests, oldest first: their deadlines are in this order (one timeout).
-        /// Answered ones leave from the front, after each batch and at each sweep.
+        /// Requests in arrival order, so in deadline order (one timeout; deadlines are taken just
+        /// before the lock, so at most microseconds out of order). Answered ones leave from the
+        /// front, after each batch and at each sweep.
         var watched: [Waiter] = []
         var sweepScheduled = false
     }
@@ -95,7 +96,14 @@ package final class GroupCommitter: Sendable {
     }
 
     /// Fails the requests whose deadline has passed, and schedules the next sweep for the oldest
-    /// request still waiting.
+    /// request still waiting — at least `sweepInterval` later, so that while the database hangs
+    /// and every request expires in turn, the sweeps stay a few per second, not one per request.
+    ///
+    /// A failed request still in the queue (its batch not started: both commit slots were busy
+    /// all along) leaves it: it was answered 503, so Apple retries it, and keeping it would let a
+    /// hang of any length pile up every delivery in memory, to be committed once the database is
+    /// back. One already in a committing batch stays there (a late commit only makes the retry a
+    /// duplicate).
     private func sweep() {
         let now = ContinuousClock.now
         let (expired, next): ([Waiter], ContinuousClock.Instant?) = state.withLock { state in
@@ -112,15 +120,19 @@ package final class GroupCommitter: Sendable {
                 }
             }
             state.watched.removeFirst(dropped)
+            if !expired.isEmpty { state.queue.removeAll { $0.waiter.deadline <= now || $0.waiter.isAnswered } }
             guard let first = state.watched.first else {
                 state.sweepScheduled = false
                 return (expired, nil)
             }
-            return (expired, first.deadline)
+            return (expired, max(first.deadline, now + Self.sweepInterval))
         }
         for waiter in expired { waiter.resume(.failure(DeadlineExceeded(limit: timeout))) }
         if let next { scheduleSweep(at: next) }
     }
+
+    /// How late past its deadline a request may be answered, at most.
+    static let sweepInterval: Duration = .milliseconds(10)
 
     /// Takes the next batch if a commit slot is free.
     private func takeBatch(_ state: inout State) -> [Pending]? {

@@ -91,6 +91,41 @@ struct ReceiverTests {
         await h.stop()
     }
 
+    @Test("While both commit slots hang, deliveries still queued get 503 at the timeout and are dropped, not committed once the database is back")
+    func queuedPastDeadlineDropped() async throws {
+        let h = try await Harness.start { $0.databaseTimeout = .seconds(2) }
+        var warm = try await h.server.post(jws: try h.notification())
+        for _ in 0..<10 where warm.status == 503 { warm = try await h.server.post(jws: try h.notification()) }
+        #expect(warm.status == 200)
+        let logger = Logger(label: "lock")
+        let tokens = try (0..<10).map { try h.notification(jti: "held-\($0)") }
+        try await h.server.client.withConnection { connection in
+            try await connection.query("BEGIN", logger: logger)
+            try await connection.query("LOCK TABLE notifications IN SHARE MODE", logger: logger)
+            // The first two deliveries take the two commit slots (each a batch of its own, blocked
+            // on the lock); the other eight queue behind them.
+            let statuses = try await withThrowingTaskGroup(of: Int.self) { group in
+                for (index, jws) in tokens.enumerated() {
+                    group.addTask { try await h.server.post(jws: jws).status }
+                    if index < 2 { try await Task.sleep(for: .milliseconds(300)) }
+                }
+                return try await group.reduce(into: [Int]()) { $0.append($1) }
+            }
+            #expect(statuses == Array(repeating: 503, count: 10))
+            try await connection.query("ROLLBACK", logger: logger)
+        }
+        var stored = 0
+        for _ in 0..<300 where stored < 2 {
+            try await Task.sleep(for: .milliseconds(100))
+            stored = try await h.count("SELECT count(*) FROM notifications WHERE jti LIKE 'held-%'")
+        }
+        try await Task.sleep(for: .seconds(1))  // time for anything else to commit, if it were kept
+        // Exactly the two that were committing: whichever two reached the committer first took
+        // the slots (each delivery arriving at a free slot starts a batch of its own at once).
+        #expect(try await h.count("SELECT count(*) FROM notifications WHERE jti LIKE 'held-%'") == 2)
+        await h.stop()
+    }
+
     @Test("The same event under another jti is a duplicate answering the stored jti")
     func duplicateEvent() async throws {
         let h = try await Harness.start()
