@@ -23,9 +23,9 @@ import Synchronization
 /// requests, not `withDeadline`'s task and timer per request. That pair cost about a seventh of
 /// the receiver's CPU at its peak (2 cores, wrk at 64 connections, 8 alternations back to back:
 /// 325-421 µs of server CPU per notification with it, 261-366 µs without; lower in each pair,
-/// median -15 %). As with `withDeadline`, a request past its
-/// deadline is not taken out of its batch: a commit that lands late only makes Apple's retry a
-/// duplicate.
+/// median -15 %). A request past its deadline stays in a batch already committing (a commit that
+/// lands late only makes Apple's retry a duplicate); one still queued leaves the queue (see
+/// `sweep`).
 package final class GroupCommitter: Sendable {
     private struct Pending: Sendable {
         var item: NotificationStore.Incoming
