@@ -70,6 +70,27 @@ struct Harness {
         return 0
     }
 
+    /// Posts `jws`, retrying a 503 as Apple does: for tests that set a short database timeout,
+    /// which a commit on a loaded machine (a dozen tests on two cores) sometimes outlasts.
+    func deliver(_ jws: String) async throws -> TestServer.Answer {
+        var answer = try await server.post(jws: jws)
+        for _ in 0..<10 where answer.status == 503 { answer = try await server.post(jws: jws) }
+        return answer
+    }
+
+    /// Runs `body` while another session holds a lock that the receiver's inserts wait for (as a
+    /// long migration would); released (rolled back) afterwards.
+    func withInsertsBlocked<T: Sendable>(_ body: @escaping @Sendable () async throws -> T) async throws -> T {
+        let logger = Logger(label: "lock")
+        return try await server.client.withConnection { connection in
+            try await connection.query("BEGIN", logger: logger)
+            try await connection.query("LOCK TABLE notifications IN SHARE MODE", logger: logger)
+            let result = try await body()
+            try await connection.query("ROLLBACK", logger: logger)
+            return result
+        }
+    }
+
     /// Writes buffered rejection records now (the recorder flushes every second on its own).
     func flushRejections() async { await server.receiver.rejections.flush() }
 }

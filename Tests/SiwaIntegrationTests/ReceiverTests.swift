@@ -1,6 +1,5 @@
 import AsyncHTTPClient
 import Foundation
-import Logging
 import NIOCore
 import NIOHTTP1
 import PostgresNIO
@@ -54,20 +53,9 @@ struct ReceiverTests {
     @Test("A commit blocked past the database timeout answers 503 by that timeout, not later; the commit that lands afterwards makes Apple's retry a duplicate")
     func commitPastDeadline() async throws {
         let h = try await Harness.start { $0.databaseTimeout = .seconds(2) }
-        // Unblocked posts retry a 503 as Apple does: with a dozen tests on two cores, a commit
-        // sometimes takes longer than this test's short timeout.
-        func deliver(_ jws: String) async throws -> TestServer.Answer {
-            var answer = try await h.server.post(jws: jws)
-            for _ in 0..<10 where answer.status == 503 { answer = try await h.server.post(jws: jws) }
-            return answer
-        }
-        #expect(try await deliver(try h.notification()).status == 200)  // connections open, statements prepared
+        #expect(try await h.deliver(try h.notification()).status == 200)  // connections open, statements prepared
         let jws = try h.notification(jti: "blocked")
-        let logger = Logger(label: "lock")
-        try await h.server.client.withConnection { connection in
-            // Another session holds a lock that inserts wait for (as a long migration would).
-            try await connection.query("BEGIN", logger: logger)
-            try await connection.query("LOCK TABLE notifications IN SHARE MODE", logger: logger)
+        try await h.withInsertsBlocked {
             let started = ContinuousClock.now
             let answer = try await h.server.post(jws: jws)
             let waited = ContinuousClock.now - started
@@ -76,7 +64,6 @@ struct ReceiverTests {
             #expect(answer.headers.first(name: "retry-after") != nil)
             // By the 2 s timeout, not by the 60 s bound on any database call.
             #expect(waited >= .milliseconds(1_900) && waited < .seconds(20), "\(waited)")
-            try await connection.query("ROLLBACK", logger: logger)
         }
         var stored = 0
         for _ in 0..<300 where stored == 0 {
@@ -84,7 +71,7 @@ struct ReceiverTests {
             if stored == 0 { try await Task.sleep(for: .milliseconds(100)) }
         }
         #expect(stored == 1)
-        let retried = try await deliver(jws)
+        let retried = try await h.deliver(jws)
         #expect(retried.status == 200)
         #expect(retried.json?["status"] == .string("duplicate"))
         #expect(try await h.count("SELECT count(*) FROM jobs") == 2)
@@ -94,14 +81,9 @@ struct ReceiverTests {
     @Test("While both commit slots hang, deliveries still queued get 503 at the timeout and are dropped, not committed once the database is back")
     func queuedPastDeadlineDropped() async throws {
         let h = try await Harness.start { $0.databaseTimeout = .seconds(2) }
-        var warm = try await h.server.post(jws: try h.notification())
-        for _ in 0..<10 where warm.status == 503 { warm = try await h.server.post(jws: try h.notification()) }
-        #expect(warm.status == 200)
-        let logger = Logger(label: "lock")
+        #expect(try await h.deliver(try h.notification()).status == 200)
         let tokens = try (0..<10).map { try h.notification(jti: "held-\($0)") }
-        try await h.server.client.withConnection { connection in
-            try await connection.query("BEGIN", logger: logger)
-            try await connection.query("LOCK TABLE notifications IN SHARE MODE", logger: logger)
+        try await h.withInsertsBlocked {
             // The first two deliveries take the two commit slots (each a batch of its own, blocked
             // on the lock); the other eight queue behind them.
             let statuses = try await withThrowingTaskGroup(of: Int.self) { group in
@@ -112,7 +94,6 @@ struct ReceiverTests {
                 return try await group.reduce(into: [Int]()) { $0.append($1) }
             }
             #expect(statuses == Array(repeating: 503, count: 10))
-            try await connection.query("ROLLBACK", logger: logger)
         }
         var stored = 0
         for _ in 0..<300 where stored < 2 {
