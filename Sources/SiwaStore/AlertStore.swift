@@ -152,13 +152,16 @@ package struct AlertStore: Sendable {
 
     // MARK: JobsDepth
 
-    /// Jobs not completed, per lane and state. Each branch matches one partial index (ready jobs
-    /// per lane, running, discarded), so completed jobs — most of the table — are never read.
+    /// Jobs not completed, per lane and state. Each branch matches one partial index (available and
+    /// retryable effect jobs, ready jobs of the other lanes, running, discarded), so completed
+    /// jobs — most of the table — are never read.
     package func queueDepth() async throws -> [(lane: String, state: String, count: Int)] {
         var result: [(lane: String, state: String, count: Int)] = []
         for try await row in try await client.bounded.query(
             """
-            SELECT lane, state::text, count(*)::bigint FROM jobs WHERE lane = 'effects' AND state IN ('available', 'retryable') GROUP BY 1, 2
+            SELECT lane, state::text, count(*)::bigint FROM jobs WHERE lane = 'effects' AND state = 'available' GROUP BY 1, 2
+            UNION ALL
+            SELECT lane, state::text, count(*)::bigint FROM jobs WHERE lane = 'effects' AND state = 'retryable' GROUP BY 1, 2
             UNION ALL
             SELECT lane, state::text, count(*)::bigint FROM jobs WHERE lane = 'callbacks' AND state IN ('available', 'retryable') GROUP BY 1, 2
             UNION ALL

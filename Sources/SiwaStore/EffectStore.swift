@@ -175,15 +175,18 @@ package struct EffectStore: Sendable {
     /// transaction is locked, not finished: its user's later jobs wait), while many users run in
     /// parallel.
     ///
-    /// One scan of the ready jobs in run order, each tested by the per-user gate (one probe of
-    /// `jobs_user_order`; why that index is not partial: sql/003) and then locked; rows another
-    /// worker holds are skipped and do not count towards `limit` (the lock sits under the limit in
-    /// the plan), so a batch is full whenever enough work is ready, and the scan probes only as
-    /// far as it must: the batches other workers hold at the front, then its own. (The gate reads
-    /// the statement's snapshot: a job delivered late with an earlier event_time can run beside
-    /// its user's later one; the effect rules make the result the same in any order.)
+    /// Retries that are due first, in run order; then available jobs in event order — the gate's
+    /// own order, so the first job met of each user is its earliest and nearly every probe passes
+    /// (in run order, a backlog whose users' events were enqueued out of order made every claim
+    /// probe the same blocked jobs again: sql/010). Each scan tests a job by the per-user gate (one
+    /// probe of `jobs_user_order`; why that index is not partial: sql/003) and then locks it; rows
+    /// another worker holds are skipped and do not count towards `limit` (the lock sits under the
+    /// limit in the plan), so a batch is full whenever enough work is ready, and the scan probes
+    /// only as far as it must: the batches other workers hold at the front, then its own. (The
+    /// gate reads the statement's snapshot: a job delivered late with an earlier event_time can
+    /// run beside its user's later one; the effect rules make the result the same in any order.)
     ///
-    /// The query is `siwa_claim_effects` (sql/009): a function, so that each connection plans it
+    /// The query is `siwa_claim_effects` (sql/010): a function, so that each connection plans it
     /// once, under settings that leave only that plan (see there); this prepared statement adds
     /// the transaction's settings (`transactionSettingsSQL`).
     package struct Claim: PostgresPreparedStatement {
@@ -219,7 +222,7 @@ package struct EffectStore: Sendable {
     }
 
     /// The per-user gate on a job `j`: no earlier (event_time, id) effect job of its user is
-    /// unfinished — the same condition as in `siwa_claim_effects` (sql/009); QueueTests checks,
+    /// unfinished — the same condition as in `siwa_claim_effects` (sql/010); QueueTests checks,
     /// case by case, that the two take and refuse the same jobs.
     private static let gateSQL = """
         NOT EXISTS (

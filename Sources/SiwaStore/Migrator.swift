@@ -15,6 +15,7 @@ let embedded: [(file: String, bytes: [UInt8])] = [
     ("007_alerts.sql", PackageResources._07_alerts_sql),
     ("008_hot_status.sql", PackageResources._08_hot_status_sql),
     ("009_effects_claim.sql", PackageResources._09_effects_claim_sql),
+    ("010_effects_event_order.sql", PackageResources._10_effects_event_order_sql),
 ]
 
 /// A numbered SQL migration from `sql/` (built into the binary, so it runs from any directory).
