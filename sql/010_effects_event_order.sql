@@ -26,8 +26,11 @@ CREATE INDEX jobs_effects_retry ON jobs (run_at, id) WHERE lane = 'effects' AND 
 DROP INDEX jobs_effects_ready;
 
 -- Same result as before (sql/009): up to `batch` jobs, each its user's earliest unfinished one,
--- locked, with the events they apply. Bitmap scans and sorts are priced out too: a bitmap scan
--- and a sort of every available job must never look cheaper than walking the index in order.
+-- locked, with the events they apply. One statement, so one snapshot: the retries taken and the
+-- gate of the available jobs see the same jobs (in two statements, a user's job enqueued between
+-- them with an earlier event_time could join its retry in the same batch). Bitmap scans and sorts
+-- are priced out too: a bitmap scan and a sort of every available job must never look cheaper
+-- than walking the index in order.
 CREATE OR REPLACE FUNCTION siwa_claim_effects(batch integer)
 RETURNS TABLE (job_id bigint, attempt integer, notification_id bigint, jti text, aud text, sub text, type text, raw_type text,
                event_time_ms bigint, email text, is_private_email boolean)
@@ -35,12 +38,10 @@ LANGUAGE plpgsql
 SET enable_seqscan = off SET enable_hashjoin = off SET enable_mergejoin = off SET enable_bitmapscan = off SET enable_sort = off
 ROWS 200
 AS $$
-DECLARE
-    taken integer;
 BEGIN
-    -- Retries that are due, in run order.
     RETURN QUERY
-    WITH candidates AS (
+    WITH retries AS (
+        -- Retries that are due, in run order.
         SELECT j.id, j.notification_id, j.attempt FROM jobs j
         WHERE j.lane = 'effects' AND j.state = 'retryable' AND j.run_at <= now()
           AND NOT EXISTS (
@@ -51,19 +52,8 @@ BEGIN
         ORDER BY j.run_at, j.id
         LIMIT batch
         FOR UPDATE OF j SKIP LOCKED
-    )
-    SELECT c.id, c.attempt + 1, n.id, n.jti, n.aud, n.sub, n.type, n.raw_type,
-        (extract(epoch FROM n.event_time) * 1000)::bigint, n.email, n.is_private_email
-    FROM candidates c JOIN notifications n ON n.id = c.notification_id;
-    GET DIAGNOSTICS taken = ROW_COUNT;
-    IF taken >= batch THEN
-        RETURN;
-    END IF;
-
-    -- Then available jobs in event order. (A new statement, a new snapshot: the retries just
-    -- taken are still unfinished in it, so their users' later jobs wait.)
-    RETURN QUERY
-    WITH candidates AS (
+    ), fresh AS (
+        -- Then available jobs, in event order.
         SELECT j.id, j.notification_id, j.attempt FROM jobs j
         WHERE j.lane = 'effects' AND j.state = 'available'
           AND NOT EXISTS (
@@ -72,8 +62,10 @@ BEGIN
                 AND e.state IN ('available', 'retryable', 'running')
                 AND (e.event_time, e.id) < (j.event_time, j.id))
         ORDER BY j.event_time, j.id
-        LIMIT batch - taken
+        LIMIT batch - (SELECT count(*) FROM retries)
         FOR UPDATE OF j SKIP LOCKED
+    ), candidates AS (
+        SELECT * FROM retries UNION ALL SELECT * FROM fresh
     )
     SELECT c.id, c.attempt + 1, n.id, n.jti, n.aud, n.sub, n.type, n.raw_type,
         (extract(epoch FROM n.event_time) * 1000)::bigint, n.email, n.is_private_email

@@ -87,7 +87,8 @@ struct QueueTests {
             for _ in 0..<8 {  // an idle queue: the claim is planned (and its plan cached) on empty tables
                 #expect(try await store.runBatch(worker: "w", limit: 200, eraseOnDelete: true).claimed.isEmpty)
             }
-            try await BulkLoad.notifications(count: 20_000, users: 20_000, aud: "com.example.app", client: other)
+            // Through `one`, whose statistics `rowsRead` flushes (see claimGoesInEventOrder).
+            try await BulkLoad.notifications(count: 20_000, users: 20_000, aud: "com.example.app", client: one)
             // Another worker holds the first 200 jobs in the claim's order (event order).
             try await other.withConnection { holder in
                 try await holder.query("BEGIN", logger: logger)
@@ -116,7 +117,9 @@ struct QueueTests {
             // 2,000 users × 10 events, enqueued round by round (every user's k-th event, then the
             // (k+1)-th), each round an hour earlier than the one before: every user's earliest event
             // is in the last round, behind 18,000 jobs in run order.
-            try await other.query(
+            // Through `one`, whose statistics `rowsRead` flushes: another connection's reads
+            // (the foreign-key checks of 20,000 inserts) could reach the counters mid-measurement.
+            try await one.query(
                 """
                 WITH n AS (
                     INSERT INTO notifications (jti, aud, sub, type, raw_type, event_time, status, kid, issued_at, raw_jws, header, claims)
@@ -135,6 +138,41 @@ struct QueueTests {
             #expect(round.claimed.count == 200)
             #expect(round.claimed.allSatisfy { $0.jti.hasPrefix("late-9-") }, "each user's earliest event is its last enqueued")
             #expect(read < 5_000, "\(read) rows read through indexes for a batch of 200")
+        }
+    }
+
+    @Test("the claim takes due retries first, and each user's earliest unfinished job whatever its state: a due retry before its user's later job, an earlier job before its user's due retry, nothing behind a retry still backing off")
+    func claimTakesDueRetriesFirst() async throws {
+        let logger = Logger(label: "queue-test", factory: { _ in SwiftLogNoOpLogHandler() })
+        try await Self.withDatabase { client in
+            func insert(_ jti: String, sub: String, minutes: Int, state: String = "available", runInMinutes: Int = 0) async throws {
+                try await client.query(
+                    """
+                    WITH n AS (
+                        INSERT INTO notifications (jti, aud, sub, type, raw_type, event_time, status, kid, issued_at, raw_jws, header, claims)
+                        VALUES (\(jti), 'com.example.app', \(sub), 'consent-revoked', 'consent-revoked',
+                            timestamptz '2025-01-01' + \(minutes) * interval '1 minute', 'pending', 'test', now(), 'test', '{}'::jsonb, '{}'::jsonb)
+                        RETURNING id, aud, sub, event_time)
+                    INSERT INTO jobs (notification_id, aud, sub, event_time, run_at, state, attempt)
+                    SELECT id, aud, sub, event_time, now() + \(runInMinutes) * interval '1 minute', \(state)::job_state,
+                        CASE WHEN \(state) = 'retryable' THEN 1 ELSE 0 END
+                    FROM n
+                    """, logger: logger)
+            }
+            // Available jobs with the earliest event times of all, so that in event order they come
+            // before every retry: only "retries first" puts the retries at the head of a batch of one.
+            try await insert("first-available", sub: "user-0", minutes: 0)
+            try await insert("due-retry", sub: "user-1", minutes: 10, state: "retryable")
+            try await insert("after-due-retry", sub: "user-1", minutes: 20)
+            try await insert("before-retry", sub: "user-2", minutes: 5)
+            try await insert("retry-after-earlier", sub: "user-2", minutes: 30, state: "retryable")
+            try await insert("backing-off", sub: "user-3", minutes: 1, state: "retryable", runInMinutes: 60)
+            try await insert("after-backing-off", sub: "user-3", minutes: 40)
+
+            #expect(Set(try await Self.claimable(client, logger: logger).map(\.jti)) == ["first-available", "due-retry", "before-retry"])
+            let first = try await Self.claimable(client, limit: 1, logger: logger)
+            #expect(first.map(\.jti) == ["due-retry"])
+            #expect(first.first?.attempt == 2, "a retry's next attempt")
         }
     }
 
@@ -190,11 +228,11 @@ struct QueueTests {
     }
 
     /// What the claim would take now (in a transaction rolled back, so nothing changes).
-    static func claimable(_ client: PostgresClient, logger: Logger) async throws -> [ClaimedJob] {
+    static func claimable(_ client: PostgresClient, limit: Int = 200, logger: Logger) async throws -> [ClaimedJob] {
         try await client.withConnection { connection in
             try await connection.query("BEGIN", logger: logger)
             var jobs: [ClaimedJob] = []
-            for try await job in try await connection.execute(EffectStore.Claim(limit: 200), logger: logger) { jobs.append(job) }
+            for try await job in try await connection.execute(EffectStore.Claim(limit: limit), logger: logger) { jobs.append(job) }
             try await connection.query("ROLLBACK", logger: logger)
             return jobs
         }
