@@ -133,13 +133,23 @@ package struct AlertStore: Sendable {
 
     /// The operational alerts' inputs: seconds the oldest ready job (any lane) has waited, jobs
     /// discarded and deliveries refused for a bad signature (recorded or sampled out) since `since`.
+    ///
+    /// The oldest ready job is looked for lane by lane and state by state, each through its own
+    /// partial index, so that it reads the ready jobs, not the table: one condition over all
+    /// lanes matched no partial index and scanned every job kept (`SIWA_JOB_RETENTION`) at each
+    /// evaluation. Available effect jobs are indexed in event order (sql/010), so their oldest is
+    /// a walk of that index: as long as the effect backlog, not the table.
     package func operationalSignals(since: Date) async throws -> (queueLag: Int, discarded: Int, badSignatures: Int) {
         var result = (0, 0, 0)
         for try await row in try await client.bounded.query(
             """
             SELECT
-                coalesce((SELECT extract(epoch FROM now() - min(run_at))::bigint FROM jobs
-                          WHERE state IN ('available', 'retryable') AND run_at <= now()), 0),
+                coalesce(extract(epoch FROM now() - least(
+                    (SELECT min(run_at) FROM jobs WHERE lane = 'effects' AND state = 'available' AND run_at <= now()),
+                    (SELECT min(run_at) FROM jobs WHERE lane = 'effects' AND state = 'retryable' AND run_at <= now()),
+                    (SELECT min(run_at) FROM jobs WHERE lane = 'callbacks' AND state IN ('available', 'retryable') AND run_at <= now()),
+                    (SELECT min(run_at) FROM jobs WHERE lane = 'alerts' AND state IN ('available', 'retryable') AND run_at <= now())
+                ))::bigint, 0),
                 (SELECT count(*) FROM jobs WHERE state = 'discarded' AND finished_at >= \(since))::bigint,
                 coalesce((SELECT sum(recorded + sampled_out) FROM rejection_counts
                           WHERE reason = 'bad_signature' AND minute >= date_trunc('minute', \(since))), 0)::bigint
