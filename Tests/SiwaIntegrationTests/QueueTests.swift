@@ -145,29 +145,15 @@ struct QueueTests {
     func claimTakesDueRetriesFirst() async throws {
         let logger = Logger(label: "queue-test", factory: { _ in SwiftLogNoOpLogHandler() })
         try await Self.withDatabase { client in
-            func insert(_ jti: String, sub: String, minutes: Int, state: String = "available", runInMinutes: Int = 0) async throws {
-                try await client.query(
-                    """
-                    WITH n AS (
-                        INSERT INTO notifications (jti, aud, sub, type, raw_type, event_time, status, kid, issued_at, raw_jws, header, claims)
-                        VALUES (\(jti), 'com.example.app', \(sub), 'consent-revoked', 'consent-revoked',
-                            timestamptz '2025-01-01' + \(minutes) * interval '1 minute', 'pending', 'test', now(), 'test', '{}'::jsonb, '{}'::jsonb)
-                        RETURNING id, aud, sub, event_time)
-                    INSERT INTO jobs (notification_id, aud, sub, event_time, run_at, state, attempt)
-                    SELECT id, aud, sub, event_time, now() + \(runInMinutes) * interval '1 minute', \(state)::job_state,
-                        CASE WHEN \(state) = 'retryable' THEN 1 ELSE 0 END
-                    FROM n
-                    """, logger: logger)
-            }
             // Available jobs with the earliest event times of all, so that in event order they come
             // before every retry: only "retries first" puts the retries at the head of a batch of one.
-            try await insert("first-available", sub: "user-0", minutes: 0)
-            try await insert("due-retry", sub: "user-1", minutes: 10, state: "retryable")
-            try await insert("after-due-retry", sub: "user-1", minutes: 20)
-            try await insert("before-retry", sub: "user-2", minutes: 5)
-            try await insert("retry-after-earlier", sub: "user-2", minutes: 30, state: "retryable")
-            try await insert("backing-off", sub: "user-3", minutes: 1, state: "retryable", runInMinutes: 60)
-            try await insert("after-backing-off", sub: "user-3", minutes: 40)
+            try await Self.insertJob(client, jti: "first-available", sub: "user-0", seconds: 0, logger: logger)
+            try await Self.insertJob(client, jti: "due-retry", sub: "user-1", seconds: 600, state: "retryable", logger: logger)
+            try await Self.insertJob(client, jti: "after-due-retry", sub: "user-1", seconds: 1200, logger: logger)
+            try await Self.insertJob(client, jti: "before-retry", sub: "user-2", seconds: 300, logger: logger)
+            try await Self.insertJob(client, jti: "retry-after-earlier", sub: "user-2", seconds: 1800, state: "retryable", logger: logger)
+            try await Self.insertJob(client, jti: "backing-off", sub: "user-3", seconds: 60, state: "retryable", runInSeconds: 3_600, logger: logger)
+            try await Self.insertJob(client, jti: "after-backing-off", sub: "user-3", seconds: 2400, logger: logger)
 
             #expect(Set(try await Self.claimable(client, logger: logger).map(\.jti)) == ["first-available", "due-retry", "before-retry"])
             let first = try await Self.claimable(client, limit: 1, logger: logger)
@@ -227,6 +213,34 @@ struct QueueTests {
         }
     }
 
+    /// One consent-revoked notification and its job, as the queue tests need them: event time
+    /// `seconds` after 2025-01-01, in `lane` and `state` (a retryable job has had one attempt;
+    /// finished, running and callback jobs get the columns their state requires), due in
+    /// `runInSeconds`.
+    static func insertJob(
+        _ client: PostgresClient, jti: String, aud: String = "com.example.app", sub: String, seconds: Int, lane: String = "effects",
+        state: String = "available", runInSeconds: Int = 0, logger: Logger
+    ) async throws {
+        try await client.query(
+            """
+            WITH n AS (
+                INSERT INTO notifications (jti, aud, sub, type, raw_type, event_time, status, kid, issued_at, raw_jws, header, claims)
+                VALUES (\(jti), \(aud), \(sub), 'consent-revoked', 'consent-revoked', timestamptz '2025-01-01' + \(seconds) * interval '1 second',
+                    'pending', 'test', now(), 'test', '{}'::jsonb, '{}'::jsonb)
+                RETURNING id, aud, sub, event_time)
+            INSERT INTO jobs (notification_id, aud, sub, event_time, run_at, lane, kind, payload, state, attempt, finished_at, locked_by,
+                lease_expires_at)
+            SELECT id, aud, sub, event_time, now() + \(runInSeconds) * interval '1 second', \(lane),
+                CASE WHEN \(lane) = 'callbacks' THEN 'callback' ELSE 'apply_effect' END,
+                CASE WHEN \(lane) = 'callbacks' THEN '{}' END, \(state)::job_state,
+                CASE WHEN \(state) = 'retryable' THEN 1 ELSE 0 END,
+                CASE WHEN \(state) IN ('completed', 'discarded') THEN now() END,
+                CASE WHEN \(state) = 'running' THEN 'an-older-worker' END,
+                CASE WHEN \(state) = 'running' THEN now() + interval '1 hour' END
+            FROM n
+            """, logger: logger)
+    }
+
     /// What the claim would take now (in a transaction rolled back, so nothing changes).
     static func claimable(_ client: PostgresClient, limit: Int = 200, logger: Logger) async throws -> [ClaimedJob] {
         try await client.withConnection { connection in
@@ -262,35 +276,18 @@ struct QueueTests {
         ]
         let logger = Logger(label: "queue-test", factory: { _ in SwiftLogNoOpLogHandler() })
         try await Self.withDatabase { client in
-            func insert(jti: String, aud: String, sub: String, seconds: Int, lane: String = "effects", state: String = "available") async throws {
-                try await client.query(
-                    """
-                    WITH n AS (
-                        INSERT INTO notifications (jti, aud, sub, type, raw_type, event_time, status, kid, issued_at, raw_jws, header, claims)
-                        VALUES (\(jti), \(aud), \(sub), 'consent-revoked', 'consent-revoked', timestamptz '2025-01-01' + \(seconds) * interval '1 second',
-                            'pending', 'test', now(), 'test', '{}'::jsonb, '{}'::jsonb)
-                        RETURNING id, aud, sub, event_time)
-                    INSERT INTO jobs (notification_id, aud, sub, event_time, run_at, lane, kind, payload, state, finished_at, locked_by, lease_expires_at)
-                    SELECT id, aud, sub, event_time, now(), \(lane), CASE WHEN \(lane) = 'callbacks' THEN 'callback' ELSE 'apply_effect' END,
-                        CASE WHEN \(lane) = 'callbacks' THEN '{}' END, \(state)::job_state,
-                        CASE WHEN \(state) IN ('completed', 'discarded') THEN now() END,
-                        CASE WHEN \(state) = 'running' THEN 'an-older-worker' END,
-                        CASE WHEN \(state) = 'running' THEN now() + interval '1 hour' END
-                    FROM n
-                    """, logger: logger)
-            }
             // Each case's target: its user's only job so far, claimed once (rolled back) as a batch would have.
             for (index, _) in cases.enumerated() {
-                try await insert(jti: "target-\(index)", aud: "com.example.app", sub: "user-\(index)", seconds: index * 1_000)
+                try await Self.insertJob(client, jti: "target-\(index)", sub: "user-\(index)", seconds: index * 1_000, logger: logger)
             }
             let claimed = try await Self.claimable(client, logger: logger)
             var targets: [String: ClaimedJob] = [:]
             for job in claimed { targets[job.event.sub] = job }
             #expect(targets.count == cases.count)
             for (index, test) in cases.enumerated() {
-                try await insert(
-                    jti: "other-\(index)", aud: test.aud, sub: test.otherSub ? "user-\(index)-other" : "user-\(index)",
-                    seconds: index * 1_000 + test.offsetSeconds, lane: test.lane, state: test.state)
+                try await Self.insertJob(
+                    client, jti: "other-\(index)", aud: test.aud, sub: test.otherSub ? "user-\(index)-other" : "user-\(index)",
+                    seconds: index * 1_000 + test.offsetSeconds, lane: test.lane, state: test.state, logger: logger)
             }
             let claimableNow = Set(try await Self.claimable(client, logger: logger).filter { $0.jti.hasPrefix("target-") }.map(\.event.sub))
             let store = EffectStore(client: client, logger: logger)
