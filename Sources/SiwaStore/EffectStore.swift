@@ -85,12 +85,33 @@ package struct EffectStore: Sendable {
     /// (`idle_in_transaction_session_timeout`, set for this transaction only), which frees its
     /// jobs — the lease's job, without a heartbeat.
     ///
+    /// Accounts: a user's row is locked before the rules read it (LockAccounts). A user without a
+    /// row has nothing to lock, so another transaction may create it meanwhile — a session, an
+    /// erasure, or the user's own earlier event delivered late and claimed beside this one (the
+    /// gate reads the claim's snapshot). Writing the rules' result over it would lose what it
+    /// holds; instead the batch rolls back and runs again, locking that row.
+    ///
     /// Throws `BatchFailed` when the effects fail after the claim with an error that may be the
     /// jobs' own (not a lost connection, a deadline, a deadlock or a shutdown: then the batch just
     /// rolled back and its jobs are ready again).
     package func runBatch(
         worker: String, limit: Int, eraseOnDelete: Bool, callbacks: Bool = false, stall: Duration = EffectStore.defaultStall
     ) async throws -> Round {
+        // A batch that lost a race for a first-seen user's account rolled back whole: at once
+        // again (it then locks the row the other transaction created). Rare, so a few times.
+        for _ in 1..<Self.accountRaceTries {
+            do {
+                return try await runBatchOnce(worker: worker, limit: limit, eraseOnDelete: eraseOnDelete, callbacks: callbacks, stall: stall)
+            } catch EffectStoreError.accountCreatedConcurrently(let users) {
+                logger.info("batch rolled back: an account was created concurrently; claiming again", metadata: ["worker": "\(worker)", "users": "\(users)"])
+            }
+        }
+        return try await runBatchOnce(worker: worker, limit: limit, eraseOnDelete: eraseOnDelete, callbacks: callbacks, stall: stall)
+    }
+
+    static let accountRaceTries = 3
+
+    private func runBatchOnce(worker: String, limit: Int, eraseOnDelete: Bool, callbacks: Bool, stall: Duration) async throws -> Round {
         let logger = self.logger
         let claim = Claim(limit: limit, stall: stall)
         let inHand = ClaimedBox()
@@ -116,6 +137,7 @@ package struct EffectStore: Sendable {
     /// server error at all (a deadline, a closed connection, cancellation). Those say nothing
     /// about a job: retrying the jobs one by one, or spending their attempts, would be wrong.
     static func mayBeTheJobs(_ error: any Error) -> Bool {
+        if case .accountCreatedConcurrently = error as? EffectStoreError { return false }
         if error is EffectStoreError { return true }
         guard let state = (error as? PSQLError)?.serverInfo?[.sqlState] else { return false }
         return !["08", "25", "40", "53", "57"].contains(String(state.prefix(2)))
@@ -310,6 +332,7 @@ package struct EffectStore: Sendable {
         for try await row in try await connection.execute(LockAccounts(users: users), logger: logger) {
             states[row.user] = row.account
         }
+        let existing = Set(states.keys)
 
         // The rules decide, in event_time order per user.
         var revocations: [Revocation] = []
@@ -352,23 +375,33 @@ package struct EffectStore: Sendable {
         // Read to the end: a prepared statement's error arrives with its rows, and one left
         // unread here would surface nowhere — COMMIT of the failed transaction answers ROLLBACK.
         let completion = Complete(
-            jobs: held, applied: applied, worker: worker, callbacks: callbacks, accounts: users.map { ($0, states[$0] ?? .unknown) })
-        var completed = 0
-        for try await row in try await connection.execute(completion, logger: logger) { completed = row.0 }
+            jobs: held, applied: applied, worker: worker, callbacks: callbacks,
+            accounts: users.map { ($0, states[$0] ?? .unknown, existed: existing.contains($0)) })
+        var (completed, written) = (0, 0)
+        for try await row in try await connection.execute(completion, logger: logger) { (completed, written) = (row.0, row.1) }
         guard completed == held.count else {
             // Cannot happen while the claim's locks hold; never report effects that were not recorded.
             throw EffectStoreError.completionMismatch(expected: held.count, completed: completed)
+        }
+        guard written == users.count else {
+            // Another transaction created a user's account after LockAccounts looked: the rules
+            // decided without it. Roll back; the batch runs again and locks that row.
+            throw EffectStoreError.accountCreatedConcurrently(users: users.count - written)
         }
         return applied
     }
 
     package enum EffectStoreError: Error, CustomStringConvertible {
         case completionMismatch(expected: Int, completed: Int)
+        /// Not the jobs' fault: a race with another writer of a first-seen user's account.
+        case accountCreatedConcurrently(users: Int)
 
         package var description: String {
             switch self {
             case .completionMismatch(let expected, let completed):
                 "completed \(completed) of \(expected) claimed jobs (a job changed under its lock); the batch was rolled back"
+            case .accountCreatedConcurrently(let users):
+                "\(users) account(s) were created by another transaction while this batch applied its effects; the batch was rolled back and its jobs are ready again"
             }
         }
     }
@@ -463,7 +496,7 @@ package struct EffectStore: Sendable {
     /// Writes the accounts as the rules left them, marks the notifications applied, logs the
     /// attempts, enqueues callbacks, and NOTIFYs `siwa_effects` (one payload per effect).
     struct Complete: PostgresPreparedStatement {
-        static let name = "siwa_effects_complete_v2"
+        static let name = "siwa_effects_complete_v3"
         static let sql = """
             WITH done AS (
                 UPDATE jobs j SET state = 'completed', attempt = c.attempt,
@@ -472,7 +505,26 @@ package struct EffectStore: Sendable {
                 FROM unnest($1::int8[], $3::int8[], $4::int8[]) AS c(id, attempt, started_at_us)
                 WHERE j.id = c.id AND j.state IN ('available', 'retryable')
                 RETURNING j.id
-            ), accounts_written AS (
+            ), accounts_in AS (
+                SELECT * FROM unnest($11::text[], $12::text[], $13::text[], $14::bool[], $15::text[], $16::int8[], $17::int8[], $18::int8[],
+                    $19::int8[], $20::int8[], $22::bool[]) AS a(aud, sub, email, is_private_email, email_forwarding, email_event_time,
+                    consent_revoked_at, deleted_at, consent_event_time, address_event_time, existed)
+            ), accounts_updated AS (
+                -- Rows LockAccounts found, and locked.
+                UPDATE accounts t SET email = a.email, is_private_email = a.is_private_email,
+                    email_forwarding = a.email_forwarding::email_forwarding,
+                    email_event_time = timestamptz 'epoch' + a.email_event_time * interval '1 millisecond',
+                    consent_revoked_at = timestamptz 'epoch' + a.consent_revoked_at * interval '1 millisecond',
+                    deleted_at = timestamptz 'epoch' + a.deleted_at * interval '1 millisecond',
+                    consent_event_time = timestamptz 'epoch' + a.consent_event_time * interval '1 millisecond',
+                    address_event_time = timestamptz 'epoch' + a.address_event_time * interval '1 millisecond',
+                    updated_at = now()
+                FROM accounts_in a WHERE a.existed AND t.aud = a.aud AND t.sub = a.sub
+                RETURNING 1
+            ), accounts_created AS (
+                -- Users LockAccounts found no row for: a row another transaction created since (a
+                -- session, an erasure, a job of the same user delivered late) is left alone and not
+                -- counted — the rules never saw it, so writing over it would lose what it holds.
                 INSERT INTO accounts (aud, sub, email, is_private_email, email_forwarding, email_event_time, consent_revoked_at, deleted_at,
                     consent_event_time, address_event_time)
                 SELECT a.aud, a.sub, a.email, a.is_private_email, a.email_forwarding::email_forwarding,
@@ -481,14 +533,10 @@ package struct EffectStore: Sendable {
                     timestamptz 'epoch' + a.deleted_at * interval '1 millisecond',
                     timestamptz 'epoch' + a.consent_event_time * interval '1 millisecond',
                     timestamptz 'epoch' + a.address_event_time * interval '1 millisecond'
-                FROM unnest($11::text[], $12::text[], $13::text[], $14::bool[], $15::text[], $16::int8[], $17::int8[], $18::int8[], $19::int8[],
-                    $20::int8[]) AS a(aud, sub, email, is_private_email, email_forwarding, email_event_time, consent_revoked_at, deleted_at,
-                    consent_event_time, address_event_time)
-                ON CONFLICT (aud, sub) DO UPDATE SET
-                    email = excluded.email, is_private_email = excluded.is_private_email, email_forwarding = excluded.email_forwarding,
-                    email_event_time = excluded.email_event_time, consent_revoked_at = excluded.consent_revoked_at,
-                    deleted_at = excluded.deleted_at, consent_event_time = excluded.consent_event_time,
-                    address_event_time = excluded.address_event_time, updated_at = now()
+                FROM accounts_in a WHERE NOT a.existed
+                ORDER BY a.aud, a.sub  -- key order, as LockAccounts: two batches creating the same two accounts wait, not deadlock
+                ON CONFLICT (aud, sub) DO NOTHING
+                RETURNING 1
             ), r AS (
                 SELECT * FROM unnest($1::int8[], $2::int8[], $3::int8[], $4::int8[], $5::text[], $6::text[], $7::text[], $8::text[], $9::int8[],
                     $10::text[]) AS r(job_id, notification_id, attempt, started_at_us, effect, notify, aud, sub, event_ms, callback)
@@ -505,15 +553,17 @@ package struct EffectStore: Sendable {
                 ON CONFLICT (notification_id, kind) DO NOTHING
                 RETURNING id
             )
-            SELECT (SELECT count(*) FROM done), (SELECT count(pg_notify('siwa_effects', notify)) FROM r),
+            SELECT (SELECT count(*) FROM done), (SELECT count(*) FROM accounts_updated) + (SELECT count(*) FROM accounts_created),
+                (SELECT count(pg_notify('siwa_effects', notify)) FROM r),
                 (SELECT count(pg_notify('siwa_jobs', 'callbacks')) FROM (SELECT 1 FROM callbacks LIMIT 1) c)
             """
-        typealias Row = (Int, Int, Int)
+        typealias Row = (Int, Int, Int, Int)
         let jobs: [ClaimedJob]
         let applied: [AppliedEffect]
         let worker: String
         let callbacks: Bool
-        let accounts: [(User, AccountState)]
+        /// Each user's account as the rules left it, and whether LockAccounts found (and locked) its row.
+        let accounts: [(User, AccountState, existed: Bool)]
 
         func makeBindings() -> PostgresBindings {
             var bindings = PostgresBindings(capacity: 21)
@@ -540,6 +590,7 @@ package struct EffectStore: Sendable {
             bindings.append(NullableArray(accounts.map(\.1.consentEventTime)))
             bindings.append(NullableArray(accounts.map(\.1.addressEventTime)))
             bindings.append(worker)
+            bindings.append(accounts.map(\.existed))
             return bindings
         }
 

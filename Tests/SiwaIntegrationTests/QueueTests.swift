@@ -213,19 +213,19 @@ struct QueueTests {
         }
     }
 
-    /// One consent-revoked notification and its job, as the queue tests need them: event time
+    /// One notification (consent-revoked unless `type` says) and its job, as the queue tests need them: event time
     /// `seconds` after 2025-01-01, in `lane` and `state` (a retryable job has had one attempt;
     /// finished, running and callback jobs get the columns their state requires), due in
     /// `runInSeconds`.
     static func insertJob(
-        _ client: PostgresClient, jti: String, aud: String = "com.example.app", sub: String, seconds: Int, lane: String = "effects",
-        state: String = "available", runInSeconds: Int = 0, logger: Logger
+        _ client: PostgresClient, jti: String, aud: String = "com.example.app", sub: String, type: String = "consent-revoked", seconds: Int,
+        lane: String = "effects", state: String = "available", runInSeconds: Int = 0, logger: Logger
     ) async throws {
         try await client.query(
             """
             WITH n AS (
                 INSERT INTO notifications (jti, aud, sub, type, raw_type, event_time, status, kid, issued_at, raw_jws, header, claims)
-                VALUES (\(jti), \(aud), \(sub), 'consent-revoked', 'consent-revoked', timestamptz '2025-01-01' + \(seconds) * interval '1 second',
+                VALUES (\(jti), \(aud), \(sub), \(type), \(type), timestamptz '2025-01-01' + \(seconds) * interval '1 second',
                     'pending', 'test', now(), 'test', '{}'::jsonb, '{}'::jsonb)
                 RETURNING id, aud, sub, event_time)
             INSERT INTO jobs (notification_id, aud, sub, event_time, run_at, lane, kind, payload, state, attempt, finished_at, locked_by,
@@ -299,6 +299,49 @@ struct QueueTests {
                 #expect(claimableNow.contains("user-\(index)") == !test.blocks, "the claim, \(test.name)")
                 #expect(applied == !test.blocks, "runOne, \(test.name): \(outcome)")
             }
+        }
+    }
+
+    @Test("a first-seen user's earlier event delivered late runs beside its later one: neither effect is lost (the batch that meets the other's new account row runs again)")
+    func firstSeenUserRaceLosesNothing() async throws {
+        let logger = Logger(label: "queue-test", factory: { _ in SwiftLogNoOpLogHandler() })
+        try await Self.withDatabase { client in
+            let store = EffectStore(client: client, logger: logger)
+            let waitingForLocks = "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE 'WITH done AS%'"
+            func waitUntil(_ count: Int) async throws {
+                for _ in 0..<600 where try await Self.count(client, waitingForLocks) < count { try await Task.sleep(for: .milliseconds(50)) }
+                #expect(try await Self.count(client, waitingForLocks) == count, "batches blocked at their completion statement")
+            }
+            try await Self.insertJob(client, jti: "later", sub: "new-user", seconds: 1_200, logger: logger)
+            // Both batches stop at their completion statement (it writes job_attempts) until the
+            // blocker lets go: each has already read the user's account (none yet) by then.
+            try await client.withConnection { blocker in
+                try await blocker.query("BEGIN", logger: logger)
+                try await blocker.query("LOCK TABLE job_attempts IN EXCLUSIVE MODE", logger: logger)
+                async let first = store.runBatch(worker: "a", limit: 10, eraseOnDelete: true)
+                try await waitUntil(1)
+                // Delivered late: earlier than the job in flight, so the gate lets it run beside it.
+                try await Self.insertJob(client, jti: "earlier", sub: "new-user", type: "email-disabled", seconds: 600, logger: logger)
+                async let second = store.runBatch(worker: "b", limit: 10, eraseOnDelete: true)
+                try await waitUntil(2)
+                try await blocker.query("ROLLBACK", logger: logger)
+                let rounds = try await [first, second]
+                #expect(rounds.map { $0.applied.map(\.jti) }.sorted { $0.description < $1.description } == [["earlier"], ["later"]])
+            }
+            // Both effects hold: the later consent revocation and the earlier forwarding change.
+            for try await (forwarding, emailEvent, revoked) in try await client.query(
+                """
+                SELECT email_forwarding::text, extract(epoch FROM email_event_time - timestamptz '2025-01-01')::int,
+                    extract(epoch FROM consent_revoked_at - timestamptz '2025-01-01')::int
+                FROM accounts WHERE sub = 'new-user'
+                """
+            ).decode((String?, Int?, Int?).self) {
+                #expect(forwarding == "disabled" && emailEvent == 600, "the email-disabled effect")
+                #expect(revoked == 1_200, "the consent-revoked effect")
+            }
+            #expect(try await Self.count(client, "SELECT count(*) FROM accounts") == 1)
+            #expect(try await Self.count(client, "SELECT count(*) FROM jobs WHERE state = 'completed' AND attempt = 1") == 2)
+            #expect(try await Self.count(client, "SELECT count(*) FROM job_attempts WHERE outcome = 'applied'") == 2)
         }
     }
 
