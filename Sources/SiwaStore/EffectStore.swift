@@ -89,7 +89,8 @@ package struct EffectStore: Sendable {
     /// row has nothing to lock, so another transaction may create it meanwhile — a session, an
     /// erasure, or the user's own earlier event delivered late and claimed beside this one (the
     /// gate reads the claim's snapshot). Writing the rules' result over it would lose what it
-    /// holds; instead the batch rolls back and runs again, locking that row.
+    /// holds; instead the batch rolls back and runs again, locking that row (up to three times,
+    /// then `EffectStoreError.accountCreatedConcurrently` is thrown: its jobs are ready again).
     ///
     /// Throws `BatchFailed` when the effects fail after the claim with an error that may be the
     /// jobs' own (not a lost connection, a deadline, a deadlock or a shutdown: then the batch just
@@ -97,19 +98,27 @@ package struct EffectStore: Sendable {
     package func runBatch(
         worker: String, limit: Int, eraseOnDelete: Bool, callbacks: Bool = false, stall: Duration = EffectStore.defaultStall
     ) async throws -> Round {
-        // A batch that lost a race for a first-seen user's account rolled back whole: at once
-        // again (it then locks the row the other transaction created). Rare, so a few times.
-        for _ in 1..<Self.accountRaceTries {
-            do {
-                return try await runBatchOnce(worker: worker, limit: limit, eraseOnDelete: eraseOnDelete, callbacks: callbacks, stall: stall)
-            } catch EffectStoreError.accountCreatedConcurrently(let users) {
-                logger.info("batch rolled back: an account was created concurrently; claiming again", metadata: ["worker": "\(worker)", "users": "\(users)"])
-            }
+        try await retryingAccountRace(worker: worker) {
+            try await runBatchOnce(worker: worker, limit: limit, eraseOnDelete: eraseOnDelete, callbacks: callbacks, stall: stall)
         }
-        return try await runBatchOnce(worker: worker, limit: limit, eraseOnDelete: eraseOnDelete, callbacks: callbacks, stall: stall)
     }
 
-    static let accountRaceTries = 3
+    /// Runs `transaction` again at once when it lost a race for a first-seen user's account (it
+    /// rolled back whole; the next run locks the row the other transaction created). Each user
+    /// can cause that once (accounts are never deleted), so a few tries suffice; after them the
+    /// error is thrown (not the jobs' fault, see `mayBeTheJobs`).
+    private func retryingAccountRace<T>(worker: String, _ transaction: () async throws -> T) async throws -> T {
+        for _ in 1..<3 {
+            do {
+                return try await transaction()
+            } catch EffectStoreError.accountCreatedConcurrently(let users) {
+                logger.info(
+                    "effects rolled back: an account was created concurrently; running them again",
+                    metadata: ["worker": "\(worker)", "users": "\(users)"])
+            }
+        }
+        return try await transaction()
+    }
 
     private func runBatchOnce(worker: String, limit: Int, eraseOnDelete: Bool, callbacks: Bool, stall: Duration) async throws -> Round {
         let logger = self.logger
@@ -172,20 +181,22 @@ package struct EffectStore: Sendable {
     ) async throws -> OneOutcome {
         let logger = self.logger
         let sql = Self.claimOneSQL(id: job.id, attempt: job.attempt - 1, stall: stall)
-        return try await client.bounded.transaction(logger: logger) { connection -> OneOutcome in
-            guard let job = try await Self.claimLocked(sql, on: connection, logger: logger).first else { return .gone }
-            try await connection.query("SAVEPOINT one_job", logger: logger)
-            do {
-                let applied = try await Self.applyLocked([job], worker: worker, eraseOnDelete: eraseOnDelete, callbacks: callbacks, on: connection, logger: logger)
-                guard let effect = applied.first else { return .gone }
-                return .applied(effect)
-            } catch {
-                if Task.isCancelled || !Self.mayBeTheJobs(error) { throw error }
-                let message = loggable(error)
-                try await connection.query("ROLLBACK TO SAVEPOINT one_job", logger: logger)
-                let discarded = job.attempt >= maxAttempts
-                try await Self.failLocked(job, error: message, discarded: discarded, delay: delay(job.attempt), worker: worker, on: connection, logger: logger)
-                return .failed(error: message, discarded: discarded)
+        return try await retryingAccountRace(worker: worker) {
+            try await client.bounded.transaction(logger: logger) { connection -> OneOutcome in
+                guard let job = try await Self.claimLocked(sql, on: connection, logger: logger).first else { return .gone }
+                try await connection.query("SAVEPOINT one_job", logger: logger)
+                do {
+                    let applied = try await Self.applyLocked([job], worker: worker, eraseOnDelete: eraseOnDelete, callbacks: callbacks, on: connection, logger: logger)
+                    guard let effect = applied.first else { return .gone }
+                    return .applied(effect)
+                } catch {
+                    if Task.isCancelled || !Self.mayBeTheJobs(error) { throw error }
+                    let message = loggable(error)
+                    try await connection.query("ROLLBACK TO SAVEPOINT one_job", logger: logger)
+                    let discarded = job.attempt >= maxAttempts
+                    try await Self.failLocked(job, error: message, discarded: discarded, delay: delay(job.attempt), worker: worker, on: connection, logger: logger)
+                    return .failed(error: message, discarded: discarded)
+                }
             }
         }
     }
@@ -566,7 +577,7 @@ package struct EffectStore: Sendable {
         let accounts: [(User, AccountState, existed: Bool)]
 
         func makeBindings() -> PostgresBindings {
-            var bindings = PostgresBindings(capacity: 21)
+            var bindings = PostgresBindings(capacity: 22)
             bindings.append(jobs.map { Int64($0.id) })
             bindings.append(jobs.map { Int64($0.notificationID) })
             bindings.append(jobs.map { Int64($0.attempt) })
