@@ -307,7 +307,7 @@ struct QueueTests {
         let logger = Logger(label: "queue-test", factory: { _ in SwiftLogNoOpLogHandler() })
         try await Self.withDatabase { client in
             let store = EffectStore(client: client, logger: logger)
-            let waitingForLocks = "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE 'WITH done AS%'"
+            let waitingForLocks = "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock' AND query LIKE 'WITH done AS%'"
             func waitUntil(_ count: Int) async throws {
                 for _ in 0..<600 where try await Self.count(client, waitingForLocks) < count { try await Task.sleep(for: .milliseconds(50)) }
                 #expect(try await Self.count(client, waitingForLocks) == count, "batches blocked at their completion statement")
