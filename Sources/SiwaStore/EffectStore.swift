@@ -89,7 +89,7 @@ package struct EffectStore: Sendable {
     /// row has nothing to lock, so another transaction may create it meanwhile — a session, an
     /// erasure, or the user's own earlier event delivered late and claimed beside this one (the
     /// gate reads the claim's snapshot). Writing the rules' result over it would lose what it
-    /// holds; instead the batch rolls back and runs again, locking that row (up to three times,
+    /// holds; instead the batch rolls back and runs again, locking that row (up to `accountRaceTries` times,
     /// then `EffectStoreError.accountCreatedConcurrently` is thrown: its jobs are ready again).
     ///
     /// Throws `BatchFailed` when the effects fail after the claim with an error that may be the
@@ -108,7 +108,7 @@ package struct EffectStore: Sendable {
     /// can cause that once (accounts are never deleted), so a few tries suffice; after them the
     /// error is thrown (not the jobs' fault, see `mayBeTheJobs`).
     private func retryingAccountRace<T>(worker: String, _ transaction: () async throws -> T) async throws -> T {
-        for _ in 1..<3 {
+        for _ in 1..<Self.accountRaceTries {
             do {
                 return try await transaction()
             } catch EffectStoreError.accountCreatedConcurrently(let users) {
@@ -119,6 +119,8 @@ package struct EffectStore: Sendable {
         }
         return try await transaction()
     }
+
+    static let accountRaceTries = 3
 
     private func runBatchOnce(worker: String, limit: Int, eraseOnDelete: Bool, callbacks: Bool, stall: Duration) async throws -> Round {
         let logger = self.logger
