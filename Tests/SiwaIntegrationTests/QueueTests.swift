@@ -302,16 +302,20 @@ struct QueueTests {
         }
     }
 
+    /// Waits (up to 30 s) until `count` effect transactions of this database wait for a lock at
+    /// their completion statement; other tests' databases share the cluster and are not counted.
+    static func waitForBlockedCompletions(_ client: PostgresClient, _ count: Int) async throws {
+        let waiting = "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock' AND query LIKE 'WITH done AS%'"
+        for _ in 0..<600 where try await Self.count(client, waiting) < count { try await Task.sleep(for: .milliseconds(50)) }
+        #expect(try await Self.count(client, waiting) == count, "transactions blocked at their completion statement")
+    }
+
     @Test("a first-seen user's earlier event delivered late runs beside its later one: neither effect is lost (the batch that meets the other's new account row runs again)")
     func firstSeenUserRaceLosesNothing() async throws {
         let logger = Logger(label: "queue-test", factory: { _ in SwiftLogNoOpLogHandler() })
         try await Self.withDatabase { client in
             let store = EffectStore(client: client, logger: logger)
-            let waitingForLocks = "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock' AND query LIKE 'WITH done AS%'"
-            func waitUntil(_ count: Int) async throws {
-                for _ in 0..<600 where try await Self.count(client, waitingForLocks) < count { try await Task.sleep(for: .milliseconds(50)) }
-                #expect(try await Self.count(client, waitingForLocks) == count, "batches blocked at their completion statement")
-            }
+            func waitUntil(_ count: Int) async throws { try await Self.waitForBlockedCompletions(client, count) }
             try await Self.insertJob(client, jti: "later", sub: "new-user", seconds: 1_200, logger: logger)
             // Both batches stop at their completion statement (it writes job_attempts) until the
             // blocker lets go: each has already read the user's account (none yet) by then.
@@ -342,6 +346,48 @@ struct QueueTests {
             #expect(try await Self.count(client, "SELECT count(*) FROM accounts") == 1)
             #expect(try await Self.count(client, "SELECT count(*) FROM jobs WHERE state = 'completed' AND attempt = 1") == 2)
             #expect(try await Self.count(client, "SELECT count(*) FROM job_attempts WHERE outcome = 'applied'") == 2)
+        }
+    }
+
+    @Test("a job retried on its own (runOne) whose first-seen user's account is created meanwhile runs again and keeps what that account holds")
+    func runOneRunsAgainAfterAccountRace() async throws {
+        let logger = Logger(label: "queue-test", factory: { _ in SwiftLogNoOpLogHandler() })
+        try await Self.withDatabase { client in
+            let store = EffectStore(client: client, logger: logger)
+            try await Self.insertJob(client, jti: "revoked", sub: "new-user", seconds: 1_200, logger: logger)
+            let job = try #require(try await Self.claimable(client, logger: logger).first)
+            // runOne reads the user's account (none yet), then waits at its completion statement
+            // while another transaction creates that account.
+            try await client.withConnection { blocker in
+                try await blocker.query("BEGIN", logger: logger)
+                try await blocker.query("LOCK TABLE job_attempts IN EXCLUSIVE MODE", logger: logger)
+                async let outcome = store.runOne(job, worker: "one", eraseOnDelete: false, maxAttempts: 5) { _ in .seconds(1) }
+                try await Self.waitForBlockedCompletions(client, 1)
+                try await client.query(
+                    """
+                    INSERT INTO accounts (aud, sub, email_forwarding, email_event_time)
+                    VALUES ('com.example.app', 'new-user', 'disabled', timestamptz '2025-01-01' + interval '600 seconds')
+                    """, logger: logger)
+                try await blocker.query("ROLLBACK", logger: logger)
+                let result = try await outcome
+                guard case .applied(let effect) = result else {
+                    Issue.record("runOne: \(result)")
+                    return
+                }
+                #expect(effect.jti == "revoked")
+            }
+            for try await (forwarding, emailEvent, revoked) in try await client.query(
+                """
+                SELECT email_forwarding::text, extract(epoch FROM email_event_time - timestamptz '2025-01-01')::int,
+                    extract(epoch FROM consent_revoked_at - timestamptz '2025-01-01')::int
+                FROM accounts WHERE sub = 'new-user'
+                """
+            ).decode((String?, Int?, Int?).self) {
+                #expect(forwarding == "disabled" && emailEvent == 600, "the account's state from the other transaction")
+                #expect(revoked == 1_200, "the consent-revoked effect")
+            }
+            #expect(try await Self.count(client, "SELECT count(*) FROM jobs WHERE state = 'completed' AND attempt = 1") == 1)
+            #expect(try await Self.count(client, "SELECT count(*) FROM job_attempts WHERE outcome = 'applied'") == 1)
         }
     }
 
