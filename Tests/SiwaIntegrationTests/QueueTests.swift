@@ -310,6 +310,19 @@ struct QueueTests {
         #expect(try await Self.count(client, waiting) == count, "transactions blocked at their completion statement")
     }
 
+    /// The race tests' user: forwarding, its event time and the consent revocation time, in
+    /// seconds after 2025-01-01 (nil: no account).
+    static func newUserAccount(_ client: PostgresClient) async throws -> (forwarding: String?, emailEvent: Int?, consentRevoked: Int?)? {
+        for try await row in try await client.query(
+            """
+            SELECT email_forwarding::text, extract(epoch FROM email_event_time - timestamptz '2025-01-01')::int,
+                extract(epoch FROM consent_revoked_at - timestamptz '2025-01-01')::int
+            FROM accounts WHERE sub = 'new-user'
+            """
+        ).decode((String?, Int?, Int?).self) { return row }
+        return nil
+    }
+
     @Test("a first-seen user's earlier event delivered late runs beside its later one: neither effect is lost (the batch that meets the other's new account row runs again)")
     func firstSeenUserRaceLosesNothing() async throws {
         let logger = Logger(label: "queue-test", factory: { _ in SwiftLogNoOpLogHandler() })
@@ -333,16 +346,9 @@ struct QueueTests {
                 #expect(rounds.map { $0.applied.map(\.jti) }.sorted { $0.description < $1.description } == [["earlier"], ["later"]])
             }
             // Both effects hold: the later consent revocation and the earlier forwarding change.
-            for try await (forwarding, emailEvent, revoked) in try await client.query(
-                """
-                SELECT email_forwarding::text, extract(epoch FROM email_event_time - timestamptz '2025-01-01')::int,
-                    extract(epoch FROM consent_revoked_at - timestamptz '2025-01-01')::int
-                FROM accounts WHERE sub = 'new-user'
-                """
-            ).decode((String?, Int?, Int?).self) {
-                #expect(forwarding == "disabled" && emailEvent == 600, "the email-disabled effect")
-                #expect(revoked == 1_200, "the consent-revoked effect")
-            }
+            let account = try await Self.newUserAccount(client)
+            #expect(account?.forwarding == "disabled" && account?.emailEvent == 600, "the email-disabled effect")
+            #expect(account?.consentRevoked == 1_200, "the consent-revoked effect")
             #expect(try await Self.count(client, "SELECT count(*) FROM accounts") == 1)
             #expect(try await Self.count(client, "SELECT count(*) FROM jobs WHERE state = 'completed' AND attempt = 1") == 2)
             #expect(try await Self.count(client, "SELECT count(*) FROM job_attempts WHERE outcome = 'applied'") == 2)
@@ -376,16 +382,9 @@ struct QueueTests {
                 }
                 #expect(effect.jti == "revoked")
             }
-            for try await (forwarding, emailEvent, revoked) in try await client.query(
-                """
-                SELECT email_forwarding::text, extract(epoch FROM email_event_time - timestamptz '2025-01-01')::int,
-                    extract(epoch FROM consent_revoked_at - timestamptz '2025-01-01')::int
-                FROM accounts WHERE sub = 'new-user'
-                """
-            ).decode((String?, Int?, Int?).self) {
-                #expect(forwarding == "disabled" && emailEvent == 600, "the account's state from the other transaction")
-                #expect(revoked == 1_200, "the consent-revoked effect")
-            }
+            let account = try await Self.newUserAccount(client)
+            #expect(account?.forwarding == "disabled" && account?.emailEvent == 600, "the account's state from the other transaction")
+            #expect(account?.consentRevoked == 1_200, "the consent-revoked effect")
             #expect(try await Self.count(client, "SELECT count(*) FROM jobs WHERE state = 'completed' AND attempt = 1") == 1)
             #expect(try await Self.count(client, "SELECT count(*) FROM job_attempts WHERE outcome = 'applied'") == 1)
         }
