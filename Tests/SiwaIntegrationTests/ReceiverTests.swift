@@ -82,7 +82,9 @@ struct ReceiverTests {
     func queuedPastDeadlineDropped() async throws {
         let h = try await Harness.start { $0.databaseTimeout = .seconds(2) }
         #expect(try await h.deliver(try h.notification()).status == 200)
-        let tokens = try (0..<10).map { try h.notification(jti: "held-\($0)") }
+        // Ten distinct events (one user each): tokens signed back to back can share a millisecond
+        // of event_time, and the same user's same event under another jti is a duplicate.
+        let tokens = try (0..<10).map { try h.notification(sub: "001.held.\($0)", jti: "held-\($0)") }
         try await h.withInsertsBlocked {
             // The first two deliveries take the two commit slots (each a batch of its own, blocked
             // on the lock); the other eight queue behind them.
