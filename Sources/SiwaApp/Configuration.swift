@@ -29,6 +29,7 @@ package struct Configuration: Sendable {
     package var rejectionsPerMinute = 60
     package var databasePoolSize = 32
     package var databaseTimeout: Duration = .seconds(5)
+    package var commitQueueLimit = GroupCommitter.defaultMaximumQueued
     /// SIGTERM/SIGINT: how long in-flight requests and the workers' batches get to finish before
     /// what is left is cancelled (a second signal cancels at once).
     package var shutdownGrace: Duration = .seconds(20)
@@ -88,6 +89,7 @@ package struct Configuration: Sendable {
         ("SIWA_REJECTIONS_PER_MINUTE", "--rejections-per-minute", "rejection rows kept per reason per minute"),
         ("SIWA_DATABASE_POOL_SIZE", "--database-pool-size", "maximum PostgreSQL connections"),
         ("SIWA_DATABASE_TIMEOUT", "--database-timeout", "longest wait for the database before answering 503"),
+        ("SIWA_COMMIT_QUEUE_LIMIT", "--commit-queue-limit", "notifications waiting for a commit at most; more are answered 503 at once"),
         ("SIWA_SHUTDOWN_GRACE", "--shutdown-grace", "on SIGTERM, how long in-flight requests and deliveries get to finish"),
         ("SIWA_ROLE", "--role", "all|receiver|worker: what this process runs"),
         ("SIWA_WORKERS", "--workers", "effect worker loops in this process"),
@@ -190,6 +192,7 @@ package struct Configuration: Sendable {
         config.rejectionsPerMinute = try integer("SIWA_REJECTIONS_PER_MINUTE", 0...1_000_000, default: config.rejectionsPerMinute)
         config.databasePoolSize = try integer("SIWA_DATABASE_POOL_SIZE", 1...1000, default: config.databasePoolSize)
         config.databaseTimeout = try duration("SIWA_DATABASE_TIMEOUT", default: config.databaseTimeout)
+        config.commitQueueLimit = try integer("SIWA_COMMIT_QUEUE_LIMIT", 1...1_000_000, default: config.commitQueueLimit)
         config.shutdownGrace = try duration("SIWA_SHUTDOWN_GRACE", default: config.shutdownGrace)
         if let text = value("SIWA_ROLE") {
             guard let role = Role(rawValue: text.lowercased()) else {

@@ -52,7 +52,9 @@ package struct Receiver: Sendable {
         let rejections = RejectionRecorder(store: rejectionStore, limitPerMinute: config.rejectionsPerMinute, metrics: metrics, logger: logger)
         self.notifications = !config.receives ? nil : NotificationsController(
             verifier: NotificationVerifier(audiences: Set(config.bundleIDs), clockSkew: config.clockSkew), keys: keys,
-            committer: GroupCommitter(store: store, timeout: config.databaseTimeout, logger: logger) { metrics.batchSize.record(Double($0)) },
+            committer: GroupCommitter(
+                store: store, maximumQueued: config.commitQueueLimit, timeout: config.databaseTimeout, logger: logger
+            ) { metrics.batchSize.record(Double($0)) },
             rejections: rejections, metrics: metrics, trustedProxies: config.trustedProxies, logger: logger)
         self.health = HealthController(store: store, keys: config.receives ? keys : nil, databaseTimeout: config.databaseTimeout)
         let effects = EffectStore(client: client, logger: logger)

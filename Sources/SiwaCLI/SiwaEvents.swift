@@ -49,6 +49,8 @@ struct ConfigOptions: ParsableArguments {
     var databasePoolSize: String?
     @Option(name: .customLong("database-timeout"), help: "Longest wait for the database before answering 503, e.g. 5s (SIWA_DATABASE_TIMEOUT).")
     var databaseTimeout: String?
+    @Option(name: .customLong("commit-queue-limit"), help: "Notifications waiting for a commit at most; more are answered 503 at once (SIWA_COMMIT_QUEUE_LIMIT, default 4096).")
+    var commitQueueLimit: String?
     @Option(name: .customLong("shutdown-grace"), help: "On SIGTERM, how long in-flight requests and batches get to finish, e.g. 20s (SIWA_SHUTDOWN_GRACE).")
     var shutdownGrace: String?
     @Option(name: .customLong("tls-cert-file"), help: "Serve HTTPS: PEM certificate chain, leaf first (SIWA_TLS_CERT_FILE; with --tls-key-file).")
@@ -117,7 +119,7 @@ struct ConfigOptions: ParsableArguments {
             "SIWA_MIGRATE_ON_START": migrateOnStart, "SIWA_TRUSTED_PROXIES": trustedProxies,
             "SIWA_JWKS_REFRESH_INTERVAL": jwksRefreshInterval, "SIWA_JWKS_UNKNOWN_KID_COOLDOWN": unknownKidCooldown,
             "SIWA_CLOCK_SKEW": clockSkew, "SIWA_REJECTIONS_PER_MINUTE": rejectionsPerMinute, "SIWA_DATABASE_POOL_SIZE": databasePoolSize,
-            "SIWA_DATABASE_TIMEOUT": databaseTimeout, "SIWA_SHUTDOWN_GRACE": shutdownGrace, "SIWA_ROLE": role, "SIWA_WORKERS": workers, "SIWA_JOB_LEASE": jobLease,
+            "SIWA_DATABASE_TIMEOUT": databaseTimeout, "SIWA_COMMIT_QUEUE_LIMIT": commitQueueLimit, "SIWA_SHUTDOWN_GRACE": shutdownGrace, "SIWA_ROLE": role, "SIWA_WORKERS": workers, "SIWA_JOB_LEASE": jobLease,
             "SIWA_JOB_MAX_ATTEMPTS": jobMaxAttempts, "SIWA_JOB_RETENTION": jobRetention, "SIWA_JOB_POLL_INTERVAL": jobPollInterval,
             "SIWA_JOB_NOTIFY": jobNotify, "SIWA_ERASE_ON_DELETE": eraseOnDelete, "SIWA_CALLBACK_URL": callbackURL,
             "SIWA_CALLBACK_SECRET": callbackSecret, "SIWA_CALLBACK_TIMEOUT": callbackTimeout, "SIWA_CALLBACK_CONCURRENCY": callbackConcurrency,

@@ -177,6 +177,11 @@ package struct NotificationsController: Sendable {
             let outcome = try await committer.record(incoming)  // by the database timeout at the latest
             metrics.durable.record(ContinuousClock.now - committing)
             return .stored(outcome, notification)
+        } catch let full as CommitQueueFull {
+            // The limit is for the log (and the operator), not for an unauthenticated caller.
+            return .unavailable(
+                .unavailable("the receiver is at capacity (too many notifications waiting for the database); retry later", retryAfter: .seconds(5)),
+                "\(full.description); SIWA_COMMIT_QUEUE_LIMIT sets the limit")
         } catch {
             return .unavailable(
                 .unavailable("the notification could not be recorded (database unavailable); retry later", retryAfter: .seconds(5)),

@@ -26,6 +26,12 @@ import Synchronization
 /// median -15 %). A request past its deadline stays in a batch already committing (a commit that
 /// lands late only makes Apple's retry a duplicate); one still queued leaves the queue (see
 /// `sweep`).
+///
+/// At most `maximumQueued` requests wait for a commit slot; one more is refused at once
+/// (`CommitQueueFull`, answered 503, Apple retries) instead of holding its request, its token and
+/// its HTTP connection for the whole timeout. While PostgreSQL is slower than the arrivals, the
+/// queue would otherwise hold rate × timeout requests (a 3,700/s peak × 5 s ≈ 18,500): the cap
+/// bounds that memory, and the overflow hears "retry later" without waiting to hear it.
 package final class GroupCommitter: Sendable {
     private struct Pending: Sendable {
         var item: NotificationStore.Incoming
@@ -46,6 +52,7 @@ package final class GroupCommitter: Sendable {
     private let store: NotificationStore
     private let maximumBatch: Int
     private let maximumInFlight: Int
+    private let maximumQueued: Int
     private let timeout: Duration
     private let logger: Logger
     private let onBatch: @Sendable (Int) -> Void
@@ -53,19 +60,25 @@ package final class GroupCommitter: Sendable {
 
     /// `onBatch` is told each batch's size (for the `siwa_commit_batch_size` histogram).
     package init(
-        store: NotificationStore, maximumBatch: Int = 512, maximumInFlight: Int = 2, timeout: Duration, logger: Logger,
-        onBatch: @escaping @Sendable (Int) -> Void = { _ in }
+        store: NotificationStore, maximumBatch: Int = 512, maximumInFlight: Int = 2, maximumQueued: Int = GroupCommitter.defaultMaximumQueued,
+        timeout: Duration, logger: Logger, onBatch: @escaping @Sendable (Int) -> Void = { _ in }
     ) {
         self.store = store
         self.maximumBatch = maximumBatch
         self.maximumInFlight = maximumInFlight
+        self.maximumQueued = maximumQueued
         self.timeout = timeout
         self.logger = logger
         self.onBatch = onBatch
     }
 
+    /// Requests waiting for a commit slot at most, by default: far above what a peak keeps queued
+    /// (64 connections keep at most 64), a few tens of MiB of tokens at worst.
+    package static let defaultMaximumQueued = 4_096
+
     /// Records `item`; returns once the transaction holding it has committed. Throws
-    /// `DeadlineExceeded` after `timeout` without that commit, and `CancellationError` at once
+    /// `DeadlineExceeded` after `timeout` without that commit, `CommitQueueFull` at once when
+    /// `maximumQueued` requests already wait for a commit slot, and `CancellationError` at once
     /// when the caller is cancelled.
     package func record(_ item: NotificationStore.Incoming) async throws -> RecordOutcome {
         let waiter = Waiter(deadline: .now + timeout)
@@ -80,12 +93,18 @@ package final class GroupCommitter: Sendable {
     }
 
     private func enqueue(_ pending: Pending) {
-        let (batch, sweep): ([Pending]?, Bool) = state.withLock { state in
+        let (batch, sweep, full): ([Pending]?, Bool, Bool) = state.withLock { state in
+            // A non-empty queue means both slots are busy: a free one takes the queue at once.
+            guard state.queue.count < maximumQueued else { return (nil, false, true) }
             state.queue.append(pending)
             state.watched.append(pending.waiter)
             let sweep = !state.sweepScheduled
             state.sweepScheduled = true
-            return (takeBatch(&state), sweep)
+            return (takeBatch(&state), sweep, false)
+        }
+        if full {
+            pending.waiter.resume(.failure(CommitQueueFull(limit: maximumQueued)))
+            return
         }
         if sweep { scheduleSweep(at: pending.waiter.deadline) }
         if let batch { start(batch) }
@@ -222,4 +241,11 @@ package final class GroupCommitter: Sendable {
             continuation?.resume(with: result)
         }
     }
+}
+
+/// `GroupCommitter.record` refused a request because `limit` requests already wait for a commit
+/// slot: the database is slower than the arrivals. Nothing was written; the sender should retry.
+package struct CommitQueueFull: Error, CustomStringConvertible {
+    package let limit: Int
+    package var description: String { "\(limit) notifications already wait for a commit slot" }
 }

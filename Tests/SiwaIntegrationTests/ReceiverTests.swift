@@ -110,6 +110,65 @@ struct ReceiverTests {
         await h.stop()
     }
 
+    @Test("With both commit slots busy and the commit queue full, one more delivery is answered 503 at once, nothing of it is written, and Apple's retry is accepted")
+    func commitQueueFull() async throws {
+        let h = try await Harness.start { $0.commitQueueLimit = 3 }  // the harness's 30 s database timeout
+        #expect(try await h.deliver(try h.notification()).status == 200)  // connections open, statements prepared
+        let tokens = try (0..<8).map { try h.notification(sub: "001.full.\($0)", jti: "full-\($0)") }
+        let (answers, answered) = AsyncStream.makeStream(of: (jti: String, answer: TestServer.Answer?).self)
+        @Sendable func post(_ index: Int) {
+            Task { answered.yield(("full-\(index)", try? await h.server.post(jws: tokens[index]))) }
+        }
+        let refused: [(jti: String, answer: TestServer.Answer?)] = try await h.withInsertsBlocked {
+            // Two deliveries take the two commit slots: two batches waiting for the lock.
+            post(0)
+            post(1)
+            var blocked = 0
+            for _ in 0..<600 where blocked < 2 {
+                try await Task.sleep(for: .milliseconds(100))
+                blocked = try await h.count("SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock'")
+            }
+            #expect(blocked == 2)
+            // Six more: whichever three reach the committer first wait in its queue (the limit),
+            // the other three are refused without waiting out the 30 s timeout.
+            for index in 2..<8 { post(index) }
+            var refused: [(jti: String, answer: TestServer.Answer?)] = []
+            for await next in answers {
+                refused.append(next)
+                if refused.count == 3 { break }
+            }
+            return refused
+        }
+        for (jti, answer) in refused {
+            #expect(answer?.status == 503, "\(jti)")
+            #expect(answer?.json?["error"] == .string("unavailable"))
+            #expect(answer?.json?["message"]?.stringValue?.contains("at capacity") == true, "\(answer?.body ?? "no answer")")
+            #expect(answer?.headers.first(name: "retry-after") != nil)
+        }
+        // The lock gone, the two committing and the three queued are stored and answered.
+        var kept: [(jti: String, answer: TestServer.Answer?)] = []
+        for await next in answers {
+            kept.append(next)
+            if kept.count == 5 { break }
+        }
+        #expect(kept.allSatisfy { $0.answer?.status == 200 && $0.answer?.json?["status"] == .string("accepted") }, "\(kept.map { "\($0.jti): \($0.answer?.body ?? "-")" })")
+        let refusedJTIs = Set(refused.map(\.jti))
+        #expect(refusedJTIs.isDisjoint(with: kept.map(\.jti)) && refusedJTIs.count == 3)
+        let stored = try await h.count("SELECT count(*) FROM notifications WHERE jti LIKE 'full-%'")
+        let storedRefused = try await h.count("SELECT count(*) FROM notifications WHERE jti IN ('\(refusedJTIs.sorted().joined(separator: "','"))')")
+        #expect(stored == 5 && storedRefused == 0, "\(stored) stored, \(storedRefused) of them refused")
+        #expect(try await h.count("SELECT count(*) FROM jobs") == 6)
+        let lines = h.logs.all.filter { $0.contains(" delivery ") && $0.contains("outcome=unavailable") }
+        #expect(lines.count == 3 && lines.allSatisfy { $0.contains("SIWA_COMMIT_QUEUE_LIMIT") }, "\(lines)")
+        // Apple retries the refused ones: accepted now.
+        for jti in refusedJTIs.sorted() {
+            let answer = try await h.deliver(tokens[Int(jti.dropFirst("full-".count))!])
+            #expect(answer.json?["status"] == .string("accepted"), "\(jti): \(answer.body)")
+        }
+        #expect(try await h.count("SELECT count(*) FROM notifications WHERE jti LIKE 'full-%'") == 8)
+        await h.stop()
+    }
+
     @Test("The same event under another jti is a duplicate answering the stored jti")
     func duplicateEvent() async throws {
         let h = try await Harness.start()
