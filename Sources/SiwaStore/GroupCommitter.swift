@@ -73,7 +73,8 @@ package final class GroupCommitter: Sendable {
     }
 
     /// Requests waiting for a commit slot at most, by default: far above what a peak keeps queued
-    /// (64 connections keep at most 64), a few tens of MiB of tokens at worst.
+    /// (64 connections keep at most 64); about 3 KiB each, so ≈ 13 MiB when full (`scripts/bench
+    /// overload`).
     package static let defaultMaximumQueued = 4_096
 
     /// Records `item`; returns once the transaction holding it has committed. Throws
