@@ -10,7 +10,7 @@ enum AppleFixtures {
     }()
 
     static func json(_ name: String) throws -> JSONValue {
-        let data = try Data(contentsOf: directory.appendingPathComponent(name))
+        let data = try Data(contentsOf: file(name))
         guard let value = JSONValue.parse(data) else { throw FixtureError.unreadable(name) }
         return value
     }
@@ -21,7 +21,14 @@ enum AppleFixtures {
     }
 
     static func keys() throws -> AppleKeySet {
-        try AppleKeySet.parse(Data(contentsOf: directory.appendingPathComponent("jwks.json")))
+        try AppleKeySet.parse(Data(contentsOf: file("jwks.json")))
+    }
+
+    /// Missing, the error says where the fixtures were looked for.
+    static func file(_ name: String) throws -> URL {
+        let file = directory.appendingPathComponent(name)
+        guard FileManager.default.fileExists(atPath: file.path) else { throw FixtureError.missing(file.path) }
+        return file
     }
 
     /// The time a fixture was valid: its iat + 1 second.
@@ -31,5 +38,15 @@ enum AppleFixtures {
         return Date(timeIntervalSince1970: iat + 1)
     }
 
-    enum FixtureError: Error { case unreadable(String) }
+    enum FixtureError: Error, CustomStringConvertible {
+        case unreadable(String)
+        case missing(String)
+
+        var description: String {
+            switch self {
+            case .unreadable(let name): "fixture \(name) is not what the tests expect"
+            case .missing(let path): "no Apple fixture at \(path): the tests expect the shared/ directory (fixtures/apple-real) beside the checkout"
+            }
+        }
+    }
 }

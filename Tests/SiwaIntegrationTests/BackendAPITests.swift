@@ -11,9 +11,6 @@ import Testing
 /// The backend API through real HTTP on a real database.
 @Suite("Backend API: tokens, sessions, accounts, erasure")
 struct BackendAPITests {
-    static let fixtures: URL = URL(fileURLWithPath: #filePath).deletingLastPathComponent().deletingLastPathComponent()
-        .deletingLastPathComponent().deletingLastPathComponent().appendingPathComponent("shared/fixtures/apple-real")
-
     static func token(_ h: Harness, _ scopes: [APIScope], name: String = "t-\(UUID().uuidString.prefix(8))", expiresAt: Date? = nil) async throws -> String {
         try await TokenStore(client: h.server.client, logger: h.logs.logger()).create(name: name, scopes: scopes, expiresAt: expiresAt, actor: "test").token
     }
@@ -114,14 +111,14 @@ struct BackendAPITests {
     /// A harness that knows Apple's real keys, accepts the fixture's client ID for com.example.app,
     /// and checks identity tokens at `at`.
     static func realTokenHarness(at: Date, clientIDs: String = "com.example.app,de.lunaone.sign-in-with-apple-example=com.example.app") async throws -> Harness {
-        try await Harness.start(jwksURL: fixtures.appendingPathComponent("jwks.json"), fixedTime: at) { config in
+        try await Harness.start(jwksURL: try Harness.appleFixture("jwks.json"), fixedTime: at) { config in
             config.clientIDs = (try? Configuration.load(
                 environment: ["SIWA_APPLE_BUNDLE_IDS": "com.example.app", "SIWA_APPLE_CLIENT_IDS": clientIDs], requireBundleIDs: true))?.clientIDs ?? [:]
         }
     }
 
     static func identityToken() throws -> (jws: String, iat: Date) {
-        let object = try #require(JSONValue.parse(Data(contentsOf: fixtures.appendingPathComponent("identity-token.json"))))
+        let object = try #require(JSONValue.parse(Data(contentsOf: Harness.appleFixture("identity-token.json"))))
         let jws = try #require(object["jws"]?.stringValue)
         return (jws, Date(timeIntervalSince1970: 1_752_575_757))
     }

@@ -101,8 +101,7 @@ struct CLITests {
 
     @Test("verify: a real Apple notification is valid at its time (exit 0) and expired now (exit 1); an unreadable file is exit 2")
     func verify() async throws {
-        let fixtures = URL(fileURLWithPath: #filePath).deletingLastPathComponent().deletingLastPathComponent().deletingLastPathComponent()
-            .deletingLastPathComponent().appendingPathComponent("shared/fixtures/apple-real").path
+        let fixtures = try Harness.appleFixture("jwks.json").deletingLastPathComponent().path
         let atTime = try await Self.run(
             ["verify", "@\(fixtures)/consent-revoked.json", "--jwks", "\(fixtures)/jwks.json", "--at", "2022-12-02T21:22:12Z",
              "--aud", "com.fullqueuedeveloper.FQAuthSampleiOSApp"], directory: "/tmp")

@@ -13,6 +13,21 @@ import SiwaTestSupport
 /// A receiver on its own fresh database with a local Apple-style signing key.
 struct Harness {
     static let aud = "com.example.app"
+
+    /// A file of the real Apple-signed fixtures: `shared/fixtures/apple-real/` beside the checkout,
+    /// as CI and our machines lay it out. Missing, the error says where they were looked for.
+    static func appleFixture(_ name: String) throws -> URL {
+        var directory = URL(fileURLWithPath: #filePath)
+        for _ in 0..<4 { directory.deleteLastPathComponent() }  // Tests/SiwaIntegrationTests/Harness.swift → beside the repo
+        let file = directory.appendingPathComponent("shared/fixtures/apple-real").appendingPathComponent(name)
+        guard FileManager.default.fileExists(atPath: file.path) else { throw MissingFixture(path: file.path) }
+        return file
+    }
+
+    struct MissingFixture: Error, CustomStringConvertible {
+        let path: String
+        var description: String { "no Apple fixture at \(path): the tests expect the shared/ directory (fixtures/apple-real) beside the checkout" }
+    }
     let server: TestServer
     let signer: AppleStyleSigner
     let logs: LogCapture
