@@ -23,6 +23,7 @@ package struct Receiver: Sendable {
     package let rejectionStore: RejectionStore
     package let keys: AppleKeyCache
     package let rejections: RejectionRecorder
+    package let committer: GroupCommitter
     package let registry: PrometheusCollectorRegistry
     let metrics: ReceiverMetrics
     let notifications: NotificationsController?
@@ -50,11 +51,13 @@ package struct Receiver: Sendable {
             fetcher: keyFetcher, persistence: store, logger: logger, onRefresh: { metrics.count(keyRefresh: $0) })
         self.metrics = metrics
         let rejections = RejectionRecorder(store: rejectionStore, limitPerMinute: config.rejectionsPerMinute, metrics: metrics, logger: logger)
+        let committer = GroupCommitter(store: store, maximumQueued: config.commitQueueLimit, timeout: config.databaseTimeout, logger: logger) {
+            metrics.batchSize.record(Double($0))
+        }
+        self.committer = committer
         self.notifications = !config.receives ? nil : NotificationsController(
             verifier: NotificationVerifier(audiences: Set(config.bundleIDs), clockSkew: config.clockSkew), keys: keys,
-            committer: GroupCommitter(
-                store: store, maximumQueued: config.commitQueueLimit, timeout: config.databaseTimeout, logger: logger
-            ) { metrics.batchSize.record(Double($0)) },
+            committer: committer,
             rejections: rejections, metrics: metrics, trustedProxies: config.trustedProxies, logger: logger)
         self.health = HealthController(store: store, keys: config.receives ? keys : nil, databaseTimeout: config.databaseTimeout)
         let effects = EffectStore(client: client, logger: logger)

@@ -55,6 +55,8 @@ package struct NotificationsController: Sendable {
         case stored(RecordOutcome, VerifiedNotification)
         case rejected(APIError, RejectionRecord)
         case unavailable(APIError, String)
+        /// Verified, but not storable as it is (`NotificationRefused`).
+        case refused(APIError, String)
     }
 
     func receive(_ request: Request, context: SiwaRequestContext) async throws -> Response {
@@ -102,6 +104,12 @@ package struct NotificationsController: Sendable {
             if let kid = record.kid { metadata["kid"] = "\(kid)" }
             metrics.count(outcome: "rejected")
             logger.info("delivery", metadata: metadata)
+            throw error
+        case .refused(let error, let detail):
+            metadata["outcome"] = "refused"
+            metadata["error"] = "\(detail)"
+            metrics.count(outcome: "refused")
+            logger.warning("delivery", metadata: metadata)
             throw error
         case .unavailable(let error, let detail):
             metadata["outcome"] = "unavailable"
@@ -177,6 +185,14 @@ package struct NotificationsController: Sendable {
             let outcome = try await committer.record(incoming)  // by the database timeout at the latest
             metrics.durable.record(ContinuousClock.now - committing)
             return .stored(outcome, notification)
+        } catch let refused as NotificationRefused {
+            // Signed, but PostgreSQL will never store it as it is: a retry would fail the same way.
+            let code = refused.sqlState.map { " (SQLSTATE \($0))" } ?? ""
+            return .refused(
+                APIError(
+                    .unprocessableContent, code: "unstorable_notification",
+                    message: "the notification is signed, but the database refused to store its content\(code); a retry would be refused the same way"),
+                refused.description)
         } catch let full as CommitQueueFull {
             // The limit is for the log (and the operator), not for an unauthenticated caller.
             return .unavailable(

@@ -7,6 +7,7 @@ package struct ReceiverMetrics: Sendable {
     let skipped: [SkipReason: Counter]
     let rejected: [RejectionReason: Counter]
     let sampledOut: [RejectionReason: Counter]
+    let droppedRejections: Counter
     let duration: DurationHistogram
     let verification: DurationHistogram
     let durable: DurationHistogram
@@ -24,7 +25,7 @@ package struct ReceiverMetrics: Sendable {
                     labels: [("aud", aud), ("type", type)]))
             }))
         })
-        received = Dictionary(uniqueKeysWithValues: ["accepted", "duplicate", "rejected", "unavailable"].map {
+        received = Dictionary(uniqueKeysWithValues: ["accepted", "duplicate", "rejected", "refused", "unavailable"].map {
             ($0, registry.makeCounter(
                 descriptor: Self.name("notifications_received", "total", "Deliveries to POST /apple/notifications by outcome"),
                 labels: [("outcome", $0)]))
@@ -44,6 +45,8 @@ package struct ReceiverMetrics: Sendable {
                     "rejections_sampled_out", "total", "Refused deliveries counted but not recorded because of the per-minute sampling limit"),
                 labels: [("reason", $0.rawValue)]))
         })
+        droppedRejections = registry.makeCounter(
+            descriptor: Self.name("rejections_dropped", "total", "Rejection records the database refused for their content (dropped, logged once)"))
         duration = registry.makeDurationHistogram(
             descriptor: Self.name("delivery_duration", "seconds", "Time from request to answer on POST /apple/notifications"),
             buckets: [.milliseconds(1), .milliseconds(2), .milliseconds(5), .milliseconds(10), .milliseconds(25), .milliseconds(50), .milliseconds(100), .milliseconds(250), .milliseconds(500), .seconds(1), .seconds(5)])
@@ -83,4 +86,5 @@ package struct ReceiverMetrics: Sendable {
     func count(skipped reason: SkipReason) { skipped[reason]?.increment() }
     func count(rejected reason: RejectionReason) { rejected[reason]?.increment() }
     func count(sampledOut reason: RejectionReason) { sampledOut[reason]?.increment() }
+    func count(droppedRejections count: Int) { droppedRejections.increment(by: Int64(count)) }
 }

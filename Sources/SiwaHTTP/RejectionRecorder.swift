@@ -8,6 +8,9 @@ import Synchronization
 /// Records rejected deliveries off the request path: sampled (see `RejectionSampler`), buffered,
 /// and written in batches with per-minute counts. A rejection is an answer already given, so its
 /// record may trail by up to `flushInterval`; the buffer is bounded so a flood costs bounded memory.
+/// Only failures that can heal (`canHeal`) keep rows for a later batch; a row the database refuses
+/// for its content is dropped and counted (`siwa_rejections_dropped_total`), and the counts are
+/// written on their own, so no row can stop the recording.
 package final class RejectionRecorder: Service, Sendable {
     private struct CountKey: Hashable { var minute: Date; var reason: RejectionReason }
     private struct State {
@@ -50,7 +53,7 @@ package final class RejectionRecorder: Service, Sendable {
     }
 
     /// Writes what is buffered, and returns once every batch taken so far (also by a concurrent
-    /// flush) is written. On failure the batch is put back (within the bound) for next time.
+    /// flush) is written. What failed in a way that can heal is put back (within the bound).
     package func flush() async {
         await writeBatch()
         while state.withLock({ $0.writing > 0 }) {
@@ -69,21 +72,32 @@ package final class RejectionRecorder: Service, Sendable {
         }
         defer { state.withLock { $0.writing -= 1 } }
         guard !records.isEmpty || !counts.isEmpty else { return }
+        var keep: (records: [RejectionRecord], counts: [CountKey: (recorded: Int, sampledOut: Int)]) = ([], [:])
         do {
-            try await store.insert(
-                records,
-                counts: counts.map { RejectionCount(minute: $0.key.minute, reason: $0.key.reason, recorded: $0.value.recorded, sampledOut: $0.value.sampledOut) })
+            try await store.insert(records)
         } catch {
             // One unacceptable row must not block every later batch: insert row by row, dropping
-            // what the database refuses as data; if the database itself is down, keep all for later.
+            // what the database refuses for its content; if the database itself failed, keep the
+            // rest for later.
             logger.warning("could not write rejection records as a batch", metadata: ["count": "\(records.count)", "error": "\(loggable(error))"])
-            let remaining = await store.insertIndividually(records)
-            state.withLock { state in
-                state.pending.insert(contentsOf: remaining.prefix(max(0, maximumPending - state.pending.count)), at: 0)
-                for (key, value) in counts {
-                    let current = state.counts[key] ?? (0, 0)
-                    state.counts[key] = (current.recorded + value.recorded, current.sampledOut + value.sampledOut)
-                }
+            let (remaining, dropped) = await store.insertIndividually(records)
+            if dropped > 0 { metrics?.count(droppedRejections: dropped) }
+            keep.records = remaining
+        }
+        do {
+            try await store.add(counts.map { RejectionCount(minute: $0.key.minute, reason: $0.key.reason, recorded: $0.value.recorded, sampledOut: $0.value.sampledOut) })
+        } catch where canHeal(error) {
+            logger.warning("could not write rejection counts; kept for the next batch", metadata: ["error": "\(loggable(error))"])
+            keep.counts = counts
+        } catch {
+            logger.error("rejection counts refused by the database; dropped", metadata: ["minutes": "\(counts.count)", "error": "\(loggable(error))"])
+        }
+        guard !keep.records.isEmpty || !keep.counts.isEmpty else { return }
+        state.withLock { state in
+            state.pending.insert(contentsOf: keep.records.prefix(max(0, maximumPending - state.pending.count)), at: 0)
+            for (key, value) in keep.counts {
+                let current = state.counts[key] ?? (0, 0)
+                state.counts[key] = (current.recorded + value.recorded, current.sampledOut + value.sampledOut)
             }
         }
     }

@@ -12,9 +12,18 @@ package func loggable(_ error: any Error) -> String {
     return parts.joined(separator: " ")
 }
 
-/// SQLSTATE class 22 (data exception): the row itself is unacceptable, retrying won't help.
-package func isDataException(_ error: any Error) -> Bool {
-    (error as? PSQLError)?.serverInfo?[.sqlState]?.hasPrefix("22") == true
+/// Whether the same statement may succeed later: a failure without SQLSTATE (connection, timeout,
+/// pool) or of class 08 (connection), 40 (rollback), 53 (resources), 57 (operator intervention) or
+/// 58 (system). Any other class (22 data, 23 constraint, 54 limit, …) is about the rows themselves:
+/// retrying them fails again, so they are refused, never kept for retry.
+package func canHeal(_ error: any Error) -> Bool {
+    guard let state = sqlState(error) else { return true }
+    return ["08", "40", "53", "57", "58"].contains(String(state.prefix(2)))
+}
+
+/// The SQLSTATE PostgreSQL answered with, if the failure came from the server.
+package func sqlState(_ error: any Error) -> String? {
+    (error as? PSQLError)?.serverInfo?[.sqlState]
 }
 
 extension PostgresClient {

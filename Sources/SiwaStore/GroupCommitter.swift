@@ -14,9 +14,10 @@ import Synchronization
 /// (`siwa-bench ingest`, receiver only, open loop, back to back): at 1,000/s p99 10.9-11.9 ms with
 /// two against 23.6-42.8 ms with four; at 2,200/s 12.5-14.0 ms against 20.7-24.5 ms, with a
 /// quarter less PostgreSQL CPU per notification.
-/// A batch that fails on one unacceptable row (SQLSTATE class 22) is retried row by row, so one
-/// bad notification cannot fail its neighbours; a batch that fails otherwise (database down)
-/// fails all its requests, which answer 503 so Apple retries.
+/// A batch the database refuses for its content (`canHeal` false) is retried row by row, so one
+/// unstorable notification fails alone (`NotificationRefused`, never retried) and its neighbours
+/// commit; a batch that fails in a way that can heal (database down) fails all its requests,
+/// which answer 503 so Apple retries.
 ///
 /// Each request waits at most `timeout` (`DeadlineExceeded`, so the receiver answers 503 while
 /// PostgreSQL hangs). The committer keeps that deadline itself — one timer for all waiting
@@ -92,6 +93,9 @@ package final class GroupCommitter: Sendable {
             waiter.resume(.failure(CancellationError()))
         }
     }
+
+    /// Requests waiting for a commit slot now.
+    package var queued: Int { state.withLock { $0.queue.count } }
 
     private func enqueue(_ pending: Pending) {
         let (batch, sweep, full): ([Pending]?, Bool, Bool) = state.withLock { state in
@@ -184,12 +188,20 @@ package final class GroupCommitter: Sendable {
                     pending.waiter.resume(.failure(StoreError.conflictUnresolved(jti: pending.item.notification.jti)))
                 }
             }
-        } catch where batch.count > 1 && isDataException(error) {
+        } catch where !canHeal(error) {
+            // Refused for what a row holds: alone, it is answered as refused (retrying fails
+            // again); in a batch, each notification is recorded alone so only that row fails.
+            guard batch.count > 1 else {
+                batch[0].waiter.resume(.failure(NotificationRefused(cause: error)))
+                return finish(unresolved: [])
+            }
             logger.warning("batch refused by the database; recording its notifications one by one", metadata: ["size": "\(batch.count)", "error": "\(loggable(error))"])
             for pending in batch {
                 do {
                     let outcome = try await store.record(pending.item.notification, rawJWS: pending.item.rawJWS, receivedAt: pending.item.receivedAt, remoteAddress: pending.item.remoteAddress)
                     pending.waiter.resume(.success(outcome))
+                } catch where !canHeal(error) {
+                    pending.waiter.resume(.failure(NotificationRefused(cause: error)))
                 } catch {
                     pending.waiter.resume(.failure(error))
                 }
@@ -197,6 +209,11 @@ package final class GroupCommitter: Sendable {
         } catch {
             for pending in batch { pending.waiter.resume(.failure(error)) }
         }
+        finish(unresolved: unresolved)
+    }
+
+    /// Frees the batch's commit slot and starts the next batch, if one is waiting.
+    private func finish(unresolved: [Pending]) {
         let next: [Pending]? = state.withLock { state in
             state.inFlight -= 1
             state.queue.insert(contentsOf: unresolved, at: 0)
@@ -242,6 +259,14 @@ package final class GroupCommitter: Sendable {
             continuation?.resume(with: result)
         }
     }
+}
+
+/// A verified notification PostgreSQL refused to store for what it holds (e.g. a value too large to
+/// index): storing it again would fail again, so it is answered as refused, not "retry later".
+package struct NotificationRefused: Error, CustomStringConvertible {
+    package let cause: any Error
+    package var sqlState: String? { SiwaStore.sqlState(cause) }
+    package var description: String { "the database refused the notification: \(loggable(cause))" }
 }
 
 /// `GroupCommitter.record` refused a request because `limit` requests already wait for a commit

@@ -24,20 +24,23 @@ package struct RejectionRecord: Sendable {
         receivedAt: Date, remoteAddress: String?, reason: RejectionReason, message: String, bodySize: Int, bodyPrefix: [UInt8],
         kid: String? = nil, aud: String? = nil, jti: String? = nil, sub: String? = nil, token: String? = nil, keyJWK: String? = nil
     ) {
-        // Text from a refused body is attacker-controlled: PostgreSQL refuses NUL in text, so it is
-        // dropped here rather than let one row fail a whole batch.
-        func clean(_ text: String?) -> String? { text.map { $0.replacingOccurrences(of: "\u{0}", with: "") } }
+        // Text from a refused body is attacker-controlled: bounded (so no value is too large to
+        // store or index), and without NUL (which PostgreSQL refuses in text).
+        func clean(_ text: String?, limit: Int = UntrustedText.maximumBytes) -> String? {
+            UntrustedText.bounded(text.map { $0.replacingOccurrences(of: "\u{0}", with: "") }, limit: limit)
+        }
         self.receivedAt = receivedAt
         self.remoteAddress = clean(remoteAddress)
         self.reason = reason
-        self.message = clean(message) ?? ""
+        self.message = clean(message, limit: 4 * UntrustedText.maximumBytes) ?? ""
         self.bodySize = bodySize
         self.bodyPrefix = bodyPrefix
         self.kid = clean(kid)
         self.aud = clean(aud)
         self.jti = clean(jti)
         self.sub = clean(sub)
-        self.token = clean(token)
+        // Kept only when Apple's signature verified it (the body limit bounds its size).
+        self.token = token.map { $0.replacingOccurrences(of: "\u{0}", with: "") }
         self.keyJWK = keyJWK
     }
 }
@@ -93,13 +96,20 @@ package struct RejectionStore: Sendable {
 
     // MARK: RejectionsInsertBatch
 
-    /// Writes a batch of sampled rejections and the per-minute counts in one transaction.
-    package func insert(_ records: [RejectionRecord], counts: [RejectionCount]) async throws {
-        guard !records.isEmpty || !counts.isEmpty else { return }
+    /// Writes a batch of sampled rejections in one transaction.
+    package func insert(_ records: [RejectionRecord]) async throws {
+        guard !records.isEmpty else { return }
         try await client.bounded.transaction(logger: logger) { connection in
             for record in records {
                 try await insert(record, on: connection)
             }
+        }
+    }
+
+    /// Adds per-minute counts, in a transaction of their own: no refused row can take them down.
+    package func add(_ counts: [RejectionCount]) async throws {
+        guard !counts.isEmpty else { return }
+        try await client.bounded.transaction(logger: logger) { connection in
             for c in counts {
                 try await connection.query(
                     """
@@ -113,20 +123,23 @@ package struct RejectionStore: Sendable {
         }
     }
 
-    /// Inserts rows one transaction each, dropping those PostgreSQL refuses as data (class 22):
-    /// the fallback when a batch fails, so one bad row cannot block every later one.
-    /// Returns the records not attempted because the database failed otherwise (to keep for later).
-    package func insertIndividually(_ records: [RejectionRecord]) async -> [RejectionRecord] {
+    /// Inserts rows one transaction each, dropping (and logging once) each row PostgreSQL refuses
+    /// for what it holds (`canHeal` false): the fallback when a batch fails, so one bad row cannot
+    /// block every later one. Returns the rows not attempted because the database failed in a way
+    /// that can heal (to keep for later), and how many were dropped.
+    package func insertIndividually(_ records: [RejectionRecord]) async -> (remaining: [RejectionRecord], dropped: Int) {
+        var dropped = 0
         for (index, record) in records.enumerated() {
             do {
                 try await client.bounded.withConnection { try await insert(record, on: $0) }
-            } catch where isDataException(error) {
+            } catch where !canHeal(error) {
+                dropped += 1
                 logger.warning("rejection record refused by the database; dropped", metadata: ["reason": "\(record.reason.rawValue)", "error": "\(loggable(error))"])
             } catch {
-                return Array(records[index...])
+                return (Array(records[index...]), dropped)
             }
         }
-        return []
+        return ([], dropped)
     }
 
     private func insert(_ r: RejectionRecord, on connection: PostgresConnection) async throws {
