@@ -1,4 +1,5 @@
 import Foundation
+import Logging
 import SiwaDomain
 import SiwaStore
 
@@ -61,6 +62,9 @@ package struct Configuration: Sendable {
     package var alertQueueLag: Duration = .seconds(120)
     package var alertBadSignatures = 20
     package var alertDiscardedJobs = 1
+    /// nil: the command's own default (`info` for `serve`, `warning` for one-shot commands).
+    package var logLevel: Logger.Level?
+    package var logFormat = LogFormat.text
 
     /// The receiving process's HTTP routes and key cache are needed (roles all, receiver).
     package var receives: Bool { role != .worker }
@@ -120,7 +124,33 @@ package struct Configuration: Sendable {
         ("SIWA_ALERT_QUEUE_LAG", "--alert-queue-lag", "queue_lag fires when the oldest ready job has waited this long"),
         ("SIWA_ALERT_BAD_SIGNATURES", "--alert-bad-signatures", "bad_signatures fires at this many in the spike window"),
         ("SIWA_ALERT_DISCARDED_JOBS", "--alert-discarded-jobs", "jobs_discarded fires at this many discards in the spike window"),
+        ("SIWA_LOG_LEVEL", "--log-level", "trace|debug|info|notice|warning|error|critical (default: info for serve, warning otherwise)"),
+        ("SIWA_LOG_FORMAT", "--log-format", "text|json: key=value lines (values quoted when needed) or one JSON object per line"),
     ]
+
+    /// The logging settings alone (every command reads them, also those that read nothing else).
+    package static func logging(environment: [String: String], overrides: [String: String] = [:]) throws(ConfigurationError) -> (level: Logger.Level?, format: LogFormat) {
+        func value(_ name: String) -> String? {
+            (overrides[name] ?? environment[name]).map { $0.trimmingCharacters(in: .whitespaces) }.flatMap { $0.isEmpty ? nil : $0 }
+        }
+        var level: Logger.Level?
+        if let text = value("SIWA_LOG_LEVEL") {
+            guard let parsed = Logger.Level(rawValue: text.lowercased()) else {
+                throw ConfigurationError(
+                    variable: "SIWA_LOG_LEVEL (--log-level)",
+                    message: "must be one of \(Logger.Level.allCases.map(\.rawValue).joined(separator: ", ")) (got \"\(text)\")")
+            }
+            level = parsed
+        }
+        var format = LogFormat.text
+        if let text = value("SIWA_LOG_FORMAT") {
+            guard let parsed = LogFormat(rawValue: text.lowercased()) else {
+                throw ConfigurationError(variable: "SIWA_LOG_FORMAT (--log-format)", message: "must be text or json (got \"\(text)\")")
+            }
+            format = parsed
+        }
+        return (level, format)
+    }
 
     /// Builds the configuration from `environment`, with `overrides` (flag values keyed by variable
     /// name) taking precedence. `requireBundleIDs` is true for commands that receive notifications.
@@ -165,6 +195,7 @@ package struct Configuration: Sendable {
                 message: "is required: the comma-separated bundle IDs of your apps (Apple's aud), e.g. SIWA_APPLE_BUNDLE_IDS=com.example.app")
         }
         var config = Configuration(bundleIDs: bundleIDs)
+        (config.logLevel, config.logFormat) = try logging(environment: environment, overrides: overrides)
         if let url = value("DATABASE_URL") {
             config.databaseURL = url
         }

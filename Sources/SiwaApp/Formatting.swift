@@ -28,8 +28,11 @@ extension AppleEvent {
     }
 }
 
-/// A plain text table for terminals.
+/// A plain text table for terminals. Cells hold stored text (some of it from requests nobody
+/// verified), so control characters are printed escaped (`\n`, `\u{1b}`): no cell can move the
+/// cursor, recolour the terminal or fake a row.
 package func table(_ header: [String], _ rows: [[String]]) -> String {
+    let rows = rows.map { $0.map(terminalSafe) }
     var widths = header.map(\.count)
     for row in rows {
         for (index, cell) in row.enumerated() where index < widths.count { widths[index] = max(widths[index], cell.count) }
@@ -40,4 +43,11 @@ package func table(_ header: [String], _ rows: [[String]]) -> String {
         }.joined(separator: "  ")
     }
     return ([line(header)] + rows.map(line)).joined(separator: "\n")
+}
+
+/// `text` with control characters escaped as `\n`, `\r`, `\t` or `\u{…}` (as in log lines).
+package func terminalSafe(_ text: String) -> String {
+    var escaped = ""
+    LineLogHandler.appendEscaped(text, to: &escaped, quotes: false)
+    return escaped
 }

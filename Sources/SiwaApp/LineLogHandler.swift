@@ -6,15 +6,26 @@ import Musl
 import Darwin
 #endif
 import Logging
+import SiwaDomain
 import Synchronization
 
+/// How log lines are written (`SIWA_LOG_FORMAT`).
+package enum LogFormat: String, Sendable, CaseIterable {
+    /// `<time> <level> <label>: key=value … [source] message`: swift-log's `StreamLogHandler` line,
+    /// with logfmt quoting of values.
+    case text
+    /// One JSON object per line, for log shippers.
+    case json
+}
+
 /// The process's log handler: swift-log's `StreamLogHandler` line format
-/// (`<time> <level> <label>: key=value … [source] message`, keys sorted), at a fraction of its
-/// cost per line — which matters with one line per delivery:
-/// - the timestamp is formatted once per second, not per line (`StreamLogHandler` calls
-///   `localtime`, which on glibc stats /etc/localtime when TZ is unset, and `strftime` each time);
-/// - the line is built in one string and written with one `write(2)`, without stdio's lock.
+/// (`<time> <level> <label>: key=value … [source] message`, keys sorted) or one JSON object a
+/// line, at a fraction of `StreamLogHandler`'s cost per line — which matters with one line per
+/// delivery: the timestamp is formatted once per second, and each line is one `write(2)`.
 ///
+/// Values come from requests nobody has verified yet, so no value can forge a line or a key: a
+/// value holding a space, `=`, `"` or a control character is quoted, with `"`, `\` and control
+/// characters escaped (logfmt); so is the message's control characters.
 /// Still unbuffered: when `log` returns, the line is in the kernel, so a crash loses nothing
 /// that was logged before it. One `write` per line keeps concurrent lines whole.
 package struct LineLogHandler: LogHandler {
@@ -23,11 +34,16 @@ package struct LineLogHandler: LogHandler {
     package var metadataProvider: Logger.MetadataProvider?
     private let label: String
     private let descriptor: Int32
+    private let format: LogFormat
 
     /// Writes to `descriptor` (standard error by default).
-    package init(label: String, level: Logger.Level, descriptor: Int32 = 2, metadataProvider: Logger.MetadataProvider? = LoggingSystem.metadataProvider) {
+    package init(
+        label: String, level: Logger.Level, format: LogFormat = .text, descriptor: Int32 = 2,
+        metadataProvider: Logger.MetadataProvider? = LoggingSystem.metadataProvider
+    ) {
         self.label = label
         self.logLevel = level
+        self.format = format
         self.descriptor = descriptor
         self.metadataProvider = metadataProvider
     }
@@ -49,12 +65,16 @@ package struct LineLogHandler: LogHandler {
             merged["error.message"] = "\(error)"
             merged["error.type"] = "\(String(reflecting: type(of: error)))"
         }
-        var line = Self.render(event: event, label: label, metadata: merged, timestamp: LogClock.shared.now())
+        var line =
+            switch format {
+            case .text: Self.render(event: event, label: label, metadata: merged, timestamp: LogClock.shared.now())
+            case .json: Self.renderJSON(event: event, label: label, metadata: merged, timestamp: LogClock.shared.now())
+            }
         line.withUTF8 { bytes in Self.writeAll(bytes, to: descriptor) }
     }
 
     /// One line, newline included.
-    static func render(event: LogEvent, label: String, metadata: Logger.Metadata, timestamp: String) -> String {
+    package static func render(event: LogEvent, label: String, metadata: Logger.Metadata, timestamp: String) -> String {
         var line = ""
         line.reserveCapacity(256)
         line += timestamp
@@ -69,14 +89,72 @@ package struct LineLogHandler: LogHandler {
             line += " "
             line += key
             line += "="
-            line += value.description
+            appendValue(value.description, to: &line)
         }
         line += " ["
         line += event.source
         line += "] "
-        line += event.message.description
+        appendEscaped(event.message.description, to: &line, quotes: false)
         line += "\n"
         return line
+    }
+
+    /// One JSON object, newline included: `time`, `level`, `label`, `source`, `message`, then the
+    /// metadata's keys (nested values as JSON arrays and objects).
+    package static func renderJSON(event: LogEvent, label: String, metadata: Logger.Metadata, timestamp: String) -> String {
+        func json(_ value: Logger.Metadata.Value) -> JSONValue {
+            switch value {
+            case .string(let text): .string(text)
+            case .stringConvertible(let convertible): .string(convertible.description)
+            case .array(let values): .array(values.map(json))
+            case .dictionary(let values): .object(values.mapValues(json))
+            }
+        }
+        var object: [String: JSONValue] = metadata.mapValues(json)
+        object["time"] = .string(timestamp)
+        object["level"] = .string(event.level.rawValue)
+        object["label"] = .string(label)
+        object["source"] = .string(event.source)
+        object["message"] = .string(event.message.description)
+        return JSONValue.object(object).jsonText + "\n"
+    }
+
+    /// A logfmt value: bare when it is a plain word, quoted and escaped otherwise (an empty value
+    /// is `""`), so it can neither end the line nor start another key.
+    package static func appendValue(_ value: String, to line: inout String) {
+        let plain = !value.isEmpty && value.unicodeScalars.allSatisfy { scalar in
+            scalar.value > 0x20 && scalar.value != 0x7F && !(0x80...0x9F).contains(scalar.value)
+                && scalar != "=" && scalar != "\"" && scalar != "\\" && !scalar.properties.isWhitespace
+        }
+        if plain {
+            line += value
+        } else {
+            line += "\""
+            appendEscaped(value, to: &line, quotes: true)
+            line += "\""
+        }
+    }
+
+    /// `text` with control characters escaped (`\n`, `\r`, `\t`, `\u{1b}`, …); with `quotes`, also
+    /// `"` and `\` (inside a quoted value).
+    package static func appendEscaped(_ text: String, to line: inout String, quotes: Bool) {
+        for scalar in text.unicodeScalars {
+            switch scalar {
+            case "\n": line += "\\n"
+            case "\r": line += "\\r"
+            case "\t": line += "\\t"
+            case "\"" where quotes: line += "\\\""
+            case "\\" where quotes: line += "\\\\"
+            default:
+                if scalar.value < 0x20 || scalar.value == 0x7F || (0x80...0x9F).contains(scalar.value)
+                    || scalar == "\u{2028}" || scalar == "\u{2029}" || scalar == "\u{85}"
+                {
+                    line += "\\u{" + String(scalar.value, radix: 16) + "}"
+                } else {
+                    line.unicodeScalars.append(scalar)
+                }
+            }
+        }
     }
 
     private static func writeAll(_ bytes: UnsafeBufferPointer<UInt8>, to descriptor: Int32) {

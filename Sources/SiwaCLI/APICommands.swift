@@ -36,7 +36,7 @@ struct TokensCommand: AsyncParsableCommand {
 
         func run() async throws {
             let config = try options.load(requireBundleIDs: false)
-            let logger = makeLogger()
+            let logger = try makeLogger()
             let scopes = self.scopes.compactMap(APIScope.init(rawValue:))
             let expiresAt = try expires.map { Date().addingTimeInterval(try DurationSyntax.parse($0).timeInterval) }
             let created: (id: String, token: String)
@@ -68,7 +68,7 @@ struct TokensCommand: AsyncParsableCommand {
 
         func run() async throws {
             let config = try options.load(requireBundleIDs: false)
-            let logger = makeLogger()
+            let logger = try makeLogger()
             let tokens = try await Database.with(config, logger: logger) { database in
                 try await TokenStore(client: database.client, logger: logger).list(includeRevoked: all)
             }
@@ -101,7 +101,7 @@ struct TokensCommand: AsyncParsableCommand {
 
         func run() async throws {
             let config = try options.load(requireBundleIDs: false)
-            let logger = makeLogger()
+            let logger = try makeLogger()
             let revoked = try await Database.with(config, logger: logger) { database in
                 try await TokenStore(client: database.client, logger: logger).revoke(token, actor: cliActor)
             }
@@ -126,7 +126,7 @@ struct AuditCommand: AsyncParsableCommand {
 
         func run() async throws {
             let config = try options.load(requireBundleIDs: false)
-            let logger = makeLogger()
+            let logger = try makeLogger()
             let entries = try await Database.with(config, logger: logger) { database in
                 try await TokenStore(client: database.client, logger: logger).audit(limit: limit)
             }
@@ -159,7 +159,7 @@ struct AccountsCommand: AsyncParsableCommand {
 
         func run() async throws {
             let config = try options.load(requireBundleIDs: false)
-            let logger = makeLogger()
+            let logger = try makeLogger()
             let erasure = try await Database.with(config, logger: logger) { database in
                 try await AccountStore(client: database.client, logger: logger).erase(aud: aud, sub: sub, actor: cliActor)
             }
@@ -181,7 +181,7 @@ struct DatabaseCommand: AsyncParsableCommand {
 
         func run() async throws {
             let config = try options.load(requireBundleIDs: false)
-            let logger = makeLogger()
+            let logger = try makeLogger()
             do {
                 let statements = try await Database.with(config, logger: logger) { database in
                     try await BackendGrants(client: database.client, logger: logger).grant(role: role)

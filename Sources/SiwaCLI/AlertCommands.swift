@@ -23,7 +23,7 @@ struct AlertsCommand: AsyncParsableCommand {
 
         func run() async throws {
             let config = try options.load(requireBundleIDs: false)
-            let logger = makeLogger()
+            let logger = try makeLogger()
             let alerts = try await Database.with(config, logger: logger) { database in
                 try await AlertStore(client: database.client, logger: logger).list(state: state, limit: limit)
             }
@@ -60,7 +60,7 @@ struct AlertsCommand: AsyncParsableCommand {
                 printError("siwa-events: no alert sink is configured (SIWA_ALERT_WEBHOOK_URLS, SIWA_ALERT_SLACK_URL); alerts go to the log only")
                 throw ExitCode(78)
             }
-            let logger = makeLogger()
+            let logger = try makeLogger()
             let limit = try DurationSyntax.parse(wait)
             let failed = try await Database.with(config, logger: logger) { database -> Bool in
                 let store = AlertStore(client: database.client, logger: logger)
@@ -108,7 +108,7 @@ struct AlertsCommand: AsyncParsableCommand {
 
         func run() async throws {
             let config = try options.load(requireBundleIDs: false)
-            let logger = makeLogger()
+            let logger = try makeLogger()
             let silence = try await Database.with(config, logger: logger) { database in
                 try await AlertStore(client: database.client, logger: logger).silence(
                     kind: AlertKind(rawValue: kind)!, aud: aud, for: try DurationSyntax.parse(duration), by: cliActor, reason: reason)
@@ -125,7 +125,7 @@ struct AlertsCommand: AsyncParsableCommand {
 
         func run() async throws {
             let config = try options.load(requireBundleIDs: false)
-            let logger = makeLogger()
+            let logger = try makeLogger()
             let silences = try await Database.with(config, logger: logger) { database in
                 try await AlertStore(client: database.client, logger: logger).silences(includeExpired: expired)
             }

@@ -18,7 +18,7 @@ struct CallbacksCommand: AsyncParsableCommand {
 
         func run() async throws {
             let config = try options.load(requireBundleIDs: false)
-            let logger = makeLogger()
+            let logger = try makeLogger()
             let callbacks = try await Database.with(config, logger: logger) { database in
                 try await CallbackStore(client: database.client, logger: logger).list(failed: failed, limit: limit)
             }
@@ -64,7 +64,7 @@ struct CallbacksCommand: AsyncParsableCommand {
 
         func run() async throws {
             let config = try options.load(requireBundleIDs: false)
-            let logger = makeLogger()
+            let logger = try makeLogger()
             let from = since.flatMap { parseSince($0, now: Date()) }
             let count = try await Database.with(config, logger: logger) { database in
                 try await CallbackStore(client: database.client, logger: logger).redeliver(id: id, since: from)

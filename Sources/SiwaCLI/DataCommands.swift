@@ -28,7 +28,7 @@ struct NotificationsCommand: AsyncParsableCommand {
 
         func run() async throws {
             let config = try options.load(requireBundleIDs: false)
-            let logger = makeLogger()
+            let logger = try makeLogger()
             let filter = NotificationFilter(sub: sub, aud: aud, type: type, status: status.flatMap(ProcessingStatus.init), limit: limit)
             let items = try await Database.with(config, logger: logger) { database in
                 try await NotificationStore(client: database.client, logger: logger).list(filter)
@@ -58,7 +58,7 @@ extension NotificationsCommand {
 
         func run() async throws {
             let config = try options.load(requireBundleIDs: false)
-            let logger = makeLogger()
+            let logger = try makeLogger()
             let detail = try await Database.with(config, logger: logger) { database in
                 try await HistoryStore(client: database.client, logger: logger).notification(jti: jti)
             }
@@ -96,7 +96,7 @@ extension NotificationsCommand {
 
         func run() async throws {
             let config = try options.load(requireBundleIDs: false)
-            let logger = makeLogger()
+            let logger = try makeLogger()
             let entries = try await Database.with(config, logger: logger) { database in
                 try await HistoryStore(client: database.client, logger: logger).timeline(aud: aud, sub: sub, limit: 10_000)
             }
@@ -139,7 +139,7 @@ extension NotificationsCommand {
 
         func run() async throws {
             let config = try options.load(requireBundleIDs: false)
-            let logger = makeLogger()
+            let logger = try makeLogger()
             var query = HistoryQuery()
             query.aud = aud
             query.sub = sub
@@ -208,7 +208,7 @@ extension NotificationsCommand {
 
         func run() async throws {
             let config = try options.load(requireBundleIDs: false)
-            let logger = makeLogger()
+            let logger = try makeLogger()
             let end = to.flatMap { parseSince($0, now: Date()) } ?? Date()
             let start = from.flatMap { parseSince($0, now: end) } ?? end.addingTimeInterval(-HistoryStore.buckets[bucket]!.defaultRange)
             let rows = try await Database.with(config, logger: logger) { database in
@@ -239,7 +239,7 @@ struct RejectionsCommand: AsyncParsableCommand {
 
         func run() async throws {
             let config = try options.load(requireBundleIDs: false)
-            let logger = makeLogger()
+            let logger = try makeLogger()
             let (items, counts) = try await Database.with(config, logger: logger) { database in
                 let store = RejectionStore(client: database.client, logger: logger)
                 return (try await store.list(reason: reason, limit: limit), try await store.counts(since: Date().addingTimeInterval(-86_400)))
@@ -285,7 +285,7 @@ struct RejectionsCommand: AsyncParsableCommand {
 
         func run() async throws {
             let config = try options.load(requireBundleIDs: true)
-            let logger = makeLogger()
+            let logger = try makeLogger()
             let summary = try await Database.with(config, logger: logger) { database in
                 try await RejectionReplay(
                     notifications: NotificationStore(client: database.client, logger: logger),

@@ -24,7 +24,7 @@ struct JobsCommand: AsyncParsableCommand {
 
         func run() async throws {
             let config = try options.load(requireBundleIDs: false)
-            let logger = makeLogger()
+            let logger = try makeLogger()
             let jobs = try await Database.with(config, logger: logger) { database in
                 try await EffectStore(client: database.client, logger: logger).list(state: state, limit: limit)
             }
@@ -64,7 +64,7 @@ struct JobsCommand: AsyncParsableCommand {
 
         func run() async throws {
             let config = try options.load(requireBundleIDs: false)
-            let logger = makeLogger()
+            let logger = try makeLogger()
             let count = try await Database.with(config, logger: logger) { database in
                 try await EffectStore(client: database.client, logger: logger).retry(jobID: id, discarded: discarded, type: type.map { EventType(apple: $0)?.rawValue ?? $0 })
             }
@@ -85,7 +85,7 @@ struct ReplayCommand: AsyncParsableCommand {
 
     func run() async throws {
         let config = try options.load(requireBundleIDs: false)
-        let logger = makeLogger()
+        let logger = try makeLogger()
         let replayed = try await Database.with(config, logger: logger) { database in
             try await EffectStore(client: database.client, logger: logger).replay(jti: jti)
         }

@@ -111,6 +111,13 @@ struct ConfigOptions: ParsableArguments {
     var alertBadSignatures: String?
     @Option(name: .customLong("alert-discarded-jobs"), help: "Discarded jobs in the window that fire (SIWA_ALERT_DISCARDED_JOBS, default 1).")
     var alertDiscardedJobs: String?
+    @Option(name: .customLong("log-level"), help: "trace|debug|info|notice|warning|error|critical (SIWA_LOG_LEVEL; default info for serve, warning otherwise).")
+    var logLevel: String?
+    @Option(name: .customLong("log-format"), help: "text|json: key=value lines or one JSON object per line (SIWA_LOG_FORMAT, default text).")
+    var logFormat: String?
+
+    /// The log flags of the command being run, for `makeLogger` (set by `load`, before any logger).
+    nonisolated(unsafe) static var logOverrides: [String: String] = [:]
 
     func load(requireBundleIDs: Bool) throws -> Configuration {
         let overrides: [String: String?] = [
@@ -128,8 +135,9 @@ struct ConfigOptions: ParsableArguments {
             "SIWA_SPIKE_INTERVAL": spikeInterval, "SIWA_SPIKE_WINDOW": spikeWindow, "SIWA_SPIKE_MIN_COUNT": spikeMinCount, "SIWA_SPIKE_FACTOR": spikeFactor,
             "SIWA_SPIKE_NEW_APP_COUNT": spikeNewAppCount, "SIWA_SPIKE_RESOLVE_AFTER": spikeResolveAfter, "SIWA_ALERT_WEBHOOK_URLS": alertWebhookURLs,
             "SIWA_ALERT_SLACK_URL": alertSlackURL, "SIWA_ALERT_QUEUE_LAG": alertQueueLag, "SIWA_ALERT_BAD_SIGNATURES": alertBadSignatures,
-            "SIWA_ALERT_DISCARDED_JOBS": alertDiscardedJobs,
+            "SIWA_ALERT_DISCARDED_JOBS": alertDiscardedJobs, "SIWA_LOG_LEVEL": logLevel, "SIWA_LOG_FORMAT": logFormat,
         ]
+        Self.logOverrides = ["SIWA_LOG_LEVEL": logLevel, "SIWA_LOG_FORMAT": logFormat].compactMapValues { $0 }
         do {
             return try Configuration.load(
                 environment: ProcessInfo.processInfo.environment, overrides: overrides.compactMapValues { $0 }, requireBundleIDs: requireBundleIDs)
@@ -140,11 +148,19 @@ struct ConfigOptions: ParsableArguments {
     }
 }
 
-/// One logger for the process: structured key=value lines on stderr, level from SIWA_LOG_LEVEL
-/// (default `info` for `serve`, `warning` for one-shot commands, whose output is their result).
-func makeLogger(_ label: String = "siwa-events", defaultLevel: Logger.Level = .warning) -> Logger {
-    let level = ProcessInfo.processInfo.environment["SIWA_LOG_LEVEL"].flatMap(Logger.Level.init(rawValue:)) ?? defaultLevel
-    LoggingSystem.bootstrap { label in LineLogHandler(label: label, level: level) }
+/// One logger for the process: structured lines on stderr, level and format from SIWA_LOG_LEVEL and
+/// SIWA_LOG_FORMAT (default level `info` for `serve`, `warning` for one-shot commands, whose output
+/// is their result). A bad value stops the command (exit 78) naming the variable.
+func makeLogger(_ label: String = "siwa-events", defaultLevel: Logger.Level = .warning) throws -> Logger {
+    let settings: (level: Logger.Level?, format: LogFormat)
+    do {
+        settings = try Configuration.logging(environment: ProcessInfo.processInfo.environment, overrides: ConfigOptions.logOverrides)
+    } catch {
+        printError("siwa-events: \(error.description)")
+        throw ExitCode(78)  // EX_CONFIG
+    }
+    let level = settings.level ?? defaultLevel
+    LoggingSystem.bootstrap { label in LineLogHandler(label: label, level: level, format: settings.format) }
     return Logger(label: label)
 }
 
@@ -160,7 +176,7 @@ struct Serve: AsyncParsableCommand {
     func run() async throws {
         let config = try options.load(requireBundleIDs: true)
         do {
-            try await Server.serve(config, logger: makeLogger(defaultLevel: .info))
+            try await Server.serve(config, logger: try makeLogger(defaultLevel: .info))
         } catch let error as ConfigurationError {
             // Found only when opening the database (DATABASE_URL unusable, or missing with
             // SIWA_EMBEDDED_DATABASE=off): a configuration error all the same.
@@ -176,7 +192,7 @@ struct Migrate: AsyncParsableCommand {
 
     func run() async throws {
         let config = try options.load(requireBundleIDs: false)
-        let logger = makeLogger()
+        let logger = try makeLogger()
         let applied = try await Database.with(config, logger: logger) { database in
             try await Migrator(client: database.client, logger: logger).migrate()
         }

@@ -41,7 +41,7 @@ import Testing
         var theirs = Logger(label: "siwa-events") { StreamLogHandler(label: $0, stream: captured, metadataProvider: nil) }
         ours[metadataKey: "worker"] = "2"
         theirs[metadataKey: "worker"] = "2"
-        let metadata: Logger.Metadata = ["outcome": "accepted", "jti": "abc", "latency_ms": "1.5", "tags": ["a", "b"]]
+        let metadata: Logger.Metadata = ["outcome": "accepted", "jti": "abc", "latency_ms": "1.5"]
         ours.info("delivery", metadata: metadata)
         theirs.info("delivery", metadata: metadata)
         ours.debug("not at this level")
@@ -55,12 +55,14 @@ import Testing
         let expected = captured.buffer.text.withLock { $0 }.split(separator: "\n", omittingEmptySubsequences: false)
         #expect(written.count == 4)  // three lines and the final newline
         #expect(written.last == "")
-        // Same text after the timestamp (both print the local time to the second).
-        #expect(written.map { $0.drop { $0 != " " } } == expected.map { $0.drop { $0 != " " } })
-        #expect(written[0].hasSuffix(" info siwa-events: jti=abc latency_ms=1.5 outcome=accepted tags=[\"a\", \"b\"] worker=2 [SiwaIntegrationTests] delivery"))
+        // Same text after the timestamp (both print the local time to the second) while no value
+        // needs quoting; one that does is quoted (LogSafetyTests), where StreamLogHandler writes it raw.
+        #expect(written.prefix(2).map { $0.drop { $0 != " " } } == expected.prefix(2).map { $0.drop { $0 != " " } })
+        #expect(written[0].hasSuffix(" info siwa-events: jti=abc latency_ms=1.5 outcome=accepted worker=2 [SiwaIntegrationTests] delivery"))
         let timestamp = String(written[0].prefix { $0 != " " })
         #expect(timestamp.wholeMatch(of: /\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d[+-]\d{4}/) != nil, "timestamp \(timestamp)")
-        #expect(written[2].contains("error.message=the database refused the batch"))
+        #expect(written[2].contains(#"error.message="the database refused the batch""#))
+        #expect(expected[2].contains("error.message=the database refused the batch"))
     }
 
     @Test func concurrentLinesStayWhole() async throws {
