@@ -21,7 +21,7 @@ package struct VerifiedNotification: Sendable {
 /// notification for us. Pure: keys and `now` are passed in, nothing is read from the world.
 ///
 /// Order (each failing with its own answer): JWS shape → `alg` is RS256 → `kid` resolves →
-/// signature → `iss` → `aud` ∈ configured bundle IDs → `exp` (when present) and `iat`, with a
+/// signature → `iss` → `aud` ∈ configured bundle IDs → `exp` (required) and `iat`, with a
 /// clock-skew allowance → the event, decoded with every tolerance real tokens need.
 package struct NotificationVerifier: Sendable {
     package static let appleIssuer = "https://appleid.apple.com"
@@ -91,7 +91,7 @@ package struct NotificationVerifier: Sendable {
     package static func checkSignedClaims(
         _ jws: CompactJWS, key: AppleKey, audiences: Set<String>, audienceDescription: String, now: Date, clockSkew: Duration,
         shape: (JSONValue) throws(VerificationError) -> Void
-    ) throws(VerificationError) -> (claims: JSONValue, aud: String, issuedAt: Int64, expiresAt: Int64?) {
+    ) throws(VerificationError) -> (claims: JSONValue, aud: String, issuedAt: Int64, expiresAt: Int64) {
         _ = try checkHeader(jws)
         let signature = _RSA.Signing.RSASignature(rawRepresentation: jws.signature)
         let digest = SHA256.hash(data: Data(jws.signingInput.utf8))
@@ -126,8 +126,10 @@ package struct NotificationVerifier: Sendable {
         guard let iat = try epochSeconds(claims, "iat") else {
             throw .malformed("the iat claim is missing")
         }
-        let exp = try epochSeconds(claims, "exp")
-        if let exp, nowSeconds > exp + skew {
+        guard let exp = try epochSeconds(claims, "exp") else {
+            throw .invalid(.missingExpiry, "the token has no exp claim; Apple's tokens always carry one")
+        }
+        if nowSeconds > exp + skew {
             throw .invalid(.expired, "the token expired at \(iso(exp)); it is now \(iso(nowSeconds))")
         }
         if iat > nowSeconds + skew {
@@ -136,7 +138,7 @@ package struct NotificationVerifier: Sendable {
         if let nbf = try epochSeconds(claims, "nbf"), nbf > nowSeconds + skew {
             throw .invalid(.notYetValid, "the token is not valid before \(iso(nbf)) (now \(iso(nowSeconds)))")
         }
-        return (claims, aud, Int64(iat), exp.map { Int64($0) })
+        return (claims, aud, Int64(iat), Int64(exp))
     }
 
     /// Parse, resolve and verify in one call: what the CLI's `verify` and a replay use.

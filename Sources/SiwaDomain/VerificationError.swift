@@ -9,6 +9,8 @@ package enum RejectionReason: String, Sendable, CaseIterable, Codable {
     case wrongAudience = "wrong_audience"
     case expired
     case notYetValid = "not_yet_valid"
+    /// No `exp`: Apple's notifications and identity tokens always carry one.
+    case missingExpiry = "missing_expiry"
     // identity tokens only (POST /v1/sessions): the nonce the backend gave does not match
     case nonceMismatch = "nonce_mismatch"
     // 400 malformed_request and the other refusals, recorded with the same machinery

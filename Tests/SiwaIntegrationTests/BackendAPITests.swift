@@ -165,7 +165,7 @@ struct BackendAPITests {
         await late.stop()
     }
 
-    @Test("a nonce is checked as Apple embeds it: the SHA-256 hex of the raw nonce")
+    @Test("a nonce is checked as Apple embeds it: the SHA-256 hex of the raw nonce; a token without exp is 401 missing_expiry")
     func nonce() async throws {
         let h = try await Harness.start()
         let token = try await Self.token(h, [.sessionsWrite])
@@ -175,6 +175,15 @@ struct BackendAPITests {
         #expect(try await Self.call(h, .POST, "/v1/sessions", token: token, body: ["identity_token": .string(identity), "nonce": .string(raw)]).status == 201)
         let replayed = try await Self.call(h, .POST, "/v1/sessions", token: token, body: ["identity_token": .string(identity), "nonce": .string(hashed)])
         #expect(replayed.json?["reason"] == .string("nonce_mismatch"))
+        // An identity token without exp: Apple's always carry one.
+        let claims = JSONValue.object([
+            "iss": .string(NotificationVerifier.appleIssuer), "aud": .string(Harness.aud), "sub": .string("001.noexp.1"),
+            "iat": .number(Date().timeIntervalSince1970.rounded(.down)),
+        ])
+        let noExpiry = try h.signer.sign(header: .object(["kid": .string(h.signer.kid), "alg": .string("RS256")]), claims: claims)
+        let refused = try await Self.call(h, .POST, "/v1/sessions", token: token, body: ["identity_token": .string(noExpiry)])
+        #expect(refused.status == 401 && refused.json?["reason"] == .string("missing_expiry"), "\(refused.body)")
+        #expect(try await h.count("SELECT count(*) FROM sessions WHERE sub = '001.noexp.1'") == 0)
         await h.stop()
     }
 

@@ -303,6 +303,7 @@ struct ReceiverTests {
             (.wrongAudience, try h.forged { $0["aud"] = .string("com.example.typo") }),
             (.expired, try h.forged { $0["iat"] = .number(Date().timeIntervalSince1970 - 200_000); $0["exp"] = .number(Date().timeIntervalSince1970 - 100_000) }),
             (.notYetValid, try h.forged { $0["iat"] = .number(Date().timeIntervalSince1970 + 3600) }),
+            (.missingExpiry, try h.forged { $0["exp"] = nil }),
         ]
         for (reason, jws) in cases {
             let answer = try await h.server.post(jws: jws)
