@@ -81,8 +81,8 @@ package struct NotificationStore: Sendable {
     /// multi-row insert, one commit (so one WAL flush) for all — and returns after `COMMIT` has
     /// answered. With the extended protocol a statement's rows arrive before the implicit commit at
     /// Sync, so they prove nothing; COMMIT's completion is sent only after the commit record is
-    /// flushed (synchronous_commit on). Both statements are prepared once per connection and take
-    /// the batch as one array per column.
+    /// flushed (`synchronous_commit` on: `durableCommit` raises a lower default). The insert and the
+    /// duplicate count are prepared once per connection and take the batch as one array per column.
     ///
     /// Each outcome is `accepted` (inserted now), `duplicate` (same jti, or the same
     /// aud/sub/type/event_time under another jti, already stored — its deliveries are counted), or
@@ -97,6 +97,8 @@ package struct NotificationStore: Sendable {
             for (index, item) in batch.enumerated() where firstIndexOfJTI[item.notification.jti] == nil {
                 firstIndexOfJTI[item.notification.jti] = index
             }
+            // A 200 promises durability whatever the role's or database's default says.
+            try await connection.query(Self.durableCommit, logger: logger)
             var jobs = 0
             for try await (jti, status) in try await connection.execute(InsertBatch(batch), logger: logger) {
                 if status == ProcessingStatus.pending.rawValue { jobs += 1 }
@@ -115,6 +117,13 @@ package struct NotificationStore: Sendable {
         if jobs > 0 { jobsNotifier.jobsEnqueued() }
         return outcomes
     }
+
+    /// Raises `synchronous_commit` to `on` for this transaction when the session's default is `off`
+    /// or `local` (a role or database setting of an external server); `remote_write` and
+    /// `remote_apply` are as durable or more, and stay.
+    static let durableCommit: PostgresQuery = """
+        SELECT set_config('synchronous_commit', 'on', true) WHERE current_setting('synchronous_commit') IN ('off', 'local')
+        """
 
     /// NotificationsInsertBatch: input order decides which of two copies in one batch is inserted;
     /// ON CONFLICT DO NOTHING skips the rest (and any already stored). Times travel as integers

@@ -67,6 +67,16 @@ struct Harness {
 
     func stop() async { await server.stop() }
 
+    /// Runs `statements` in order on `database` through a client of its own (closed afterwards).
+    static func execute(on database: PostgresClient.Configuration, _ statements: [String]) async throws {
+        let client = PostgresClient(configuration: database)
+        try await withThrowingTaskGroup(of: Void.self) { group in
+            group.addTask { await client.run() }
+            for statement in statements { try await client.query(PostgresQuery(unsafeSQL: statement)) }
+            group.cancelAll()
+        }
+    }
+
     func notification(type: String = "consent-revoked", sub: String = "001234.abcdef.0001", eventTime: Date = Date(), email: String? = nil, jti: String = UUID().uuidString) throws -> String {
         try signer.notification(aud: Self.aud, type: type, sub: sub, eventTime: eventTime, email: email, isPrivateEmail: email == nil ? nil : true, jti: jti)
     }

@@ -120,3 +120,31 @@ extension Array {
         return result
     }
 }
+
+@Suite("Durable answers whatever the database's defaults")
+struct DurableCommitTests {
+    @Test("Under a role whose default is synchronous_commit=off the ingest transaction commits with on; remote_apply is kept")
+    func synchronousCommitRaised() async throws {
+        let database = try await TestCluster.shared.makeDatabase()
+        // What the ingest transaction runs under, seen from inside it by a trigger on its insert.
+        try await Harness.execute(on: database, [
+            "CREATE TABLE seen_sync (setting text NOT NULL)",
+            """
+            CREATE FUNCTION record_sync() RETURNS trigger LANGUAGE plpgsql AS $$
+            BEGIN INSERT INTO seen_sync VALUES (current_setting('synchronous_commit')); RETURN NEW; END $$
+            """,
+            "CREATE TRIGGER record_sync AFTER INSERT ON notifications FOR EACH ROW EXECUTE FUNCTION record_sync()",
+        ])
+        for (roleDefault, expected) in [("off", "on"), ("local", "on"), ("remote_apply", "remote_apply")] {
+            try await Harness.execute(on: database, ["DO $$ BEGIN EXECUTE format('ALTER ROLE CURRENT_USER IN DATABASE %I SET synchronous_commit = \(roleDefault)', current_database()); END $$"])
+            let h = try await Harness.start(database: database)
+            // New connections take the role's default…
+            #expect(try await h.count("SELECT count(*) FROM (SELECT 1 WHERE current_setting('synchronous_commit') = '\(roleDefault)') s") == 1)
+            #expect(try await h.server.post(jws: try h.notification(sub: "001.sync.\(roleDefault)")).status == 200)
+            // …and the ingest transaction commits with at least `on`.
+            #expect(try await h.count("SELECT count(*) FROM seen_sync WHERE setting = '\(expected)'") == 1, "default \(roleDefault)")
+            _ = try await h.count("DELETE FROM seen_sync")
+            await h.stop()
+        }
+    }
+}
