@@ -152,11 +152,13 @@ extension NotificationsCommand {
             let first = query
             let handle: FileHandle
             if let output {
-                guard FileManager.default.createFile(atPath: output, contents: nil), let opened = FileHandle(forWritingAtPath: output) else {
-                    printError("siwa-events: --output \(output): cannot create the file")
+                // Email addresses: readable by its owner only.
+                do {
+                    handle = try openPrivateFile(output)
+                } catch {
+                    printError("siwa-events: --output \(output): \(error)")
                     throw ExitCode(1)
                 }
-                handle = opened
             } else {
                 handle = .standardOutput
             }

@@ -105,10 +105,14 @@ enum ClusterAccount: Sendable, Equatable {
         }
     }
 
-    /// Our environment minus every `PG*` variable (PGHOST, PGDATA, PGPORT, … would silently
-    /// redirect the tools), with the identity variables matching the account.
+    /// What PostgreSQL's tools and server need of our environment, and nothing else: the search
+    /// path, locale and time zone (never our secrets, e.g. `SIWA_*` or `DATABASE_URL`, nor `PG*`
+    /// variables, which would silently redirect the tools), with identity variables matching the
+    /// account.
     func environment(from base: [String: String]) -> [String: String] {
-        var environment = base.filter { !$0.key.hasPrefix("PG") }
+        var environment = base.filter { key, _ in
+            Self.passedThrough.contains(key) || key.hasPrefix("LC_")
+        }
         if case .systemUser(let user) = self {
             environment["HOME"] = user.home
             environment["USER"] = user.name
@@ -116,6 +120,8 @@ enum ClusterAccount: Sendable, Equatable {
         }
         return environment
     }
+
+    static let passedThrough: Set<String> = ["PATH", "LANG", "LANGUAGE", "TZ", "TMPDIR", "HOME", "USER", "LOGNAME"]
 
     /// Hands a file or directory we created (as root) to the account; nothing to do otherwise.
     func takeOwnership(of path: String) throws {

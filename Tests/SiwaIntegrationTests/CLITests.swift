@@ -99,7 +99,34 @@ struct CLITests {
         #expect(replay.stdout.contains("recorded 1"))
     }
 
-    @Test("verify: a real Apple notification is valid at its time (exit 0) and expired now (exit 1); an unreadable file is exit 2")
+    @Test("The embedded PostgreSQL's processes see none of our variables (no SIWA_* secret, no DATABASE_URL); keys generate writes its private key 0600")
+    func embeddedEnvironment() async throws {
+        let directory = "/tmp/siwa-env-\(UUID().uuidString.prefix(6).lowercased())"
+        try FileManager.default.createDirectory(atPath: directory, withIntermediateDirectories: true, attributes: [.posixPermissions: 0o755])
+        defer { try? FileManager.default.removeItem(atPath: directory) }
+        #expect(try await Self.run(["keys", "generate", "--dir", "keys"], directory: directory).status == 0)
+        #expect(try FileManager.default.attributesOfItem(atPath: "\(directory)/keys/private-key.pem")[.posixPermissions] as? Int == 0o600)
+        let port = Self.freePort()
+        let environment = [
+            "SIWA_APPLE_BUNDLE_IDS": "com.example.env", "SIWA_APPLE_JWKS_URL": "file://\(directory)/keys/jwks.json", "SIWA_PORT": "\(port)",
+            "SIWA_METRICS_TOKEN": "a-metrics-secret-0123456789", "SIWA_ALERT_SLACK_URL": "https://hooks.example.com/secret-path",
+        ]
+        let server = try Subprocess.start(
+            Self.binary.path, ["serve"], environment: ProcessInfo.processInfo.environment.merging(environment) { $1 }.filter { $0.key != "DATABASE_URL" },
+            workingDirectory: directory)
+        #expect(await DeployTests.waitReady(port: port))
+        let postmasterPID = try String(contentsOfFile: "\(directory)/.siwa/pgdata/postmaster.pid", encoding: .utf8).split(separator: "\n").first.map(String.init)
+        let pid = try #require(postmasterPID)
+        let variables = try Data(contentsOf: URL(fileURLWithPath: "/proc/\(pid)/environ")).split(separator: 0).map { String(decoding: $0, as: UTF8.self) }
+        server.signal(SIGTERM)
+        #expect(await server.waitForExit() == 0)
+        #expect(!variables.isEmpty)
+        #expect(variables.contains { $0.hasPrefix("PATH=") })
+        let leaked = variables.filter { $0.hasPrefix("SIWA_") || $0.hasPrefix("DATABASE_URL=") || $0.contains("secret") }
+        #expect(leaked.isEmpty, "\(leaked)")
+    }
+
+    @Test("verify: a real Apple notification is valid at its time (exit 0) and expired now (exit 1); no exp is exit 1 missing_expiry; an unreadable file is exit 2")
     func verify() async throws {
         let fixtures = try Harness.appleFixture("jwks.json").deletingLastPathComponent().path
         let atTime = try await Self.run(
@@ -112,6 +139,17 @@ struct CLITests {
         let now = try await Self.run(["verify", "@\(fixtures)/consent-revoked.json", "--jwks", "\(fixtures)/jwks.json"], directory: "/tmp")
         #expect(now.status == 1)
         #expect(JSONValue.parse(Data(now.stdout.utf8))?["reason"] == .string("expired"))
+        // A token without exp, signed by a key the JWKS holds: refused with its own reason.
+        let directory = "/tmp/siwa-verify-\(UUID().uuidString.prefix(6).lowercased())"
+        #expect(try await Self.run(["keys", "generate", "--dir", directory], directory: "/tmp").status == 0)
+        defer { try? FileManager.default.removeItem(atPath: directory) }
+        let signer = try AppleStyleSigner(pem: String(contentsOfFile: "\(directory)/private-key.pem", encoding: .utf8))
+        var claims = AppleStyleSigner.claims(aud: "com.example.cli", type: "consent-revoked", sub: "s", eventTime: Date(), issuedAt: Date()).objectValue!
+        claims["exp"] = nil
+        let noExpiry = try signer.sign(header: .object(["kid": .string(signer.kid), "alg": .string("RS256")]), claims: .object(claims))
+        let refused = try await Self.run(["verify", noExpiry, "--jwks", "\(directory)/jwks.json", "--aud", "com.example.cli"], directory: "/tmp")
+        #expect(refused.status == 1, "\(refused.stdout)\(refused.stderr)")
+        #expect(JSONValue.parse(Data(refused.stdout.utf8))?["reason"] == .string("missing_expiry"), "\(refused.stdout)")
         let missing = try await Self.run(["verify", "@/nonexistent.json", "--jwks", "\(fixtures)/jwks.json"], directory: "/tmp")
         #expect(missing.status == 2)
         #expect(missing.stderr.contains("/nonexistent.json"))
@@ -190,7 +228,7 @@ struct CLITests {
         #expect(erase.status == 0 && erase.stdout.contains("revoked 0 sessions"))
     }
 
-    @Test("notifications show, timeline, export (NDJSON, progress on stderr) and stats through the real binary")
+    @Test("notifications show, timeline, export (NDJSON, progress on stderr, file 0600) and stats through the real binary")
     func historyCommands() async throws {
         let database = try await TestCluster.shared.makeDatabase()
         let client = PostgresClient(configuration: database)
@@ -209,6 +247,12 @@ struct CLITests {
         #expect(export.stderr.contains("exported 12000 notifications in"))
         let lines = try String(contentsOfFile: file, encoding: .utf8).split(separator: "\n")
         #expect(lines.count == 12_000)
+        // Email addresses: the export is its owner's only, also when it replaces a readable file.
+        #expect(try FileManager.default.attributesOfItem(atPath: file)[.posixPermissions] as? Int == 0o600)
+        try FileManager.default.setAttributes([.posixPermissions: 0o644], ofItemAtPath: file)
+        #expect(try await Self.run(["notifications", "export", "--output", file, "--sub", "bulk-user-7"], environment: environment, directory: "/tmp").status == 0)
+        #expect(try FileManager.default.attributesOfItem(atPath: file)[.posixPermissions] as? Int == 0o600)
+        #expect(try String(contentsOfFile: file, encoding: .utf8).split(separator: "\n").count == 4)
         #expect(Set(lines.compactMap { JSONValue.parse(Data($0.utf8))?["jti"]?.stringValue }).count == 12_000)
 
         let shown = try await Self.run(["notifications", "show", "bulk-7", "--json"], environment: environment, directory: "/tmp")
