@@ -54,6 +54,8 @@ package struct Configuration: Sendable {
     package var tlsKeyFile: String?
     package var callbackURL: URL?
     package var callbackSigner: WebhookSigner?
+    /// Signs alert webhooks: a secret of its own, so whoever verifies alerts cannot forge callbacks.
+    package var alertSigner: WebhookSigner?
     package var callbackTimeout: Duration = .seconds(10)
     package var callbackConcurrency = 16
     package var spike = SpikeSettings()
@@ -119,7 +121,8 @@ package struct Configuration: Sendable {
         ("SIWA_SPIKE_FACTOR", "--spike-factor", "…and at least this many times the baseline"),
         ("SIWA_SPIKE_NEW_APP_COUNT", "--spike-new-app-count", "an app with under a day of history fires at this many in the window"),
         ("SIWA_SPIKE_RESOLVE_AFTER", "--spike-resolve-after", "an alert resolves after this long back to normal"),
-        ("SIWA_ALERT_WEBHOOK_URLS", "--alert-webhook-urls", "comma-separated http(s) URLs POSTed each alert, signed with SIWA_CALLBACK_SECRET"),
+        ("SIWA_ALERT_WEBHOOK_URLS", "--alert-webhook-urls", "comma-separated http(s) URLs POSTed each alert, signed with SIWA_ALERT_SECRET"),
+        ("SIWA_ALERT_SECRET", "--alert-secret", "space-separated whsec_ secrets that sign alert webhooks (never a callback secret)"),
         ("SIWA_ALERT_SLACK_URL", "--alert-slack-url", "a Slack-compatible incoming-webhook URL for alerts"),
         ("SIWA_ALERT_QUEUE_LAG", "--alert-queue-lag", "queue_lag fires when the oldest ready job has waited this long"),
         ("SIWA_ALERT_BAD_SIGNATURES", "--alert-bad-signatures", "bad_signatures fires at this many in the spike window"),
@@ -238,41 +241,53 @@ package struct Configuration: Sendable {
         config.jobPollInterval = try duration("SIWA_JOB_POLL_INTERVAL", default: config.jobPollInterval)
         config.jobNotify = try boolean("SIWA_JOB_NOTIFY", default: true)
         config.eraseOnDelete = try boolean("SIWA_ERASE_ON_DELETE", default: true)
+        func secretList(_ name: String) -> [Substring] {
+            (value(name) ?? "").split(whereSeparator: { $0 == " " || $0 == "\t" || $0 == "\n" })
+        }
         func httpURL(_ name: String, _ text: String) throws(ConfigurationError) -> URL {
             guard let url = URL(string: text), ["https", "http"].contains(url.scheme?.lowercased() ?? ""), url.host?.isEmpty == false else {
                 throw ConfigurationError(variable: flag(name), message: "must be an https:// or http:// URL (got \"\(text)\")")
             }
             return url
         }
-        /// SIWA_CALLBACK_SECRET, required because `user` (a variable) sends signed messages.
-        func signer(for user: String, _ what: String) throws(ConfigurationError) -> WebhookSigner {
-            guard let secrets = value("SIWA_CALLBACK_SECRET") else {
+        /// The secrets in `variable`, required because `user` (a variable) sends signed messages.
+        func signer(_ variable: String, for user: String, _ what: String) throws(ConfigurationError) -> WebhookSigner {
+            guard let secrets = value(variable) else {
                 throw ConfigurationError(
-                    variable: flag("SIWA_CALLBACK_SECRET"),
+                    variable: flag(variable),
                     message: "is required when \(user) is set: \(what); create one with `siwa-events callbacks secret`")
             }
             do {
                 return try WebhookSigner(secrets: secrets)
             } catch {
-                throw ConfigurationError(variable: flag("SIWA_CALLBACK_SECRET"), message: error.description)
+                throw ConfigurationError(variable: flag(variable), message: error.description)
             }
         }
         if let text = value("SIWA_CALLBACK_URL") {
             let url = try httpURL("SIWA_CALLBACK_URL", text)
-            config.callbackSigner = try signer(for: "SIWA_CALLBACK_URL", "callbacks are always signed")
+            config.callbackSigner = try signer("SIWA_CALLBACK_SECRET", for: "SIWA_CALLBACK_URL", "callbacks are always signed")
             config.callbackURL = url
-        } else if value("SIWA_CALLBACK_SECRET") != nil && value("SIWA_ALERT_WEBHOOK_URLS") == nil {
+        } else if value("SIWA_CALLBACK_SECRET") != nil {
             throw ConfigurationError(
                 variable: flag("SIWA_CALLBACK_URL"),
-                message: "is not set, but SIWA_CALLBACK_SECRET is: set the URL callbacks go to (or SIWA_ALERT_WEBHOOK_URLS), or unset the secret")
+                message: "is not set, but SIWA_CALLBACK_SECRET is: set the URL callbacks go to, or unset the secret (alert webhooks use SIWA_ALERT_SECRET)")
         }
         if let text = value("SIWA_ALERT_WEBHOOK_URLS") {
             for part in text.split(separator: ",").map({ $0.trimmingCharacters(in: .whitespaces) }).filter({ !$0.isEmpty }) {
                 config.alertWebhooks.append(try httpURL("SIWA_ALERT_WEBHOOK_URLS", part))
             }
-            if config.callbackSigner == nil {
-                config.callbackSigner = try signer(for: "SIWA_ALERT_WEBHOOK_URLS", "alert webhooks are signed like callbacks")
+            config.alertSigner = try signer(
+                "SIWA_ALERT_SECRET", for: "SIWA_ALERT_WEBHOOK_URLS",
+                "alert webhooks are signed with a secret of their own, never the callback secret")
+            let shared = Set(secretList("SIWA_ALERT_SECRET")).intersection(secretList("SIWA_CALLBACK_SECRET"))
+            guard shared.isEmpty else {
+                throw ConfigurationError(
+                    variable: flag("SIWA_ALERT_SECRET"),
+                    message: "must differ from every SIWA_CALLBACK_SECRET: whoever verifies alert webhooks could otherwise sign callbacks to your backend; create one with `siwa-events callbacks secret`")
             }
+        } else if value("SIWA_ALERT_SECRET") != nil {
+            throw ConfigurationError(
+                variable: flag("SIWA_ALERT_WEBHOOK_URLS"), message: "is not set, but SIWA_ALERT_SECRET is: set the alert webhook URLs, or unset the secret")
         }
         if let text = value("SIWA_ALERT_SLACK_URL") { config.alertSlackURL = try httpURL("SIWA_ALERT_SLACK_URL", text) }
         func positive(_ name: String, _ fallback: Duration) throws(ConfigurationError) -> Duration {

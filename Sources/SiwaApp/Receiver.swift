@@ -215,7 +215,7 @@ extension Configuration {
 
 extension Configuration {
     package var alertSinks: AlertSinks {
-        AlertSinks(webhooks: alertWebhooks, slack: alertSlackURL, signer: callbackSigner)
+        AlertSinks(webhooks: alertWebhooks, slack: alertSlackURL, signer: alertSigner)
     }
 
     package var alertConfiguration: AlertMonitor.Configuration {

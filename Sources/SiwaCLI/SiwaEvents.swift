@@ -103,6 +103,8 @@ struct ConfigOptions: ParsableArguments {
     var spikeResolveAfter: String?
     @Option(name: .customLong("alert-webhook-urls"), help: "Comma-separated URLs POSTed each alert, signed (SIWA_ALERT_WEBHOOK_URLS).")
     var alertWebhookURLs: String?
+    @Option(name: .customLong("alert-secret"), help: "Space-separated whsec_ secrets that sign alert webhooks, never a callback secret (SIWA_ALERT_SECRET).")
+    var alertSecret: String?
     @Option(name: .customLong("alert-slack-url"), help: "Slack-compatible incoming-webhook URL (SIWA_ALERT_SLACK_URL).")
     var alertSlackURL: String?
     @Option(name: .customLong("alert-queue-lag"), help: "Oldest ready job's wait that fires queue_lag, e.g. 2m (SIWA_ALERT_QUEUE_LAG).")
@@ -133,7 +135,7 @@ struct ConfigOptions: ParsableArguments {
             "SIWA_APPLE_CLIENT_IDS": clientIDs, "SIWA_SESSION_TTL": sessionTTL, "SIWA_HISTORY_RETENTION": historyRetention, "SIWA_METRICS_TOKEN": metricsToken,
             "SIWA_TLS_CERT_FILE": tlsCertFile, "SIWA_TLS_KEY_FILE": tlsKeyFile,
             "SIWA_SPIKE_INTERVAL": spikeInterval, "SIWA_SPIKE_WINDOW": spikeWindow, "SIWA_SPIKE_MIN_COUNT": spikeMinCount, "SIWA_SPIKE_FACTOR": spikeFactor,
-            "SIWA_SPIKE_NEW_APP_COUNT": spikeNewAppCount, "SIWA_SPIKE_RESOLVE_AFTER": spikeResolveAfter, "SIWA_ALERT_WEBHOOK_URLS": alertWebhookURLs,
+            "SIWA_SPIKE_NEW_APP_COUNT": spikeNewAppCount, "SIWA_SPIKE_RESOLVE_AFTER": spikeResolveAfter, "SIWA_ALERT_WEBHOOK_URLS": alertWebhookURLs, "SIWA_ALERT_SECRET": alertSecret,
             "SIWA_ALERT_SLACK_URL": alertSlackURL, "SIWA_ALERT_QUEUE_LAG": alertQueueLag, "SIWA_ALERT_BAD_SIGNATURES": alertBadSignatures,
             "SIWA_ALERT_DISCARDED_JOBS": alertDiscardedJobs, "SIWA_LOG_LEVEL": logLevel, "SIWA_LOG_FORMAT": logFormat,
         ]

@@ -263,7 +263,7 @@ package struct AlertMessage: Sendable, Equatable {
 package struct AlertSinks: Sendable {
     package var webhooks: [URL]
     package var slack: URL?
-    /// Signs webhook messages (`SIWA_CALLBACK_SECRET`); required with webhooks.
+    /// Signs webhook messages (`SIWA_ALERT_SECRET`); required with webhooks.
     package var signer: WebhookSigner?
     package var timeout: Duration = .seconds(10)
 

@@ -155,25 +155,27 @@ struct AlertTests {
         let database = try await TestCluster.shared.makeDatabase()
         let client = PostgresClient(configuration: database)
         let logger = Logger(label: "alerts-test", factory: { _ in SwiftLogNoOpLogHandler() })
-        var configuration = EffectWorkers.Configuration()
+        let socketDirectory = ((database.unixSocketPath ?? "") as NSString).deletingLastPathComponent
+        // Alerts and callbacks configured side by side: each has its own secret.
+        let alertSecret = WebhookSigner.generateSecret()
+        let environment = [
+            "DATABASE_URL": "postgres://\(database.username)@/\(database.database ?? "")?host=\(socketDirectory)",
+            "SIWA_ALERT_WEBHOOK_URLS": webhook.url.absoluteString, "SIWA_ALERT_SLACK_URL": slack.url.absoluteString,
+            "SIWA_ALERT_SECRET": alertSecret, "SIWA_CALLBACK_URL": "http://127.0.0.1:9/unused", "SIWA_CALLBACK_SECRET": CallbackTests.secret,
+        ]
+        var configuration = try Configuration.load(environment: environment, requireBundleIDs: false).workerConfiguration
         configuration.workers = 1
-        configuration.alertSinks = AlertSinks(webhooks: [webhook.url], slack: slack.url, signer: try WebhookSigner(secrets: CallbackTests.secret))
         let workers = EffectWorkers(configuration: configuration, store: EffectStore(client: client, logger: logger), logger: logger)
         let group = ServiceGroup(configuration: .init(services: [client, workers], logger: logger))
         let running = Task { try await group.run() }
 
-        let socketDirectory = ((database.unixSocketPath ?? "") as NSString).deletingLastPathComponent
-        let environment = [
-            "DATABASE_URL": "postgres://\(database.username)@/\(database.database ?? "")?host=\(socketDirectory)",
-            "SIWA_ALERT_WEBHOOK_URLS": webhook.url.absoluteString, "SIWA_ALERT_SLACK_URL": slack.url.absoluteString,
-            "SIWA_CALLBACK_SECRET": CallbackTests.secret,
-        ]
         let result = try await CLITests.run(["alerts", "test", "--wait", "20s"], environment: environment, directory: "/tmp")
         #expect(result.status == 0, "\(result.stdout)\(result.stderr)")
         #expect(result.stdout.split(separator: "\n").filter { $0.contains("delivered (HTTP 200)") }.count == 2, "\(result.stdout)")
         let body = try #require(webhook.received.first.flatMap { JSONValue.parse(Data($0.body)) })
         #expect(body["kind"] == .string("test"))
-        #expect(webhook.received.allSatisfy { CallbackTests.verifies($0, secret: CallbackTests.secret) })
+        #expect(webhook.received.allSatisfy { CallbackTests.verifies($0, secret: alertSecret) })
+        #expect(!webhook.received.contains { CallbackTests.verifies($0, secret: CallbackTests.secret) })
         #expect(slack.received.first?.bodyText.contains("this sink works") == true)
 
         let none = try await CLITests.run(["alerts", "test"], environment: ["DATABASE_URL": environment["DATABASE_URL"]!], directory: "/tmp")

@@ -181,6 +181,11 @@ struct CLITests {
             directory: "/tmp")
         #expect(serve.status == 78)
         #expect(serve.stderr.contains("SIWA_CALLBACK_SECRET"))
+        // Alert webhooks with only the callback secret (how earlier versions signed them): exit 78.
+        let alertsOnly = try await Self.run(
+            ["serve"], environment: ["SIWA_APPLE_BUNDLE_IDS": "com.example.cli", "SIWA_ALERT_WEBHOOK_URLS": "https://alerts.example/hook", "SIWA_CALLBACK_URL": "https://backend.example/siwa", "SIWA_CALLBACK_SECRET": CallbackTests.secret],
+            directory: "/tmp")
+        #expect(alertsOnly.status == 78 && alertsOnly.stderr.contains("SIWA_ALERT_SECRET"), "\(alertsOnly.stderr)")
         #expect(serve.stderr.contains("whsec_"))
     }
 

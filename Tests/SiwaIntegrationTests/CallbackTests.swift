@@ -148,7 +148,7 @@ struct CallbackTests {
         await endpoint.stop()
     }
 
-    @Test("configuration: a callback URL needs a valid secret; each problem names its variable")
+    @Test("configuration: a callback URL needs a valid secret, alert webhooks a different one; each problem names its variable")
     func configuration() throws {
         func error(_ environment: [String: String]) -> String {
             do {
@@ -162,6 +162,12 @@ struct CallbackTests {
         #expect(error(["SIWA_CALLBACK_URL": "https://backend.example/siwa", "SIWA_CALLBACK_SECRET": "hunter2"]).contains("secret 1 does not start with whsec_"))
         #expect(error(["SIWA_CALLBACK_URL": "ftp://backend.example/siwa", "SIWA_CALLBACK_SECRET": Self.secret]).hasPrefix("SIWA_CALLBACK_URL"))
         #expect(error(["SIWA_CALLBACK_SECRET": Self.secret]).hasPrefix("SIWA_CALLBACK_URL"))
+        // Alert webhooks never fall back to the callback secret, and may not share it.
+        let alerts = ["SIWA_ALERT_WEBHOOK_URLS": "https://alerts.example/hook", "SIWA_CALLBACK_URL": "https://backend.example/siwa", "SIWA_CALLBACK_SECRET": Self.secret]
+        #expect(error(alerts).hasPrefix("SIWA_ALERT_SECRET (--alert-secret): is required when SIWA_ALERT_WEBHOOK_URLS is set"), "\(error(alerts))")
+        #expect(error(alerts.merging(["SIWA_ALERT_SECRET": "\(Self.rotated) \(Self.secret)"]) { $1 }).contains("must differ from every SIWA_CALLBACK_SECRET"))
+        #expect(error(["SIWA_ALERT_SECRET": Self.secret]).hasPrefix("SIWA_ALERT_WEBHOOK_URLS"))
+        #expect(error(alerts.merging(["SIWA_ALERT_SECRET": Self.rotated]) { $1 }) == "no error")
         #expect(error(["SIWA_CALLBACK_URL": "https://backend.example/siwa", "SIWA_CALLBACK_SECRET": Self.secret, "SIWA_CALLBACK_TIMEOUT": "soon"]).hasPrefix("SIWA_CALLBACK_TIMEOUT"))
         let config = try Configuration.load(
             environment: ["SIWA_APPLE_BUNDLE_IDS": "a", "SIWA_CALLBACK_URL": "https://backend.example/siwa", "SIWA_CALLBACK_SECRET": "\(Self.secret) \(Self.rotated)"],
