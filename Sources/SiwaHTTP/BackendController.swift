@@ -102,10 +102,10 @@ package struct BackendController: Sendable {
         do {
             let session = try await accounts.createSession(aud: aud, sub: sub, expiresAt: expiresAt, identity: identity)
             return .json(Self.json(session), status: .created)
-        } catch AccountStoreError.accountDeleted(let deletedAt) {
-            throw APIError(
-                .conflict, code: "conflict", message: "Apple reported this Apple ID deleted at \(iso8601(deletedAt)); no session can be created for it",
-                reason: "account_deleted")
+        } catch AccountStoreError.accountDeleted(let message) {
+            throw APIError(.conflict, code: "conflict", message: message, reason: "account_deleted")
+        } catch AccountStoreError.consentRevoked(let message) {
+            throw APIError(.conflict, code: "conflict", message: message, reason: "consent_revoked")
         }
     }
 
@@ -160,7 +160,8 @@ package struct BackendController: Sendable {
             "is_private_email": account.isPrivateEmail.map(JSONValue.bool) ?? .null,
             "real_user_status": account.realUserStatus.map { .number(Double($0)) } ?? .null,
             "email_forwarding": account.emailForwarding.map(JSONValue.string) ?? .null,
-            "consent_revoked_at": Self.time(account.consentRevokedAt), "deleted_at": Self.time(account.deletedAt),
+            "consent_revoked_at": Self.time(account.consentRevokedAt), "consent_given_at": Self.time(account.consentGivenAt),
+            "deleted_at": Self.time(account.deletedAt),
             "erased_at": Self.time(account.erasedAt), "created_at": .string(iso8601(account.createdAt)),
             "updated_at": .string(iso8601(account.updatedAt)),
         ]))

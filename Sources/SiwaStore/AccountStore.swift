@@ -25,6 +25,8 @@ package struct Account: Sendable {
     package var realUserStatus: Int?
     package var emailForwarding: String?
     package var consentRevokedAt: Date?
+    /// The `iat` of the latest identity token issued after a consent revocation (consent given again).
+    package var consentGivenAt: Date?
     package var deletedAt: Date?
     package var erasedAt: Date?
     package var createdAt: Date
@@ -36,9 +38,22 @@ package struct Erasure: Sendable {
     package var revokedSessions: Int
 }
 
+/// Why the database refused a session (the rules live in the `sessions_allowed` trigger, which a
+/// backend inserting sessions itself meets too). `message` is the trigger's, naming the time.
 package enum AccountStoreError: Error, Sendable {
-    /// Apple deleted this Apple ID: no session may be created for it.
-    case accountDeleted(deletedAt: Date)
+    /// Apple deleted this Apple ID (SQLSTATE SE001): no session may be created for it.
+    case accountDeleted(message: String)
+    /// The user revoked consent and has not signed in since (SE002).
+    case consentRevoked(message: String)
+
+    init?(_ error: any Error) {
+        guard let error = error as? PSQLError, let message = error.serverInfo?[.message] else { return nil }
+        switch error.serverInfo?[.sqlState] {
+        case "SE001": self = .accountDeleted(message: message)
+        case "SE002": self = .consentRevoked(message: message)
+        default: return nil
+        }
+    }
 }
 
 /// Sessions and accounts as the backend API sees them, and privacy erasure: every statement.
@@ -63,51 +78,50 @@ package struct AccountStore: Sendable {
 
     // MARK: SessionsCreate
 
-    /// Creates a session, in one transaction with the account: the account row is upserted first,
-    /// which locks it, so an `account-delete` being applied at the same moment either comes first
-    /// (and this fails with `accountDeleted`) or waits and then revokes the new session too.
-    /// With `identity`, the token's email facts update the account (the address only when the
-    /// token is newer than the stored address and than any privacy erasure).
+    /// Creates a session, in one transaction with the account: the account row is upserted first
+    /// (with `identity`, the token's email facts update it: the address only when the token is newer
+    /// than the stored address and than any privacy erasure), then the `sessions_allowed` trigger
+    /// decides under the account's lock; an effect applied at the same moment either comes first
+    /// (and the session is refused: `AccountStoreError`) or waits and then revokes it too.
     package func createSession(aud: String, sub: String, expiresAt: Date?, identity: VerifiedIdentity?) async throws -> Session {
         let logger = self.logger
         let issuedMillis = identity.map { $0.issuedAt * 1000 }
-        return try await client.bounded.transaction(logger: logger) { connection in
-            var deletedAt: Date?
-            for try await (deleted,) in try await connection.query(
-                """
-                INSERT INTO accounts AS a (aud, sub, email, is_private_email, real_user_status, address_event_time)
-                VALUES (\(aud), \(sub), \(identity?.email), \(identity?.isPrivateEmail), \(identity?.realUserStatus),
-                    CASE WHEN \(identity?.email)::text IS NOT NULL THEN timestamptz 'epoch' + \(issuedMillis)::bigint * interval '1 millisecond' END)
-                ON CONFLICT (aud, sub) DO UPDATE SET
-                    email = CASE WHEN a.deleted_at IS NULL AND excluded.email IS NOT NULL
-                                  AND excluded.address_event_time > coalesce(a.address_event_time, '-infinity')
-                                  AND excluded.address_event_time > coalesce(a.erased_at, '-infinity')
-                             THEN excluded.email ELSE a.email END,
-                    is_private_email = CASE WHEN a.deleted_at IS NULL AND excluded.email IS NOT NULL
-                                  AND excluded.address_event_time > coalesce(a.address_event_time, '-infinity')
-                                  AND excluded.address_event_time > coalesce(a.erased_at, '-infinity')
-                             THEN excluded.is_private_email ELSE a.is_private_email END,
-                    address_event_time = CASE WHEN a.deleted_at IS NULL AND excluded.email IS NOT NULL
-                                  AND excluded.address_event_time > coalesce(a.address_event_time, '-infinity')
-                                  AND excluded.address_event_time > coalesce(a.erased_at, '-infinity')
-                             THEN excluded.address_event_time ELSE a.address_event_time END,
-                    real_user_status = coalesce(excluded.real_user_status, a.real_user_status),
-                    updated_at = now()
-                RETURNING a.deleted_at
-                """, logger: logger
-            ).decode((Date?,).self) {
-                deletedAt = deleted
+        do {
+            return try await client.bounded.transaction(logger: logger) { connection in
+                try await connection.query(
+                    """
+                    INSERT INTO accounts AS a (aud, sub, email, is_private_email, real_user_status, address_event_time)
+                    VALUES (\(aud), \(sub), \(identity?.email), \(identity?.isPrivateEmail), \(identity?.realUserStatus),
+                        CASE WHEN \(identity?.email)::text IS NOT NULL THEN timestamptz 'epoch' + \(issuedMillis)::bigint * interval '1 millisecond' END)
+                    ON CONFLICT (aud, sub) DO UPDATE SET
+                        email = CASE WHEN a.deleted_at IS NULL AND excluded.email IS NOT NULL
+                                      AND excluded.address_event_time > coalesce(a.address_event_time, '-infinity')
+                                      AND excluded.address_event_time > coalesce(a.erased_at, '-infinity')
+                                 THEN excluded.email ELSE a.email END,
+                        is_private_email = CASE WHEN a.deleted_at IS NULL AND excluded.email IS NOT NULL
+                                      AND excluded.address_event_time > coalesce(a.address_event_time, '-infinity')
+                                      AND excluded.address_event_time > coalesce(a.erased_at, '-infinity')
+                                 THEN excluded.is_private_email ELSE a.is_private_email END,
+                        address_event_time = CASE WHEN a.deleted_at IS NULL AND excluded.email IS NOT NULL
+                                      AND excluded.address_event_time > coalesce(a.address_event_time, '-infinity')
+                                      AND excluded.address_event_time > coalesce(a.erased_at, '-infinity')
+                                 THEN excluded.address_event_time ELSE a.address_event_time END,
+                        real_user_status = coalesce(excluded.real_user_status, a.real_user_status),
+                        updated_at = now()
+                    """, logger: logger)
+                for try await row in try await connection.query(
+                    """
+                    INSERT INTO sessions (aud, sub, expires_at, identity_issued_at)
+                    VALUES (\(aud), \(sub), \(expiresAt), timestamptz 'epoch' + \(issuedMillis)::bigint * interval '1 millisecond')
+                    RETURNING \(unescaped: Self.sessionColumns)
+                    """, logger: logger
+                ).decode(SessionRow.self) {
+                    return Self.session(row)
+                }
+                preconditionFailure("INSERT … RETURNING returned no row")
             }
-            if let deletedAt { throw AccountStoreError.accountDeleted(deletedAt: deletedAt) }
-            for try await row in try await connection.query(
-                """
-                INSERT INTO sessions (aud, sub, expires_at) VALUES (\(aud), \(sub), \(expiresAt))
-                RETURNING \(unescaped: Self.sessionColumns)
-                """, logger: logger
-            ).decode(SessionRow.self) {
-                return Self.session(row)
-            }
-            preconditionFailure("INSERT … RETURNING returned no row")
+        } catch {
+            throw AccountStoreError(error) ?? error
         }
     }
 
@@ -160,13 +174,13 @@ package struct AccountStore: Sendable {
         for try await row in try await client.bounded.query(
             """
             SELECT aud, sub, email, is_private_email, real_user_status::int, email_forwarding::text, consent_revoked_at, deleted_at, erased_at,
-                created_at, updated_at
+                created_at, updated_at, consent_given_at
             FROM accounts WHERE aud = \(aud) AND sub = \(sub)
             """, logger: logger
-        ).decode((String, String, String?, Bool?, Int?, String?, Date?, Date?, Date?, Date, Date).self) {
+        ).decode((String, String, String?, Bool?, Int?, String?, Date?, Date?, Date?, Date, Date, Date?).self) {
             return Account(
                 aud: row.0, sub: row.1, email: row.2, isPrivateEmail: row.3, realUserStatus: row.4, emailForwarding: row.5, consentRevokedAt: row.6,
-                deletedAt: row.7, erasedAt: row.8, createdAt: row.9, updatedAt: row.10)
+                consentGivenAt: row.11, deletedAt: row.7, erasedAt: row.8, createdAt: row.9, updatedAt: row.10)
         }
         return nil
     }

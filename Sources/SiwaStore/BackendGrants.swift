@@ -15,7 +15,7 @@ package enum BackendGrantsError: Error, Sendable, CustomStringConvertible {
 }
 
 /// Least privilege for a backend that shares the database instead of calling the API: exactly
-/// what the README's session SQL needs — create a session (aud, sub, expires_at), read sessions
+/// what the README's session SQL needs — create a session (aud, sub, expires_at, identity_issued_at), read sessions
 /// and accounts, log a session out — and nothing else (no notifications, tokens, jobs, audit).
 package struct BackendGrants: Sendable {
     package let client: PostgresClient
@@ -29,7 +29,7 @@ package struct BackendGrants: Sendable {
     package static let statements = [
         "REVOKE ALL ON ALL TABLES IN SCHEMA public FROM %I",
         "GRANT USAGE ON SCHEMA public TO %I",
-        "GRANT SELECT, INSERT (aud, sub, expires_at), UPDATE (revoked_at, revoked_reason) ON sessions TO %I",
+        "GRANT SELECT, INSERT (aud, sub, expires_at, identity_issued_at), UPDATE (revoked_at, revoked_reason) ON sessions TO %I",
         "GRANT SELECT ON accounts TO %I",
     ]
 

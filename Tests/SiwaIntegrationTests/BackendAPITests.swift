@@ -1,5 +1,6 @@
 import Crypto
 import Foundation
+import Logging
 import NIOHTTP1
 import PostgresNIO
 import SiwaApp
@@ -201,6 +202,63 @@ struct BackendAPITests {
         await e.stop()
     }
 
+    @Test("after consent-revoked, a session needs an identity token issued after the revocation, which records consent given again; aud+sub alone or an older token is 409 consent_revoked")
+    func consentRevokedStopsNewSessions() async throws {
+        let e = try await EffectHarness.start()
+        let sub = "001.consent.1"
+        let revokedAt = Date().addingTimeInterval(-60).timeIntervalSince1970.rounded(.down)
+        let revocation = try e.h.signer.notification(aud: Harness.aud, type: "consent-revoked", sub: sub, eventTime: Date(timeIntervalSince1970: revokedAt))
+        #expect(try await e.h.server.post(jws: revocation).status == 200)
+        try await e.drain()
+        let token = try await Self.token(e.h, [.sessionsWrite, .accountsRead])
+        func create(_ body: JSONValue) async throws -> TestServer.Answer { try await Self.call(e.h, .POST, "/v1/sessions", token: token, body: body) }
+
+        let plain = try await create(["aud": .string(Harness.aud), "sub": .string(sub)])
+        #expect(plain.status == 409 && plain.json?["error"] == .string("conflict") && plain.json?["reason"] == .string("consent_revoked"), "\(plain.body)")
+        #expect(plain.json?["message"]?.stringValue?.contains("sign") == true)
+        let older = try e.h.signer.identityToken(aud: Harness.aud, sub: sub, issuedAt: Date(timeIntervalSince1970: revokedAt - 30))
+        let refused = try await create(["identity_token": .string(older)])
+        #expect(refused.status == 409 && refused.json?["reason"] == .string("consent_revoked"), "\(refused.body)")
+        #expect(try await e.h.count("SELECT count(*) FROM sessions WHERE sub = '\(sub)'") == 0)
+
+        // The person signs in again: a token issued after the revocation opens a session…
+        let signedInAt = Date(timeIntervalSince1970: revokedAt + 30)
+        let newer = try e.h.signer.identityToken(aud: Harness.aud, sub: sub, issuedAt: signedInAt)
+        #expect(try await create(["identity_token": .string(newer)]).status == 201)
+        let account = try await Self.call(e.h, .GET, "/v1/accounts/\(Harness.aud)/\(sub)", token: token)
+        #expect(account.json?["consent_given_at"] == .string(iso8601(signedInAt)), "\(account.body)")
+        #expect(account.json?["consent_revoked_at"] == .string(iso8601(Date(timeIntervalSince1970: revokedAt))))
+        // …and consent given again lets the backend vouch for the user as before.
+        #expect(try await create(["aud": .string(Harness.aud), "sub": .string(sub)]).status == 201)
+        await e.stop()
+    }
+
+    @Test("a consent revocation being applied while a session is created: the session waits for it and is refused")
+    func consentRevokedConcurrently() async throws {
+        let h = try await Harness.start()
+        let token = try await Self.token(h, [.sessionsWrite])
+        let sub = "001.consent.race"
+        #expect(try await Self.call(h, .POST, "/v1/sessions", token: token, body: ["aud": .string(Harness.aud), "sub": .string(sub)]).status == 201)
+        let logger = Logger(label: "effect")
+        let answer = try await h.server.client.withConnection { connection in
+            // What the effect does, in its own transaction: the account row changed and held.
+            try await connection.query("BEGIN", logger: logger)
+            try await connection.query("UPDATE accounts SET consent_revoked_at = now() WHERE aud = \(Harness.aud) AND sub = \(sub)", logger: logger)
+            let creating = Task { try await Self.call(h, .POST, "/v1/sessions", token: token, body: ["aud": .string(Harness.aud), "sub": .string(sub)]) }
+            var waiting = 0
+            for _ in 0..<600 where waiting < 1 {
+                try await Task.sleep(for: .milliseconds(20))
+                waiting = try await h.count("SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock'")
+            }
+            #expect(waiting == 1)
+            try await connection.query("COMMIT", logger: logger)
+            return try await creating.value
+        }
+        #expect(answer.status == 409 && answer.json?["reason"] == .string("consent_revoked"), "\(answer.body)")
+        #expect(try await h.count("SELECT count(*) FROM sessions WHERE sub = '\(sub)'") == 1)
+        await h.stop()
+    }
+
     @Test("an account's sessions page by cursor; bad limit and cursor name the parameter")
     func accountSessions() async throws {
         let h = try await Harness.start()
@@ -262,7 +320,7 @@ struct BackendAPITests {
         await e.stop()
     }
 
-    @Test("db grant-backend: the role can run the README's session SQL and cannot read notifications or tokens")
+    @Test("db grant-backend: the role can run the README's session SQL (refused after a consent revocation or deletion) and cannot read notifications or tokens")
     func grantBackend() async throws {
         let database = try await TestCluster.shared.makeDatabase()
         let h = try await Harness.start(database: database)
@@ -297,6 +355,26 @@ struct BackendAPITests {
                     try await backend.query(PostgresQuery(unsafeSQL: "SELECT count(*) FROM \(table)"))
                 }
             }
+            // The database holds the API's rules: after a consent revocation only an identity token
+            // issued after it (README's SQL, identity_issued_at); never for a deleted Apple ID.
+            try await h.server.client.query(
+                "INSERT INTO accounts (aud, sub, consent_revoked_at) VALUES ('com.example.app', '001.grant.revoked', now() - interval '1 minute')")
+            try await h.server.client.query("INSERT INTO accounts (aud, sub, deleted_at) VALUES ('com.example.app', '001.grant.deleted', now())")
+            func refusal(_ sql: PostgresQuery) async -> String? {
+                do {
+                    try await backend.query(sql)
+                    return nil
+                } catch let error as PSQLError {
+                    return error.serverInfo?[.sqlState]
+                } catch {
+                    return "\(error)"
+                }
+            }
+            #expect(await refusal("INSERT INTO sessions (aud, sub, expires_at) VALUES ('com.example.app', '001.grant.revoked', now() + interval '1 day')") == "SE002")
+            #expect(await refusal("INSERT INTO sessions (aud, sub, identity_issued_at) VALUES ('com.example.app', '001.grant.revoked', now() - interval '2 minutes')") == "SE002")
+            #expect(await refusal("INSERT INTO sessions (aud, sub, identity_issued_at) VALUES ('com.example.app', '001.grant.revoked', now())") == nil)
+            #expect(await refusal("INSERT INTO sessions (aud, sub, identity_issued_at) VALUES ('com.example.app', '001.grant.deleted', now())") == "SE001")
+            #expect(try await h.count("SELECT count(*) FROM accounts WHERE sub = '001.grant.revoked' AND consent_given_at IS NOT NULL") == 1)
             // Only what creating a session needs: no choosing its revocation at insert time.
             await #expect(throws: PSQLError.self) {
                 try await backend.query("INSERT INTO sessions (aud, sub, revoked_at, revoked_reason) VALUES ('a', 'b', now(), 'logout')")
