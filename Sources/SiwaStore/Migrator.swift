@@ -16,6 +16,7 @@ let embedded: [(file: String, bytes: [UInt8])] = [
     ("008_hot_status.sql", PackageResources._08_hot_status_sql),
     ("009_effects_claim.sql", PackageResources._09_effects_claim_sql),
     ("010_effects_event_order.sql", PackageResources._10_effects_event_order_sql),
+    ("013_alert_episodes.sql", PackageResources._13_alert_episodes_sql),
 ]
 
 /// A numbered SQL migration from `sql/` (built into the binary, so it runs from any directory).
