@@ -73,7 +73,8 @@ package final class AlertMonitor: Service, Sendable {
     @discardableResult
     package func evaluate(now: Date) async throws -> [AlertDecision] {
         let settings = configuration.spike
-        // Operational alerts, one series each, by key; revocation series by app, then type.
+        // One-series alerts by key (operational, and old per-series revocation rows still open);
+        // revocation series by app, then type.
         var observations: [AlertKey: AlertObservation] = [:]
         var revocations: [String: [String: AlertObservation]] = [:]
 
