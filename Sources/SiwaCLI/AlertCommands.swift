@@ -33,9 +33,10 @@ struct AlertsCommand: AsyncParsableCommand {
                 print(state == "firing" ? "no firing alerts" : "no alerts")
             } else {
                 print(table(
-                    ["ID", "STATE", "KIND", "AUD", "TYPE", "PEAK", "BASELINE", "RATIO", "STARTED", "RESOLVED", "SILENCED"],
+                    ["ID", "STATE", "KIND", "AUD", "SERIES", "PEAK", "BASELINE", "RATIO", "STARTED", "RESOLVED", "SILENCED"],
                     alerts.map {
-                        ["\($0.id)", $0.state, $0.episode.key.kind.rawValue, $0.episode.key.aud ?? "-", $0.episode.key.type ?? "-", "\($0.episode.peak)",
+                        ["\($0.id)", $0.state, $0.episode.key.kind.rawValue, $0.episode.key.aud ?? "-",
+                         $0.message.series.isEmpty ? "-" : $0.message.series.joined(separator: ","), "\($0.episode.peak)",
                          $0.episode.baseline.map { String(format: "%.1f", $0) } ?? "-", $0.episode.ratio.map { String(format: "%.1f", $0) } ?? "-",
                          iso8601($0.episode.startedAt), $0.resolvedAt.map(iso8601) ?? "-", $0.silencedBy == nil ? "-" : "yes"]
                     }))

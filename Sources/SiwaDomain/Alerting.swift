@@ -17,6 +17,10 @@ package enum AlertKind: String, Sendable, CaseIterable, Codable {
 
 /// One alert series: a kind, and for a revocation spike the app (`aud`) and the revocation type
 /// (`consent-revoked`, `account-delete`, or `revocations` for both together).
+///
+/// It also names an episode: an operational alert's episode is its series; a revocation spike's
+/// is the app's (`type` nil), grouping the app's three series so one burst pages once. Alerts
+/// stored before episodes (one row per series) keep their `type` until they resolve.
 package struct AlertKey: Hashable, Sendable, CustomStringConvertible {
     package var kind: AlertKind
     package var aud: String?
@@ -35,6 +39,18 @@ package struct AlertKey: Hashable, Sendable, CustomStringConvertible {
 package enum RevocationSeries {
     package static let types = [EventType.consentRevoked.rawValue, EventType.accountDelete.rawValue]
     package static let both = "revocations"
+    /// Every series of one app's episode, in the order messages name them.
+    package static let all = types + [both]
+
+    /// `names` without duplicates, in the order of `all` (unknown names last, sorted).
+    package static func ordered(_ names: some Sequence<String>) -> [String] {
+        Set(names).sorted { (all.firstIndex(of: $0) ?? all.count, $0) < (all.firstIndex(of: $1) ?? all.count, $1) }
+    }
+
+    /// How messages name a series.
+    package static func describe(_ name: String) -> String {
+        name == both ? "revocations (consent-revoked + account-delete)" : name
+    }
 }
 
 /// The spike rule's settings (`SIWA_SPIKE_*`).
@@ -125,9 +141,13 @@ package struct AlertObservation: Sendable, Equatable {
 }
 
 /// A firing alert: one per episode, from the first breaching evaluation until the series has
-/// been normal for the resolve delay.
+/// been normal for the resolve delay. A revocation episode covers one app's series: its figures
+/// are those of the crossing series with the largest count, and `series` names each that crossed.
 package struct AlertEpisode: Sendable, Equatable {
     package var key: AlertKey
+    /// The series that crossed during the episode (`RevocationSeries.all` order); empty for
+    /// operational kinds, the one type for an alert stored before episodes.
+    package var series: [String]
     package var startedAt: Date
     /// The latest evaluation's value.
     package var value: Int
@@ -138,8 +158,11 @@ package struct AlertEpisode: Sendable, Equatable {
     /// Since when the series has been back to normal (nil while breaching).
     package var normalSince: Date?
 
-    package init(key: AlertKey, startedAt: Date, value: Int, peak: Int, baseline: Double?, threshold: Double, normalSince: Date? = nil) {
+    package init(
+        key: AlertKey, series: [String] = [], startedAt: Date, value: Int, peak: Int, baseline: Double?, threshold: Double, normalSince: Date? = nil
+    ) {
         self.key = key
+        self.series = series
         self.startedAt = startedAt
         self.value = value
         self.peak = peak
@@ -160,6 +183,9 @@ package enum AlertDecision: Sendable, Equatable {
     case fire(AlertEpisode)
     /// The open episode's figures changed (a new peak, normal since…): record, tell nobody.
     case update(AlertEpisode)
+    /// A revocation type crossed while the app's episode already names the other: a second cause,
+    /// so record it and tell the sinks (an `updated` message naming the series that joined).
+    case join(AlertEpisode, series: [String])
     /// Normal for the resolve delay: close the episode and tell the sinks.
     case resolve(AlertEpisode, at: Date)
 }
@@ -194,36 +220,86 @@ package enum AlertLifecycle {
         }
         return episode == before ? .none : .update(episode)
     }
+
+    /// One app's revocation episode, over its series (`consent-revoked`, `account-delete`,
+    /// `revocations`): it fires when any crosses, naming every one that did, and resolves once all
+    /// have been normal for `resolveAfter`. A series crossing later joins it: told (`join`) when it
+    /// is a revocation type and the episode already names the other type — a second cause; else
+    /// recorded silently (`update`), being the same burst seen again: `revocations` (the sum)
+    /// following a type, or a type refining an episode that fired on `revocations` alone. The
+    /// figures follow the crossing series with the largest count (with none crossing, the value is
+    /// the largest count). A series absent from `series` counts as normal.
+    package static func step(
+        open: AlertEpisode?, key: AlertKey, series: [String: AlertObservation], now: Date, resolveAfter: Duration
+    ) -> AlertDecision {
+        let crossed = RevocationSeries.ordered(series.filter(\.value.breaching).keys)
+        let headline =
+            crossed.compactMap { series[$0] }.max { $0.value < $1.value }
+            ?? AlertObservation(value: series.values.map(\.value).max() ?? 0, baseline: nil, threshold: open?.threshold ?? 0, breaching: false)
+        let decision = step(open: open, key: key, observation: headline, now: now, resolveAfter: resolveAfter)
+        switch decision {
+        case .fire(var episode):
+            episode.series = crossed
+            return .fire(episode)
+        case .none, .update:
+            guard let open else { return decision }
+            let joined = crossed.filter { !open.series.contains($0) }
+            guard !joined.isEmpty else { return decision }
+            var episode = open
+            if case .update(let updated) = decision { episode = updated }
+            episode.series = RevocationSeries.ordered(open.series + joined)
+            let isType = { RevocationSeries.types.contains($0) }
+            return joined.contains(where: isType) && open.series.contains(where: isType) ? .join(episode, series: joined) : .update(episode)
+        case .join, .resolve:
+            return decision
+        }
+    }
 }
 
-/// What the sinks receive about an alert: one `firing` and one `resolved` message per episode.
+/// What the sinks receive about an alert: one `firing` message per episode, one `updated` each
+/// time another series joins it, and one `resolved`.
 package struct AlertMessage: Sendable, Equatable {
+    /// Which message of the episode this is.
+    package enum State: String, Sendable {
+        case firing, updated, resolved
+    }
+
     package var id: Int
     package var episode: AlertEpisode
     package var window: Duration
     package var resolvedAt: Date?
+    /// The series that joined the episode with this message (non-empty only for `updated`).
+    package var joined: [String]
 
-    package init(id: Int, episode: AlertEpisode, window: Duration, resolvedAt: Date?) {
+    package init(id: Int, episode: AlertEpisode, window: Duration, resolvedAt: Date?, joined: [String] = []) {
         self.id = id
         self.episode = episode
         self.window = window
         self.resolvedAt = resolvedAt
+        self.joined = joined
     }
 
-    package var state: String { resolvedAt == nil ? "firing" : "resolved" }
+    package var state: State { resolvedAt != nil ? .resolved : joined.isEmpty ? .firing : .updated }
 
-    /// The webhook body: `{"id","kind","state","aud","type","window","count","baseline","ratio",
-    /// "started_at","resolved_at"}`; window in seconds, count the episode's peak.
+    /// The series the message names: the episode's, or an old per-series alert's type.
+    package var series: [String] { episode.series.isEmpty ? episode.key.type.map { [$0] } ?? [] : episode.series }
+
+    /// The webhook body: `{"id","kind","state","aud","type","series","window","count","baseline",
+    /// "ratio","threshold","started_at","resolved_at"}` (plus `joined` when `updated`); window in
+    /// seconds, count the episode's peak. `type` is null for an episode (its series are listed).
     package var json: JSONValue {
-        [
-            "id": .number(Double(id)), "kind": .string(episode.key.kind.rawValue), "state": .string(state),
+        var object: [String: JSONValue] = [
+            "id": .number(Double(id)), "kind": .string(episode.key.kind.rawValue), "state": .string(state.rawValue),
             "aud": episode.key.aud.map(JSONValue.string) ?? .null, "type": episode.key.type.map(JSONValue.string) ?? .null,
+            "series": .array(series.map(JSONValue.string)),
             "window": .number(window.timeInterval.rounded()), "count": .number(Double(episode.peak)),
             "baseline": episode.baseline.map { .number(($0 * 100).rounded() / 100) } ?? .null,
             "ratio": episode.ratio.map { .number(($0 * 100).rounded() / 100) } ?? .null,
             "threshold": .number((episode.threshold * 100).rounded() / 100),
             "started_at": .string(iso8601(episode.startedAt)), "resolved_at": resolvedAt.map { .string(iso8601($0)) } ?? .null,
         ]
+        if state == .updated { object["joined"] = .array(joined.map(JSONValue.string)) }
+        return .object(object)
     }
 
     /// The same facts in words, for a Slack-compatible incoming webhook (`{"text": …}`).
@@ -238,7 +314,7 @@ package struct AlertMessage: Sendable, Equatable {
         let subject: String
         switch key.kind {
         case .revocationSpike:
-            let what = key.type == RevocationSeries.both ? "revocations (consent-revoked + account-delete)" : (key.type ?? "revocations")
+            let what = series.isEmpty ? "revocations" : series.map(RevocationSeries.describe).joined(separator: ", ")
             let versus = episode.baseline.map { String(format: "usually %.1f", $0) } ?? "no history yet"
             let ratio = episode.ratio.map { String(format: ", %.1f×", $0) } ?? ""
             subject = "\(what) for \(key.aud ?? "every app"): \(episode.peak) in \(window) (\(versus)\(ratio))"
@@ -251,9 +327,14 @@ package struct AlertMessage: Sendable, Equatable {
         case .test:
             subject = "test alert from siwa-events alerts test: this sink works"
         }
-        let prefix = resolvedAt == nil ? "🔴 FIRING" : "✅ RESOLVED"
+        let prefix = switch state {
+        case .firing: "🔴 FIRING"
+        case .updated: "🟠 UPDATED"
+        case .resolved: "✅ RESOLVED"
+        }
+        let joinedNow = joined.isEmpty ? "" : " (\(joined.joined(separator: ", ")) joined)"
         let since = "since \(iso8601(episode.startedAt))" + (resolvedAt.map { ", resolved \(iso8601($0))" } ?? "")
-        return "\(prefix) [\(key.kind.rawValue)] \(subject); \(since) (alert \(id))"
+        return "\(prefix) [\(key.kind.rawValue)] \(subject)\(joinedNow); \(since) (alert \(id))"
     }
 }
 
@@ -279,9 +360,16 @@ package struct AlertSinks: Sendable {
         "webhook:" + SHA256.hash(data: Data(url.absoluteString.utf8)).prefix(8).map { String(format: "%02x", $0) }.joined()
     }
 
-    /// One message per sink: the JSON body to webhooks, the text to Slack.
+    /// One message per sink: the JSON body to webhooks, the text to Slack. The kind names the
+    /// message within its alert (the webhook-id is `alert_<id>_<kind without alert_>`), so each
+    /// update has its own: `alert_updated_<n>`, n the number of series the episode names after it
+    /// (series only join, so n grows with each update).
     package func messages(_ message: AlertMessage) -> [SinkMessage] {
-        let kind = message.episode.key.kind == .test ? "alert_test" : "alert_\(message.state)"
+        let kind = switch (message.episode.key.kind, message.state) {
+        case (.test, _): "alert_test"
+        case (_, .updated): "alert_updated_\(message.series.count)"
+        case (_, let state): "alert_\(state.rawValue)"
+        }
         return webhooks.map { SinkMessage(target: Self.target(webhook: $0), kind: kind, body: message.json.jsonText) }
             + (slack == nil ? [] : [SinkMessage(target: "slack", kind: kind, body: message.slack.jsonText)])
     }
@@ -294,8 +382,8 @@ package struct AlertSinks: Sendable {
     }
 }
 
-/// A sink message to enqueue: which sink, which message kind (`alert_firing`, `alert_resolved`,
-/// `alert_test`), the exact body.
+/// A sink message to enqueue: which sink, which message kind (`alert_firing`, `alert_updated_<n>`,
+/// `alert_resolved`, `alert_test`), the exact body.
 package struct SinkMessage: Sendable, Equatable {
     package var target: String
     package var kind: String

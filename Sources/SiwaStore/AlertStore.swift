@@ -194,7 +194,7 @@ package struct AlertStore: Sendable {
     }
 
     /// Opens an episode: the alert row, and one message per sink unless a silence covers it.
-    /// Returns the record, or nil when a concurrent evaluator opened the same series first.
+    /// Returns the record, or nil when a concurrent evaluator opened the same episode first.
     package func fire(_ episode: AlertEpisode, window: Duration, sinks: @escaping @Sendable (AlertMessage) -> [SinkMessage]) async throws -> AlertRecord? {
         try await client.bounded.transaction(logger: logger) { connection -> AlertRecord? in
             var inserted: (Int, Int?)?
@@ -205,8 +205,8 @@ package struct AlertStore: Sendable {
                     WHERE kind = \(episode.key.kind.rawValue) AND (aud IS NULL OR aud = \(episode.key.aud)) AND until > now()
                     ORDER BY until DESC LIMIT 1
                 )
-                INSERT INTO alerts (kind, aud, type, state, started_at, window_seconds, value, peak, baseline, threshold, silenced_by)
-                VALUES (\(episode.key.kind.rawValue), \(episode.key.aud), \(episode.key.type), 'firing', \(episode.startedAt),
+                INSERT INTO alerts (kind, aud, type, series, state, started_at, window_seconds, value, peak, baseline, threshold, silenced_by)
+                VALUES (\(episode.key.kind.rawValue), \(episode.key.aud), \(episode.key.type), \(episode.series)::text[], 'firing', \(episode.startedAt),
                     \(Int(window.timeInterval.rounded())), \(episode.value), \(episode.peak), \(episode.baseline), \(episode.threshold),
                     (SELECT id FROM silence))
                 ON CONFLICT DO NOTHING
@@ -222,14 +222,53 @@ package struct AlertStore: Sendable {
         }
     }
 
-    /// Writes an open episode's new figures (peak, normal since).
+    /// Writes an open episode's new figures (peak, normal since, a series joined silently).
     package func update(_ id: Int, _ episode: AlertEpisode) async throws {
         try await client.bounded.query(
             """
             UPDATE alerts SET value = \(episode.value), peak = \(episode.peak), baseline = \(episode.baseline), threshold = \(episode.threshold),
-                normal_since = \(episode.normalSince)
+                normal_since = \(episode.normalSince), series = \(episode.series)::text[]
             WHERE id = \(id) AND state = 'firing'
             """, logger: logger)
+    }
+
+    /// What `join` did.
+    package enum JoinOutcome: Sendable, Equatable {
+        /// Recorded, and an `updated` message queued for each sink.
+        case told
+        /// Recorded; no sink told (the episode fired silenced, or a silence covers it now).
+        case silenced
+        /// Nothing: the episode is closed, or a concurrent evaluator joined these series first.
+        case alreadyJoined
+    }
+
+    /// Writes the series that joined an open episode (`joined`) with its new figures, and tells
+    /// the sinks in an `updated` message unless the episode fired silenced or a silence covers it
+    /// now (updates are noise a silence is asked to stop; the resolve still closes what was told).
+    @discardableResult
+    package func join(_ record: AlertRecord, joined: [String], sinks: @escaping @Sendable (AlertMessage) -> [SinkMessage]) async throws -> JoinOutcome {
+        let episode = record.episode
+        return try await client.bounded.transaction(logger: logger) { connection -> JoinOutcome in
+            var silenced: Bool?
+            for try await (silence,) in try await connection.query(
+                """
+                UPDATE alerts SET series = \(episode.series)::text[], value = \(episode.value), peak = \(episode.peak),
+                    baseline = \(episode.baseline), threshold = \(episode.threshold), normal_since = \(episode.normalSince)
+                WHERE id = \(record.id) AND state = 'firing' AND NOT series @> \(joined)::text[]
+                RETURNING coalesce(silenced_by, (
+                    SELECT id FROM alert_silences
+                    WHERE kind = alerts.kind AND (aud IS NULL OR aud = alerts.aud) AND until > now()
+                    ORDER BY until DESC LIMIT 1))
+                """, logger: logger
+            ).decode((Int?,).self) {
+                silenced = silence != nil
+            }
+            guard let silenced else { return .alreadyJoined }
+            if silenced { return .silenced }
+            let message = AlertMessage(id: record.id, episode: episode, window: record.window, resolvedAt: nil, joined: joined)
+            try await Self.enqueue(sinks(message), alertID: record.id, on: connection, logger: logger)
+            return .told
+        }
     }
 
     /// Closes an episode and tells the sinks (unless it fired silenced: nobody heard of it).
@@ -295,7 +334,7 @@ package struct AlertStore: Sendable {
     package func list(state: String?, limit: Int) async throws -> [AlertRecord] {
         var sql = SQLBuilder(
             """
-            SELECT id, kind, aud, type, state, started_at, resolved_at, window_seconds, value, peak, baseline, threshold, normal_since, silenced_by
+            SELECT id, kind, aud, type, series, state, started_at, resolved_at, window_seconds, value, peak, baseline, threshold, normal_since, silenced_by
             FROM alerts
             """)
         sql.filter("state =", state)
@@ -303,12 +342,12 @@ package struct AlertStore: Sendable {
         sql.bind(max(1, min(limit, 10_000)))
         var result: [AlertRecord] = []
         for try await row in try await client.bounded.query(sql.query, logger: logger).decode(
-            (Int, String, String?, String?, String, Date, Date?, Int, Int, Int, Double?, Double, Date?, Int?).self)
+            (Int, String, String?, String?, [String], String, Date, Date?, Int, Int, Int, Double?, Double, Date?, Int?).self)
         {
             let key = AlertKey(kind: AlertKind(rawValue: row.1) ?? .test, aud: row.2, type: row.3)
             let episode = AlertEpisode(
-                key: key, startedAt: row.5, value: row.8, peak: row.9, baseline: row.10, threshold: row.11, normalSince: row.12)
-            result.append(AlertRecord(id: row.0, state: row.4, window: .seconds(row.7), resolvedAt: row.6, episode: episode, silencedBy: row.13))
+                key: key, series: row.4, startedAt: row.6, value: row.9, peak: row.10, baseline: row.11, threshold: row.12, normalSince: row.13)
+            result.append(AlertRecord(id: row.0, state: row.5, window: .seconds(row.8), resolvedAt: row.7, episode: episode, silencedBy: row.14))
         }
         return result
     }
@@ -348,7 +387,8 @@ package struct AlertStore: Sendable {
 }
 
 extension AlertRecord {
-    /// The API's and the CLI's --json shape: the webhook message plus state and silence.
+    /// The API's and the CLI's --json shape: the webhook message (`series` naming every series of
+    /// the episode) plus state and silence.
     package var json: JSONValue {
         var object = message.json.objectValue ?? [:]
         object["value"] = .number(Double(episode.value))

@@ -4,12 +4,13 @@ import ServiceLifecycle
 import SiwaDomain
 import SiwaStore
 
-/// Evaluates the alerts every `SIWA_SPIKE_INTERVAL`: revocation spikes per app and type (the
-/// counts come from the rollup, the arithmetic from `SpikeRule`), jobs discarded, queue lag and
-/// bad signatures. One process evaluates at a time, whoever holds the `alerts` lease (a row, so
-/// no connection is held for it); it renews the lease each round and gives it up on shutdown, and
-/// another process takes over once it expires. Firing and resolved alerts are logged here and
-/// queued for the sinks (lane `alerts`, delivered by `EffectWorkers`).
+/// Evaluates the alerts every `SIWA_SPIKE_INTERVAL`: revocation spikes per app and type, one
+/// episode per app (the counts come from the rollup, the arithmetic from `SpikeRule`), jobs
+/// discarded, queue lag and bad signatures. One process evaluates at a time, whoever holds the
+/// `alerts` lease (a row, so no connection is held for it); it renews the lease each round and
+/// gives it up on shutdown, and another process takes over once it expires. Firing, updated and
+/// resolved alerts are logged here and queued for the sinks (lane `alerts`, delivered by
+/// `EffectWorkers`).
 package final class AlertMonitor: Service, Sendable {
     package struct Configuration: Sendable {
         package var spike = SpikeSettings()
@@ -62,11 +63,20 @@ package final class AlertMonitor: Service, Sendable {
         _ = try? await withDeadline(.seconds(5)) { try await store.release(lease: Self.leaseName, holder: identity) }
     }
 
-    /// One evaluation of every series at `now`; returns what fired and resolved.
+    /// One evaluation of every series at `now`; returns what fired, joined and resolved.
+    ///
+    /// An app's revocation series (`consent-revoked`, `account-delete`, `revocations`) are one
+    /// episode (`AlertLifecycle.step(open:key:series:…)`): one burst pages once, however many of
+    /// them it crosses. Alerts stored before episodes (one row per series, `type` set) still open
+    /// are stepped alone until they resolve, and their series stay out of the app's episode
+    /// meanwhile, so an upgrade neither pages again for them nor leaves them open.
     @discardableResult
     package func evaluate(now: Date) async throws -> [AlertDecision] {
         let settings = configuration.spike
+        // One-series alerts by key (operational, and old per-series revocation rows still open);
+        // revocation series by app, then type.
         var observations: [AlertKey: AlertObservation] = [:]
+        var revocations: [String: [String: AlertObservation]] = [:]
 
         let counts = try await store.spikeCounts(now: now, window: settings.window)
         let firstSeen = try await store.firstSeen(auds: Array(Set(counts.map(\.aud))))
@@ -77,8 +87,7 @@ package final class AlertMonitor: Service, Sendable {
                 days: (0..<SpikeRule.historyDays).map { day in series.map { $0.days[day] }.reduce(0, +) })
             for entry in series + [both] {
                 let baseline = SpikeRule.baseline(dayCounts: entry.days, days: days, firstSeen: firstSeen[aud], window: settings.window)
-                observations[AlertKey(kind: .revocationSpike, aud: aud, type: entry.type)] =
-                    SpikeRule.observe(count: entry.window, baseline: baseline, settings: settings)
+                revocations[aud, default: [:]][entry.type] = SpikeRule.observe(count: entry.window, baseline: baseline, settings: settings)
             }
         }
         let signals = try await store.operationalSignals(since: now.addingTimeInterval(-settings.window.timeInterval))
@@ -92,18 +101,34 @@ package final class AlertMonitor: Service, Sendable {
 
         let open = try await store.open()
         let openByKey = Dictionary(open.map { ($0.episode.key, $0) }, uniquingKeysWith: { first, _ in first })
-        var decisions: [AlertDecision] = []
-        var firing = Set(openByKey.keys)
-        for key in Set(observations.keys).union(openByKey.keys).sorted(by: { $0.description < $1.description }) {
+        // Old per-series rows: each is its own series' observation.
+        for key in openByKey.keys where key.kind == .revocationSpike && key.type != nil {
+            if let aud = key.aud, let type = key.type, let observation = revocations[aud]?[type] { observations[key] = observation }
+        }
+        var steps: [(key: AlertKey, decision: AlertDecision)] = []
+        for key in Set(observations.keys).union(openByKey.keys.filter { $0.kind != .revocationSpike || $0.type != nil }).sorted(by: { $0.description < $1.description }) {
             let record = openByKey[key]
             // A series with an open episode and nothing counted this round is quiet: not breaching.
             let observation = observations[key] ?? AlertObservation(value: 0, baseline: nil, threshold: record?.episode.threshold ?? 0, breaching: false)
-            let decision = AlertLifecycle.step(open: record?.episode, key: key, observation: observation, now: now, resolveAfter: settings.resolveAfter)
+            steps.append((key, AlertLifecycle.step(open: record?.episode, key: key, observation: observation, now: now, resolveAfter: settings.resolveAfter)))
+        }
+        let episodeAuds = Set(revocations.keys).union(openByKey.keys.filter { $0.kind == .revocationSpike && $0.type == nil }.compactMap(\.aud))
+        for aud in episodeAuds.sorted() {
+            let key = AlertKey(kind: .revocationSpike, aud: aud)
+            let legacy = Set(openByKey.keys.filter { $0.kind == .revocationSpike && $0.aud == aud }.compactMap(\.type))
+            let series = (revocations[aud] ?? [:]).filter { !legacy.contains($0.key) }
+            steps.append((key, AlertLifecycle.step(open: openByKey[key]?.episode, key: key, series: series, now: now, resolveAfter: settings.resolveAfter)))
+        }
+
+        var decisions: [AlertDecision] = []
+        var firing = Set(openByKey.keys)
+        for (key, decision) in steps {
+            let record = openByKey[key]
             switch decision {
             case .none:
                 break
             case .fire(let episode):
-                // nil: another evaluator opened this series first; it is firing either way.
+                // nil: another evaluator opened this episode first; it is firing either way.
                 firing.insert(key)
                 if let fired = try await store.fire(episode, window: settings.window, sinks: configuration.sinks.messages) {
                     log(fired.message, silenced: fired.silencedBy != nil)
@@ -111,6 +136,15 @@ package final class AlertMonitor: Service, Sendable {
                 }
             case .update(let episode):
                 if let record { try await store.update(record.id, episode) }
+            case .join(let episode, let joined):
+                if var record {
+                    record.episode = episode
+                    let outcome = try await store.join(record, joined: joined, sinks: configuration.sinks.messages)
+                    if outcome != .alreadyJoined {
+                        log(AlertMessage(id: record.id, episode: episode, window: record.window, resolvedAt: nil, joined: joined), silenced: outcome == .silenced)
+                        decisions.append(decision)
+                    }
+                }
             case .resolve(let episode, let at):
                 if var record {
                     record.episode = episode
@@ -127,22 +161,23 @@ package final class AlertMonitor: Service, Sendable {
         return decisions
     }
 
-    /// The log sink: one line per firing and per resolution, always.
+    /// The log sink: one line per firing, update and resolution, always.
     private func log(_ message: AlertMessage, silenced: Bool) {
         let key = message.episode.key
         var metadata: Logger.Metadata = [
-            "alert_id": "\(message.id)", "kind": "\(key.kind.rawValue)", "state": "\(message.state)", "count": "\(message.episode.peak)",
+            "alert_id": "\(message.id)", "kind": "\(key.kind.rawValue)", "state": "\(message.state.rawValue)", "count": "\(message.episode.peak)",
             "threshold": "\(Int(message.episode.threshold.rounded()))", "window": "\(DurationSyntax.format(message.window))",
         ]
         if let aud = key.aud { metadata["aud"] = "\(aud)" }
         if let type = key.type { metadata["type"] = "\(type)" }
+        if !message.episode.series.isEmpty { metadata["series"] = "\(message.episode.series.joined(separator: ","))" }
+        if !message.joined.isEmpty { metadata["joined"] = "\(message.joined.joined(separator: ","))" }
         if let baseline = message.episode.baseline { metadata["baseline"] = "\(String(format: "%.2f", baseline))" }
         if let ratio = message.episode.ratio { metadata["ratio"] = "\(String(format: "%.2f", ratio))" }
         if silenced { metadata["silenced"] = "true" }
-        if message.resolvedAt == nil {
-            logger.warning("alert: \(message.text)", metadata: metadata)
-        } else {
-            logger.notice("alert: \(message.text)", metadata: metadata)
+        switch message.state {
+        case .firing, .updated: logger.warning("alert: \(message.text)", metadata: metadata)
+        case .resolved: logger.notice("alert: \(message.text)", metadata: metadata)
         }
     }
 }

@@ -70,7 +70,7 @@ struct AlertingTests {
                 let decision = AlertLifecycle.step(open: open[aud], key: key, observation: observation, now: now, resolveAfter: settings.resolveAfter)
                 switch decision {
                 case .none: break
-                case .fire(let episode):
+                case .fire(let episode), .join(let episode, _):
                     open[aud] = episode
                     events.append((aud, decision))
                 case .update(let episode): open[aud] = episode
@@ -193,6 +193,176 @@ struct AlertingTests {
         }
         #expect(when == at(280) && resolved.peak == 200 && resolved.startedAt == t0)
         #expect(AlertLifecycle.step(open: nil, key: key, observation: fine, now: at(300), resolveAfter: .seconds(100)) == .none)
+    }
+
+    @Test("episode: one app's series page once — fire naming every crossing series, a told join only for a second type, one resolve")
+    func episodeGroupsAnAppsSeries() throws {
+        let key = AlertKey(kind: .revocationSpike, aud: "app")
+        let t0 = Self.monday
+        func at(_ seconds: Double) -> Date { t0.addingTimeInterval(seconds) }
+        // Thresholds 20, 20 and 40 (the sum has the sum's baseline).
+        let baselines = ["consent-revoked": 4.0, "account-delete": 4.0, "revocations": 8.0]
+        func step(_ open: AlertEpisode?, _ counts: [String: Int], _ seconds: Double, baselines: [String: Double] = baselines) -> AlertDecision {
+            let series = Dictionary(
+                uniqueKeysWithValues: counts.map { ($0.key, SpikeRule.observe(count: $0.value, baseline: baselines[$0.key], settings: SpikeSettings())) })
+            return AlertLifecycle.step(open: open, key: key, series: series, now: at(seconds), resolveAfter: .seconds(100))
+        }
+        // Crossing at once, consent-revoked and the sum: one episode naming both.
+        guard case .fire(let both) = step(nil, ["consent-revoked": 40, "account-delete": 2, "revocations": 42], 0) else {
+            Issue.record("crossing series with nothing open fire")
+            return
+        }
+        #expect(both.key == key && both.series == ["consent-revoked", "revocations"])
+        #expect(both.peak == 42 && both.threshold == 40, "the figures follow the crossing series with the largest count")
+
+        // A ramp: consent-revoked crosses first, the sum an evaluation later: recorded, not told.
+        guard case .fire(var open) = step(nil, ["consent-revoked": 30, "account-delete": 2, "revocations": 32], 0) else {
+            Issue.record("one crossing series fires")
+            return
+        }
+        #expect(open.series == ["consent-revoked"] && open.peak == 30 && open.threshold == 20)
+        guard case .update(let ramped) = step(open, ["consent-revoked": 40, "account-delete": 2, "revocations": 42], 30) else {
+            Issue.record("the sum following its type is the same burst: recorded silently")
+            return
+        }
+        #expect(ramped.series == ["consent-revoked", "revocations"] && ramped.peak == 42)
+        open = ramped
+        #expect(step(open, ["consent-revoked": 40, "revocations": 42], 60) == .none, "still crossing, nothing new, no new peak")
+        // account-delete crosses too: a second cause, told once.
+        guard case .join(let joined, let series) = step(open, ["consent-revoked": 35, "account-delete": 25, "revocations": 60], 90) else {
+            Issue.record("a second type crossing during an open episode joins it")
+            return
+        }
+        #expect(series == ["account-delete"])
+        #expect(joined.series == RevocationSeries.all && joined.peak == 60 && joined.startedAt == t0)
+        open = joined
+        #expect(step(open, ["consent-revoked": 35, "account-delete": 25, "revocations": 60], 120) == .none, "named series do not join again")
+        // All normal: the wait starts; one crossing series restarts it; all normal for 100 s resolves.
+        guard case .update(let calm) = step(open, ["consent-revoked": 3, "revocations": 3], 150) else {
+            Issue.record("normal again: the wait starts")
+            return
+        }
+        #expect(calm.normalSince == at(150) && calm.value == 3)
+        guard case .update(let again) = step(calm, ["account-delete": 21, "revocations": 21], 200) else {
+            Issue.record("a crossing series during the wait restarts it")
+            return
+        }
+        #expect(again.normalSince == nil)
+        guard case .update(let calmAgain) = step(again, [:], 210) else {
+            Issue.record("no counts at all is normal")
+            return
+        }
+        #expect(step(calmAgain, [:], 300) == .none)
+        guard case .resolve(let resolved, let when) = step(calmAgain, [:], 310) else {
+            Issue.record("resolved after 100 s of every series normal")
+            return
+        }
+        #expect(when == at(310) && resolved.series == RevocationSeries.all && resolved.peak == 60)
+
+        // Fired on the sum alone (both types up, neither over its own line): a type refining it is
+        // recorded silently; the other type then is a second cause, told.
+        let sumOnly = ["consent-revoked": 4.0, "account-delete": 4.0, "revocations": 6.0]
+        guard case .fire(let wide) = step(nil, ["consent-revoked": 16, "account-delete": 16, "revocations": 32], 0, baselines: sumOnly) else {
+            Issue.record("the sum alone fires")
+            return
+        }
+        #expect(wide.series == ["revocations"])
+        guard case .update(let refined) = step(wide, ["consent-revoked": 25, "account-delete": 16, "revocations": 41], 30, baselines: sumOnly) else {
+            Issue.record("a type refining a sum-only episode is recorded silently")
+            return
+        }
+        #expect(refined.series == ["consent-revoked", "revocations"])
+        guard case .join(_, let second) = step(refined, ["consent-revoked": 25, "account-delete": 25, "revocations": 50], 60, baselines: sumOnly) else {
+            Issue.record("the other type then joins, told")
+            return
+        }
+        #expect(second == ["account-delete"])
+    }
+
+    @Test("episode messages: firing, updated (alert_updated_<n>, naming what joined) and resolved; every series named")
+    func episodeMessages() throws {
+        let episode = AlertEpisode(
+            key: AlertKey(kind: .revocationSpike, aud: "com.example.app"), series: ["consent-revoked", "revocations"], startedAt: Self.monday,
+            value: 30, peak: 32, baseline: 4, threshold: 20)
+        let sinks = AlertSinks(webhooks: [URL(string: "https://hooks.example.com/a")!], slack: URL(string: "https://slack.example.com/x")!)
+        let firing = AlertMessage(id: 7, episode: episode, window: .seconds(300), resolvedAt: nil)
+        #expect(firing.state == .firing)
+        #expect(sinks.messages(firing).map(\.kind) == ["alert_firing", "alert_firing"])
+        #expect(firing.json["series"] == .array([.string("consent-revoked"), .string("revocations")]))
+        #expect(firing.json["type"] == .null && firing.json["joined"] == nil)
+        #expect(firing.text.hasPrefix("🔴 FIRING [revocation_spike] consent-revoked, revocations (consent-revoked + account-delete) for com.example.app: 32 in 5m"), "\(firing.text)")
+
+        var joined = episode
+        joined.series = RevocationSeries.all
+        let updated = AlertMessage(id: 7, episode: joined, window: .seconds(300), resolvedAt: nil, joined: ["account-delete"])
+        #expect(updated.state == .updated)
+        #expect(sinks.messages(updated).map(\.kind) == ["alert_updated_3", "alert_updated_3"])
+        #expect(updated.json["state"] == .string("updated") && updated.json["joined"] == .array([.string("account-delete")]))
+        #expect(updated.text.hasPrefix("🟠 UPDATED [revocation_spike] consent-revoked, account-delete, revocations"), "\(updated.text)")
+        #expect(updated.text.contains("(account-delete joined)"))
+
+        let resolved = AlertMessage(id: 7, episode: joined, window: .seconds(300), resolvedAt: Self.monday.addingTimeInterval(900))
+        #expect(resolved.state == .resolved && sinks.messages(resolved).map(\.kind) == ["alert_resolved", "alert_resolved"])
+
+        // An alert stored before episodes (one row per series) names its type as its series.
+        let old = AlertEpisode(key: AlertKey(kind: .revocationSpike, aud: "a", type: "account-delete"), startedAt: Self.monday, value: 1, peak: 9, baseline: nil, threshold: 5)
+        let oldMessage = AlertMessage(id: 1, episode: old, window: .seconds(300), resolvedAt: nil)
+        #expect(oldMessage.series == ["account-delete"] && oldMessage.json["type"] == .string("account-delete"))
+        #expect(RevocationSeries.ordered(["revocations", "account-delete", "consent-revoked", "revocations"]) == RevocationSeries.all)
+    }
+
+    @Test("a week of traffic of both types, then a consent-revoked burst: one episode for the app (one firing, one resolve), not one per series")
+    func burstPagesOnce() {
+        var consent = Traffic(start: Self.monday, days: 8)
+        consent.daily(perMinute: 2, seed: 11)
+        var delete = Traffic(start: Self.monday, days: 8)
+        delete.daily(perMinute: 1, seed: 12)
+        let burst = Self.monday.addingTimeInterval(7 * 86_400 + 14 * 3600)
+        consent.burst(at: burst, count: 300, seconds: 300)
+        let settings = SpikeSettings()
+        let sums = ["consent-revoked": consent.prefix(), "account-delete": delete.prefix()]
+        var open: AlertEpisode?
+        var messages: [AlertDecision] = []
+        var crossedSeries = Set<String>()
+        var now = burst.addingTimeInterval(-3600)
+        while now < burst.addingTimeInterval(3 * 3600) {
+            let ranges = SpikeRule.ranges(now: now, window: settings.window)
+            func count(_ type: String, _ range: Range<Date>) -> Int {
+                let prefix = sums[type]!
+                let lower = Int(range.lowerBound.timeIntervalSince(Self.monday).rounded(.up))
+                let upper = Int(range.upperBound.timeIntervalSince(Self.monday).rounded(.up))
+                return prefix[upper] - prefix[lower]
+            }
+            var series: [String: AlertObservation] = [:]
+            for type in RevocationSeries.all {
+                let types = type == RevocationSeries.both ? RevocationSeries.types : [type]
+                let window = types.map { count($0, ranges.window) }.reduce(0, +)
+                let days = ranges.days.map { day in types.map { count($0, day) }.reduce(0, +) }
+                let baseline = SpikeRule.baseline(dayCounts: days, days: ranges.days, firstSeen: Self.monday, window: settings.window)
+                series[type] = SpikeRule.observe(count: window, baseline: baseline, settings: settings)
+                if series[type]!.breaching { crossedSeries.insert(type) }
+            }
+            let decision = AlertLifecycle.step(
+                open: open, key: AlertKey(kind: .revocationSpike, aud: "app"), series: series, now: now, resolveAfter: settings.resolveAfter)
+            switch decision {
+            case .none: break
+            case .update(let episode): open = episode
+            case .fire(let episode), .join(let episode, _):
+                open = episode
+                messages.append(decision)
+            case .resolve:
+                open = nil
+                messages.append(decision)
+            }
+            now = now.addingTimeInterval(settings.interval.timeInterval)
+        }
+        #expect(crossedSeries == ["consent-revoked", "revocations"], "the burst crosses two series")
+        #expect(messages.count == 2, "one firing and one resolve: \(messages)")
+        guard case .fire = messages.first, case .resolve(let resolved, _) = messages.last else {
+            Issue.record("expected a firing then a resolution: \(messages)")
+            return
+        }
+        #expect(Set(resolved.series) == crossedSeries)
     }
 }
 

@@ -170,7 +170,7 @@ async function alerts() {
   for (const item of items) {
     const row = document.createElement("tr");
     row.className = item.state;
-    cell(row, item.state + (item.silenced ? " (silenced)" : "")); cell(row, item.kind); cell(row, item.aud); cell(row, item.type);
+    cell(row, item.state + (item.silenced ? " (silenced)" : "")); cell(row, item.kind); cell(row, item.aud); cell(row, item.series?.length ? item.series.join(", ") : null);
     cell(row, item.count); cell(row, item.baseline); cell(row, item.started_at); cell(row, item.resolved_at);
     body.appendChild(row);
   }
