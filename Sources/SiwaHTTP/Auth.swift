@@ -54,6 +54,11 @@ extension SiwaRequestContext {
         }
     }
 
+    /// Email addresses only for tokens that may read accounts (`accounts:read`).
+    package var emailVisibility: EmailVisibility {
+        identity?.scopes.allows(.accountsRead) == true ? .shown : .withheld
+    }
+
     /// Who is acting, for the audit log.
     package var actor: String { identity.map { "token:\($0.name)" } ?? "anonymous" }
 }

@@ -69,7 +69,8 @@ package struct HistoryController: Sendable {
         query.limit = limit + 1
         let rows = try await history.notifications(query)
         let page = KeysetCursor.page(rows, limit: limit, scope: query.timeField.rawValue) { ($0.sortMicros, String($0.id)) }
-        return .json(["items": .array(page.items.map(\.json)), "next_cursor": page.next])
+        let email = context.emailVisibility
+        return .json(["items": .array(page.items.map { $0.json(email: email) }), "next_cursor": page.next])
     }
 
     /// NDJSON, one notification a line, newest first, read in keyset pages of 1,000 and written as
@@ -83,13 +84,14 @@ package struct HistoryController: Sendable {
         let firstPage = try await history.notifications(first)
         let start = first
         let history = self.history
+        let email = context.emailVisibility
         let body = ResponseBody { writer in
             var query = start
             var page = firstPage
             while true {
                 var buffer = ByteBuffer()
                 for record in page {
-                    buffer.writeString(record.json.jsonText)
+                    buffer.writeString(record.json(email: email).jsonText)
                     buffer.writeInteger(UInt8(ascii: "\n"))
                 }
                 if buffer.readableBytes > 0 { try await writer.write(buffer) }
@@ -106,7 +108,7 @@ package struct HistoryController: Sendable {
         try context.require(.notificationsRead)
         let jti = context.parameters.get("jti")?.removingPercentEncoding ?? ""
         guard let detail = try await history.notification(jti: jti) else { throw APIError.notFound("no notification with jti \(jti)") }
-        return .json(detail.json)
+        return .json(detail.json(email: context.emailVisibility))
     }
 
     @Sendable func timeline(_ request: Request, context: SiwaRequestContext) async throws -> Response {
@@ -114,7 +116,8 @@ package struct HistoryController: Sendable {
         let (aud, sub) = try BackendController.user(context)
         let limit = try JSONBody.limit(request, default: 1000, maximum: 10_000)
         let entries = try await history.timeline(aud: aud, sub: sub, limit: limit)
-        return .json(["aud": .string(aud), "sub": .string(sub), "items": .array(entries.map(\.json))])
+        let email = context.emailVisibility
+        return .json(["aud": .string(aud), "sub": .string(sub), "items": .array(entries.map { $0.json(email: email) })])
     }
 
     @Sendable func stats(_ request: Request, context: SiwaRequestContext) async throws -> Response {

@@ -76,6 +76,29 @@ struct HistoryAPITests {
         await e.stop()
     }
 
+    @Test("email addresses only for tokens with accounts:read: list, show, timeline and export answer null and email_withheld to the others")
+    func emailWithheld() async throws {
+        let e = try await EffectHarness.start()
+        let address = "hist-e@privaterelay.appleid.com"
+        try await e.post("email-disabled", sub: "hist-e", at: 1_000, email: address, jti: "e-1")
+        try await e.drain()
+        let historyOnly = try await BackendAPITests.token(e.h, [.notificationsRead])
+        let withAccounts = try await BackendAPITests.token(e.h, [.notificationsRead, .accountsRead])
+        let paths = ["/v1/notifications", "/v1/notifications/e-1", "/v1/accounts/com.example.app/hist-e/timeline", "/v1/notifications/export"]
+        for path in paths {
+            let withheld = try await BackendAPITests.call(e.h, .GET, path, token: historyOnly)
+            #expect(withheld.status == 200, "\(path)")
+            #expect(!withheld.body.contains(address), "\(path): \(withheld.body)")
+            let record = path.hasSuffix("export") ? JSONValue.parse(Data(withheld.body.utf8)) : (Self.items(withheld).first ?? withheld.json)
+            #expect(record?["email"] == .null && record?["email_withheld"] == .bool(true), "\(path): \(withheld.body)")
+            let shown = try await BackendAPITests.call(e.h, .GET, path, token: withAccounts)
+            #expect(shown.body.contains(address), "\(path)")
+            let full = path.hasSuffix("export") ? JSONValue.parse(Data(shown.body.utf8)) : (Self.items(shown).first ?? shown.json)
+            #expect(full?["email"] == .string(address) && full?["email_withheld"] == .bool(false), "\(path): \(shown.body)")
+        }
+        await e.stop()
+    }
+
     @Test("stats count per bucket and type; rejections list with totals; export streams every matching row as NDJSON")
     func statsRejectionsExport() async throws {
         let e = try await EffectHarness.start()

@@ -48,6 +48,10 @@ try:
     # Their timeline.
     driver.find_element(By.CSS_SELECTOR, "#results tbody button.link").click()
     wait.until(EC.text_to_be_present_in_element((By.ID, "timeline"), "consent-revoked"))
+    # This token lacks accounts:read: the page says addresses are withheld.
+    wait.until(EC.visibility_of_element_located((By.ID, "email-note")))
+    assert "accounts:read" in driver.find_element(By.ID, "email-note").text, "the withheld-email note is missing"
+    assert "withheld" in driver.find_element(By.CSS_SELECTOR, "#timeline tbody").text, "the timeline does not say the email is withheld"
     # The firing alert is listed (alerts:read), first.
     wait.until(EC.text_to_be_present_in_element((By.CSS_SELECTOR, "#alerts tbody tr.firing"), "revocation_spike"))
     assert "42" in driver.find_element(By.CSS_SELECTOR, "#alerts tbody tr.firing").text, "the alert's peak is not shown"

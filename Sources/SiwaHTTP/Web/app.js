@@ -101,8 +101,10 @@ async function timeline(aud, sub) {
   for (const item of data.items) {
     const row = document.createElement("tr");
     cell(row, item.event_time); cell(row, item.type); cell(row, item.status); cell(row, item.effect); cell(row, item.revoked_sessions);
+    cell(row, item.email_withheld ? "withheld" : item.email);
     body.appendChild(row);
   }
+  $("#email-note").hidden = !data.items.some((item) => item.email_withheld);
 }
 
 async function chart() {
