@@ -1,6 +1,7 @@
 import Foundation
 import Logging
 import SiwaDomain
+import SiwaHTTP
 import SiwaStore
 
 /// A setting that could not be used: names the variable (and its flag) and what is expected.
@@ -20,6 +21,10 @@ package struct Configuration: Sendable {
     package var jwksURL: URL = Self.appleJWKSURL
     package var host = "127.0.0.1"
     package var port = 8080
+    /// The admin listener: the API, the dashboard, /openapi.yaml and /metrics.
+    package var adminHost = "127.0.0.1"
+    package var adminPort = 8081
+    package var connectionLimits = ConnectionLimits()
     package var dataDirectory = "./.siwa"
     package var embeddedDatabase = true
     package var migrateOnStart = true
@@ -85,6 +90,12 @@ package struct Configuration: Sendable {
         ("SIWA_APPLE_JWKS_URL", "--jwks-url", "Apple's key set (https:// or file://)"),
         ("SIWA_HOST", "--host", "address to listen on"),
         ("SIWA_PORT", "--port", "port to listen on"),
+        ("SIWA_ADMIN_HOST", "--admin-host", "address of the admin listener (API, dashboard, /metrics)"),
+        ("SIWA_ADMIN_PORT", "--admin-port", "port of the admin listener"),
+        ("SIWA_HTTP_REQUEST_TIMEOUT", "--http-request-timeout", "a request's head and body must arrive within this from its first byte"),
+        ("SIWA_HTTP_IDLE_TIMEOUT", "--http-idle-timeout", "a connection without a request in progress is closed after this"),
+        ("SIWA_TLS_HANDSHAKE_TIMEOUT", "--tls-handshake-timeout", "a TLS handshake must complete within this (with SIWA_TLS_CERT_FILE)"),
+        ("SIWA_HTTP_MAX_CONNECTIONS", "--http-max-connections", "open connections per listener at most; one more is closed at once"),
         ("SIWA_DATA_DIR", "--data-dir", "where the embedded PostgreSQL keeps its data"),
         ("SIWA_EMBEDDED_DATABASE", "--embedded-database", "on|off: may a missing DATABASE_URL start the embedded cluster"),
         ("SIWA_MIGRATE_ON_START", "--migrate-on-start", "true|false: apply pending migrations when serving"),
@@ -181,6 +192,11 @@ package struct Configuration: Sendable {
             }
             return number
         }
+        func positive(_ name: String, _ fallback: Duration) throws(ConfigurationError) -> Duration {
+            let value = try duration(name, default: fallback)
+            guard value >= .seconds(1) else { throw ConfigurationError(variable: flag(name), message: "must be at least 1s (got \(DurationSyntax.format(value)))") }
+            return value
+        }
         func boolean(_ name: String, default fallback: Bool) throws(ConfigurationError) -> Bool {
             guard let text = value(name)?.lowercased() else { return fallback }
             switch text {
@@ -210,6 +226,16 @@ package struct Configuration: Sendable {
         }
         config.host = value("SIWA_HOST") ?? config.host
         config.port = try integer("SIWA_PORT", 0...65535, default: config.port)
+        config.adminHost = value("SIWA_ADMIN_HOST") ?? config.adminHost
+        config.adminPort = try integer("SIWA_ADMIN_PORT", 0...65535, default: config.adminPort)
+        if config.adminPort == config.port && config.port != 0 && config.adminHost == config.host {
+            throw ConfigurationError(
+                variable: flag("SIWA_ADMIN_PORT"), message: "must differ from SIWA_PORT (\(config.port)): the admin listener is a second one")
+        }
+        config.connectionLimits.requestTimeout = try positive("SIWA_HTTP_REQUEST_TIMEOUT", config.connectionLimits.requestTimeout)
+        config.connectionLimits.idleTimeout = try positive("SIWA_HTTP_IDLE_TIMEOUT", config.connectionLimits.idleTimeout)
+        config.connectionLimits.tlsHandshakeTimeout = try positive("SIWA_TLS_HANDSHAKE_TIMEOUT", config.connectionLimits.tlsHandshakeTimeout)
+        config.connectionLimits.maximumConnections = try integer("SIWA_HTTP_MAX_CONNECTIONS", 1...1_000_000, default: config.connectionLimits.maximumConnections)
         config.dataDirectory = value("SIWA_DATA_DIR") ?? config.dataDirectory
         config.embeddedDatabase = try boolean("SIWA_EMBEDDED_DATABASE", default: true)
         config.migrateOnStart = try boolean("SIWA_MIGRATE_ON_START", default: true)
@@ -290,11 +316,6 @@ package struct Configuration: Sendable {
                 variable: flag("SIWA_ALERT_WEBHOOK_URLS"), message: "is not set, but SIWA_ALERT_SECRET is: set the alert webhook URLs, or unset the secret")
         }
         if let text = value("SIWA_ALERT_SLACK_URL") { config.alertSlackURL = try httpURL("SIWA_ALERT_SLACK_URL", text) }
-        func positive(_ name: String, _ fallback: Duration) throws(ConfigurationError) -> Duration {
-            let value = try duration(name, default: fallback)
-            guard value >= .seconds(1) else { throw ConfigurationError(variable: flag(name), message: "must be at least 1s (got \(DurationSyntax.format(value)))") }
-            return value
-        }
         config.spike.interval = try positive("SIWA_SPIKE_INTERVAL", config.spike.interval)
         config.spike.window = try positive("SIWA_SPIKE_WINDOW", config.spike.window)
         guard config.spike.window <= .seconds(6 * 3600) else {

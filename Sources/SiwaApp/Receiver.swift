@@ -37,6 +37,7 @@ package struct Receiver: Sendable {
     let alertsAPI: AlertsController?
     let databaseTimeout: Duration
     let metricsToken: String?
+    let listeners: ListenerCounters
 
     package init(
         config: Configuration, client: PostgresClient, logger: Logger, keyFetcher: any KeySetFetcher = DefaultKeySetFetcher(),
@@ -73,6 +74,7 @@ package struct Receiver: Sendable {
         self.alertsAPI = !config.receives ? nil : AlertsController(alerts: AlertStore(client: client, logger: logger))
         self.databaseTimeout = config.databaseTimeout
         self.metricsToken = config.metricsToken
+        self.listeners = ListenerCounters(maximum: config.connectionLimits.maximumConnections)
         let workers = !config.works ? nil : EffectWorkers(
             configuration: config.workerConfiguration, store: effects, logger: logger, metrics: WorkerMetrics(registry: registry))
         self.workers = workers
@@ -89,10 +91,18 @@ package struct Receiver: Sendable {
         self.registry = registry
     }
 
-    /// Every route of the receiving process.
-    package func router() -> Router<SiwaRequestContext> {
+    /// The public listener's routes: what Apple and load balancers call, nothing else.
+    package func publicRouter() -> Router<SiwaRequestContext> {
         let router = Router(context: SiwaRequestContext.self)
         notifications?.register(on: router)
+        health.register(on: router)
+        return router
+    }
+
+    /// The admin listener's routes: the API, the dashboard, its contract and the metrics (and
+    /// health, for probes on the private side).
+    package func adminRouter() -> Router<SiwaRequestContext> {
+        let router = Router(context: SiwaRequestContext.self)
         health.register(on: router)
         if let backend {
             let v1 = router.group("v1")
@@ -102,8 +112,8 @@ package struct Receiver: Sendable {
             backend.register(on: v1)
             history?.register(on: v1)
             alertsAPI?.register(on: v1)
+            WebController().register(on: router)
         }
-        if backend != nil { WebController().register(on: router) }
         router.get("/openapi.yaml") { _, _ in
             Response(
                 status: .ok, headers: [.contentType: "application/yaml; charset=utf-8"],
@@ -111,7 +121,7 @@ package struct Receiver: Sendable {
         }
         let registry = self.registry
         let metricsToken = self.metricsToken
-        let (keys, metrics) = (self.keys, self.metrics)
+        let (keys, metrics, listeners) = (self.keys, self.metrics, self.listeners)
         router.get("/metrics") { request, _ in
             if let metricsToken {
                 let given = request.headers[.authorization].map { Array($0.utf8) } ?? []
@@ -120,6 +130,7 @@ package struct Receiver: Sendable {
                 }
             }
             metrics.keySetAge.set(keys.fetchedAt.map { Date().timeIntervalSince($0).rounded() } ?? -1)
+            for listener in Listener.allCases { metrics.set(openConnections: listeners[listener].current, listener: listener) }
             var buffer: [UInt8] = []
             registry.emit(into: &buffer)
             return Response(
@@ -129,25 +140,47 @@ package struct Receiver: Sendable {
         return router
     }
 
-    /// The HTTP application; its service group also runs the PostgreSQL client, the key cache's
-    /// refresh loop, the rejection writer, the workers and the alert evaluator. Before the server
-    /// binds: migrations (or the check that none is pending) — the workers and the evaluator start
-    /// after them — and the key set load.
-    package func application(
-        config: Configuration, client: PostgresClient, logger: Logger, server: HTTPServerBuilder = .http1(),
-        onServerRunning: @escaping @Sendable (any Channel) async -> Void = { _ in }
-    ) -> some ApplicationProtocol {
+    /// The two listeners' HTTP servers: HTTP/1.1 (HTTPS on the public one with SIWA_TLS_*), each
+    /// behind the connection guard (`ConnectionLimits`) with a count of its own.
+    package func httpServers(config: Configuration) throws -> (public: HTTPServerBuilder, admin: HTTPServerBuilder) {
+        let tls = try config.tlsConfiguration()
+        let (limits, metrics, listeners) = (config.connectionLimits, self.metrics, self.listeners)
+        func server(_ listener: Listener, tls: TLSConfiguration?) -> HTTPServerBuilder {
+            HTTPServerBuilder { responder in
+                let http = HTTP1Channel(
+                    responder: responder, configuration: .init(additionalChannelHandlers: GuardedChildChannel<HTTP1Channel>.additionalHandlers()))
+                let onCut: @Sendable (ConnectionCut) -> Void = { metrics.count(cut: $0, listener: listener) }
+                guard let tls else {
+                    return GuardedChildChannel(http, limits: limits, tls: false, connections: listeners[listener], onCut: onCut)
+                }
+                return GuardedChildChannel(try TLSChannel(http, tlsConfiguration: tls), limits: limits, tls: true, connections: listeners[listener], onCut: onCut)
+            }
+        }
+        return (server(.public, tls: tls), server(.admin, tls: nil))
+    }
+
+    /// The services of a serving process, in start order (stopped in reverse): the public
+    /// application — whose service group also runs the PostgreSQL client, the key cache's refresh
+    /// loop, the rejection writer, the workers and the alert evaluator — then the admin one.
+    /// Before the public server binds: migrations (or the check that none is pending) and the key
+    /// set load; the workers, the evaluator and the admin server start after the migrations.
+    package func services(
+        config: Configuration, client: PostgresClient, logger: Logger, servers: (public: HTTPServerBuilder, admin: HTTPServerBuilder)? = nil,
+        onPublicRunning: @escaping @Sendable (any Channel) async -> Void = { _ in },
+        onAdminRunning: @escaping @Sendable (any Channel) async -> Void = { _ in }
+    ) throws -> [any Service] {
+        let servers = try servers ?? httpServers(config: config)
         let migrated = StartGate()
-        var app = Application(
-            router: router(),
-            server: server,
+        var publicApp = Application(
+            router: publicRouter(),
+            server: servers.public,
             configuration: .init(address: .hostname(config.host, port: config.port), serverName: nil),
             services: [client] + (config.receives ? [keys, rejections] : [])
                 + ([workers, alerts] as [(any Service)?]).compactMap { $0.map { GatedService(gate: migrated, service: $0) } },
-            onServerRunning: onServerRunning,
+            onServerRunning: onPublicRunning,
             logger: logger)
         let keys = self.keys
-        app.beforeServerStarts {
+        publicApp.beforeServerStarts {
             let migrator = Migrator(client: client, logger: logger)
             if config.migrateOnStart {
                 try await migrator.migrate()
@@ -157,28 +190,57 @@ package struct Receiver: Sendable {
             migrated.open()
             if config.receives { await keys.load() }
         }
-        return app
+        var adminApp = Application(
+            router: adminRouter(),
+            server: servers.admin,
+            configuration: .init(address: .hostname(config.adminHost, port: config.adminPort), serverName: nil),
+            onServerRunning: onAdminRunning,
+            logger: logger)
+        adminApp.beforeServerStarts { await migrated.wait() }
+        return [publicApp, adminApp]
     }
+}
+
+/// The two HTTP listeners of a serving process.
+package enum Listener: String, Sendable, CaseIterable {
+    /// `POST /apple/notifications` and `/health/*` (SIWA_HOST, SIWA_PORT).
+    case `public`
+    /// `/v1`, the dashboard, `/openapi.yaml`, `/metrics` (SIWA_ADMIN_HOST, SIWA_ADMIN_PORT).
+    case admin
+}
+
+/// Each listener's open-connection count.
+struct ListenerCounters: Sendable {
+    let counters: [Listener: ConnectionCounter]
+    init(maximum: Int) { counters = Dictionary(uniqueKeysWithValues: Listener.allCases.map { ($0, ConnectionCounter(maximum: maximum)) }) }
+    subscript(listener: Listener) -> ConnectionCounter { counters[listener]! }
 }
 
 /// `siwa-events serve`: the receiver on the configured database, until SIGTERM/SIGINT.
 package enum Server {
     package static func serve(_ config: Configuration, logger: Logger) async throws {
-        let server = try config.httpServer()
+        _ = try config.tlsConfiguration()  // a bad certificate stops start-up before the database opens
         let database = try await Database.open(config, logger: logger, serving: true)
         let receiver = Receiver(config: config, client: database.client, logger: logger)
-        let app = receiver.application(config: config, client: database.client, logger: logger, server: server) { channel in
-            logger.notice(
-                "siwa-events listening",
-                metadata: [
-                    "address": "\(channel.localAddress?.ipAddress ?? config.host):\(channel.localAddress?.port ?? config.port)", "database": "\(database.description)",
-                    "bundle_ids": "\(config.bundleIDs.joined(separator: ","))", "tls": "\(config.tlsCertificateFile == nil ? "off (behind a TLS proxy)" : "on")", "jwks_url": "\(config.jwksURL.absoluteString)",
-                ])
-        }
+        let services = try receiver.services(
+            config: config, client: database.client, logger: logger,
+            onPublicRunning: { channel in
+                logger.notice(
+                    "siwa-events listening",
+                    metadata: [
+                        "address": "\(channel.localAddress?.ipAddress ?? config.host):\(channel.localAddress?.port ?? config.port)", "database": "\(database.description)",
+                        "bundle_ids": "\(config.bundleIDs.joined(separator: ","))", "tls": "\(config.tlsCertificateFile == nil ? "off (behind a TLS proxy)" : "on")", "jwks_url": "\(config.jwksURL.absoluteString)",
+                    ])
+            },
+            onAdminRunning: { channel in
+                logger.notice(
+                    "admin listener (API, dashboard, metrics)",
+                    metadata: ["address": "\(channel.localAddress?.ipAddress ?? config.adminHost):\(channel.localAddress?.port ?? config.adminPort)"])
+            })
         // SIGTERM/SIGINT: Hummingbird stops accepting and finishes in-flight requests, the workers
         // abandon their batch (it commits or rolls back whole) and hand back the deliveries they
         // hold; after SIWA_SHUTDOWN_GRACE whatever is still running is cancelled.
-        var group = ServiceGroupConfiguration(services: [app], gracefulShutdownSignals: [.sigterm, .sigint], logger: logger)
+        var group = ServiceGroupConfiguration(services: services, gracefulShutdownSignals: [.sigterm, .sigint], logger: logger)
         group.maximumGracefulShutdownDuration = config.shutdownGrace
         group.maximumCancellationDuration = .seconds(5)
         do {
@@ -238,9 +300,9 @@ func constantTimeEqual(_ a: [UInt8], _ b: [UInt8]) -> Bool {
 }
 
 extension Configuration {
-    /// Plain HTTP/1.1, or HTTPS (TLS 1.2+) with SIWA_TLS_CERT_FILE / SIWA_TLS_KEY_FILE.
-    package func httpServer() throws -> HTTPServerBuilder {
-        guard let tlsCertificateFile, let tlsKeyFile else { return .http1() }
+    /// HTTPS (TLS 1.2+) with SIWA_TLS_CERT_FILE / SIWA_TLS_KEY_FILE, or nil for plain HTTP.
+    package func tlsConfiguration() throws -> TLSConfiguration? {
+        guard let tlsCertificateFile, let tlsKeyFile else { return nil }
         let chain: [NIOSSLCertificate]
         do {
             chain = try NIOSSLCertificate.fromPEMFile(tlsCertificateFile)
@@ -257,9 +319,10 @@ extension Configuration {
         var tls = TLSConfiguration.makeServerConfiguration(certificateChain: chain.map { .certificate($0) }, privateKey: .privateKey(key))
         tls.minimumTLSVersion = .tlsv12
         do {
-            return try .tls(.http1(), tlsConfiguration: tls)
+            _ = try NIOSSLContext(configuration: tls)
         } catch {
             throw ConfigurationError(variable: "SIWA_TLS_KEY_FILE", message: "the key does not fit the certificate or TLS cannot start (\(error))")
         }
+        return tls
     }
 }

@@ -29,6 +29,18 @@ struct ConfigOptions: ParsableArguments {
     var host: String?
     @Option(help: "Listen port (SIWA_PORT, default 8080).")
     var port: String?
+    @Option(name: .customLong("admin-host"), help: "Admin listener address: API, dashboard, /metrics (SIWA_ADMIN_HOST, default 127.0.0.1).")
+    var adminHost: String?
+    @Option(name: .customLong("admin-port"), help: "Admin listener port (SIWA_ADMIN_PORT, default 8081).")
+    var adminPort: String?
+    @Option(name: .customLong("http-request-timeout"), help: "A request's head and body must arrive within this from its first byte, e.g. 30s (SIWA_HTTP_REQUEST_TIMEOUT).")
+    var httpRequestTimeout: String?
+    @Option(name: .customLong("http-idle-timeout"), help: "Close a connection without a request in progress after this, e.g. 150s (SIWA_HTTP_IDLE_TIMEOUT).")
+    var httpIdleTimeout: String?
+    @Option(name: .customLong("tls-handshake-timeout"), help: "A TLS handshake must complete within this, e.g. 10s (SIWA_TLS_HANDSHAKE_TIMEOUT).")
+    var tlsHandshakeTimeout: String?
+    @Option(name: .customLong("http-max-connections"), help: "Open connections per listener at most; one more is closed at once (SIWA_HTTP_MAX_CONNECTIONS, default 1024).")
+    var httpMaxConnections: String?
     @Option(name: .customLong("data-dir"), help: "Embedded PostgreSQL data directory (SIWA_DATA_DIR, default ./.siwa).")
     var dataDir: String?
     @Option(name: .customLong("embedded-database"), help: "on|off (SIWA_EMBEDDED_DATABASE, default on).")
@@ -124,7 +136,9 @@ struct ConfigOptions: ParsableArguments {
     func load(requireBundleIDs: Bool) throws -> Configuration {
         let overrides: [String: String?] = [
             "DATABASE_URL": databaseURL, "SIWA_APPLE_BUNDLE_IDS": bundleIDs, "SIWA_APPLE_JWKS_URL": jwksURL, "SIWA_HOST": host,
-            "SIWA_PORT": port, "SIWA_DATA_DIR": dataDir, "SIWA_EMBEDDED_DATABASE": embeddedDatabase,
+            "SIWA_PORT": port, "SIWA_ADMIN_HOST": adminHost, "SIWA_ADMIN_PORT": adminPort, "SIWA_HTTP_REQUEST_TIMEOUT": httpRequestTimeout,
+            "SIWA_HTTP_IDLE_TIMEOUT": httpIdleTimeout, "SIWA_TLS_HANDSHAKE_TIMEOUT": tlsHandshakeTimeout, "SIWA_HTTP_MAX_CONNECTIONS": httpMaxConnections,
+            "SIWA_DATA_DIR": dataDir, "SIWA_EMBEDDED_DATABASE": embeddedDatabase,
             "SIWA_MIGRATE_ON_START": migrateOnStart, "SIWA_TRUSTED_PROXIES": trustedProxies,
             "SIWA_JWKS_REFRESH_INTERVAL": jwksRefreshInterval, "SIWA_JWKS_UNKNOWN_KID_COOLDOWN": unknownKidCooldown,
             "SIWA_CLOCK_SKEW": clockSkew, "SIWA_REJECTIONS_PER_MINUTE": rejectionsPerMinute, "SIWA_DATABASE_POOL_SIZE": databasePoolSize,

@@ -15,6 +15,8 @@ package struct ReceiverMetrics: Sendable {
     package let keySetAge: Gauge
     package let batchSize: ValueHistogram
     let accepted: [String: [String: Counter]]
+    let connectionsClosed: [String: [ConnectionCut: Counter]]
+    let connectionsOpen: [String: Gauge]
 
     /// `audiences`: the configured bundle IDs (the only aud a notification can be recorded with).
     package init(registry: PrometheusCollectorRegistry, audiences: [String] = []) {
@@ -24,6 +26,19 @@ package struct ReceiverMetrics: Sendable {
                     descriptor: Self.name("notifications_accepted", "total", "Notifications recorded (not duplicates), by app and canonical type"),
                     labels: [("aud", aud), ("type", type)]))
             }))
+        })
+        let listeners = ["public", "admin"]
+        connectionsClosed = Dictionary(uniqueKeysWithValues: listeners.map { listener in
+            (listener, Dictionary(uniqueKeysWithValues: ConnectionCut.allCases.map { cut in
+                (cut, registry.makeCounter(
+                    descriptor: Self.name("connections_closed", "total", "Connections the server closed itself: over the maximum, or past a deadline"),
+                    labels: [("listener", listener), ("reason", cut.rawValue)]))
+            }))
+        })
+        connectionsOpen = Dictionary(uniqueKeysWithValues: listeners.map { listener in
+            (listener, registry.makeGauge(
+                descriptor: MetricNameDescriptor(namespace: "siwa", metricName: "connections_open", helpText: "Open HTTP connections"),
+                labels: [("listener", listener)]))
         })
         received = Dictionary(uniqueKeysWithValues: ["accepted", "duplicate", "rejected", "refused", "unavailable"].map {
             ($0, registry.makeCounter(
@@ -86,5 +101,7 @@ package struct ReceiverMetrics: Sendable {
     func count(skipped reason: SkipReason) { skipped[reason]?.increment() }
     func count(rejected reason: RejectionReason) { rejected[reason]?.increment() }
     func count(sampledOut reason: RejectionReason) { sampledOut[reason]?.increment() }
+    package func count(cut: ConnectionCut, listener: some RawRepresentable<String>) { connectionsClosed[listener.rawValue]?[cut]?.increment() }
+    package func set(openConnections count: Int, listener: some RawRepresentable<String>) { connectionsOpen[listener.rawValue]?.set(Double(count)) }
     func count(droppedRejections count: Int) { droppedRejections.increment(by: Int64(count)) }
 }

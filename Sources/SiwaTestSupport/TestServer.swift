@@ -11,18 +11,23 @@ import SiwaDomain
 import SiwaKeys
 import Synchronization
 
-/// The real receiver on a free loopback port, over a real database, for tests and benchmarks.
+/// The real receiver on free loopback ports (public and admin listeners), over a real database,
+/// for tests and benchmarks.
 package final class TestServer: Sendable {
+    /// The public listener: `POST /apple/notifications`, `/health/*`.
     package let baseURL: String
     package let port: Int
+    /// The admin listener: `/v1`, the dashboard, `/openapi.yaml`, `/metrics`.
+    package let adminBaseURL: String
     package let receiver: Receiver
     package let client: PostgresClient
     private let task: Task<Void, any Error>
     private let group: ServiceGroup
 
-    private init(baseURL: String, port: Int, receiver: Receiver, client: PostgresClient, task: Task<Void, any Error>, group: ServiceGroup) {
-        self.baseURL = baseURL
+    private init(port: Int, adminPort: Int, receiver: Receiver, client: PostgresClient, task: Task<Void, any Error>, group: ServiceGroup) {
+        self.baseURL = "http://127.0.0.1:\(port)"
         self.port = port
+        self.adminBaseURL = "http://127.0.0.1:\(adminPort)"
         self.receiver = receiver
         self.client = client
         self.task = task
@@ -35,26 +40,32 @@ package final class TestServer: Sendable {
     ) async throws -> TestServer {
         var config = config
         config.host = "127.0.0.1"
+        config.adminHost = "127.0.0.1"
+        config.adminPort = 0
         let client = PostgresClient(configuration: database, backgroundLogger: logger)
         let receiver = Receiver(config: config, client: client, logger: logger, keyFetcher: keyFetcher, clock: clock)
-        let started = OnceContinuation<Int>()
-        let app = receiver.application(config: config, client: client, logger: logger) { channel in
-            started.resume(.success(channel.localAddress?.port ?? 0))
-        }
+        let started = (public: OnceContinuation<Int>(), admin: OnceContinuation<Int>())
+        let services = try receiver.services(
+            config: config, client: client, logger: logger,
+            onPublicRunning: { started.public.resume(.success($0.localAddress?.port ?? 0)) },
+            onAdminRunning: { started.admin.resume(.success($0.localAddress?.port ?? 0)) })
         // Run as production does — a service group stopped by graceful shutdown, so services stop
         // in reverse order (the database client last) — not by cancellation.
-        let group = ServiceGroup(configuration: .init(services: [app], logger: logger))
+        let group = ServiceGroup(configuration: .init(services: services, logger: logger))
         let task = Task {
             do {
                 try await group.run()
-                started.resume(.failure(CancellationError()))
+                started.public.resume(.failure(CancellationError()))
+                started.admin.resume(.failure(CancellationError()))
             } catch {
-                started.resume(.failure(error))
+                started.public.resume(.failure(error))
+                started.admin.resume(.failure(error))
                 throw error
             }
         }
-        let port = try await started.value
-        return TestServer(baseURL: "http://127.0.0.1:\(port)", port: port, receiver: receiver, client: client, task: task, group: group)
+        let port = try await started.public.value
+        let adminPort = try await started.admin.value
+        return TestServer(port: port, adminPort: adminPort, receiver: receiver, client: client, task: task, group: group)
     }
 
     /// Stops the server gracefully and waits for every service to finish.
@@ -70,8 +81,14 @@ package final class TestServer: Sendable {
         package var json: JSONValue? { JSONValue.parse(Data(body.utf8)) }
     }
 
+    /// The listener that serves `path`: the public one for the notification route and health, the
+    /// admin one for everything else.
+    package func url(_ path: String) -> String {
+        path.hasPrefix("/apple/") || path.hasPrefix("/health/") ? baseURL + path : adminBaseURL + path
+    }
+
     package func request(_ method: HTTPMethod = .POST, _ path: String = "/apple/notifications", body: String? = nil, headers: [(String, String)] = [("Content-Type", "application/json")]) async throws -> Answer {
-        var request = HTTPClientRequest(url: baseURL + path)
+        var request = HTTPClientRequest(url: url(path))
         request.method = method
         for (name, value) in headers { request.headers.add(name: name, value: value) }
         if let body { request.body = .bytes(ByteBuffer(string: body)) }

@@ -38,7 +38,7 @@ struct CLITests {
         #expect(try await Self.run(["keys", "generate", "--dir", "keys"], directory: directory).status == 0)
         let port = Self.freePort()
         let environment = [
-            "SIWA_APPLE_BUNDLE_IDS": "com.example.cli", "SIWA_APPLE_JWKS_URL": "file://\(directory)/keys/jwks.json", "SIWA_PORT": "\(port)",
+            "SIWA_APPLE_BUNDLE_IDS": "com.example.cli", "SIWA_APPLE_JWKS_URL": "file://\(directory)/keys/jwks.json", "SIWA_PORT": "\(port)", "SIWA_ADMIN_PORT": "\(CLITests.freePort())",
         ]
         let server = try Subprocess.start(
             Self.binary.path, ["serve"], environment: ProcessInfo.processInfo.environment.merging(environment) { $1 },
@@ -108,7 +108,7 @@ struct CLITests {
         #expect(try FileManager.default.attributesOfItem(atPath: "\(directory)/keys/private-key.pem")[.posixPermissions] as? Int == 0o600)
         let port = Self.freePort()
         let environment = [
-            "SIWA_APPLE_BUNDLE_IDS": "com.example.env", "SIWA_APPLE_JWKS_URL": "file://\(directory)/keys/jwks.json", "SIWA_PORT": "\(port)",
+            "SIWA_APPLE_BUNDLE_IDS": "com.example.env", "SIWA_APPLE_JWKS_URL": "file://\(directory)/keys/jwks.json", "SIWA_PORT": "\(port)", "SIWA_ADMIN_PORT": "\(CLITests.freePort())",
             "SIWA_METRICS_TOKEN": "a-metrics-secret-0123456789", "SIWA_ALERT_SLACK_URL": "https://hooks.example.com/secret-path",
         ]
         let server = try Subprocess.start(

@@ -39,7 +39,7 @@ struct DashboardTests {
             ["/root/.pyenv/shims/python3", "/usr/local/bin/python3", "/usr/bin/python3"].first { FileManager.default.isExecutableFile(atPath: $0) },
             "python3 is missing: scripts/test installs it")
         let result = try await Subprocess.run(
-            python, [Self.repository.appendingPathComponent("Tests/browser/dashboard.py").path, e.h.server.baseURL, token, "dash-user-1", "dash-jti-1", xss, screenshot],
+            python, [Self.repository.appendingPathComponent("Tests/browser/dashboard.py").path, e.h.server.adminBaseURL, token, "dash-user-1", "dash-jti-1", xss, screenshot],
             environment: ProcessInfo.processInfo.environment)
         #expect(result.succeeded, "\(result.standardOutput.suffix(5000))\n\(result.standardError.suffix(3000))")
         #expect(FileManager.default.fileExists(atPath: screenshot))

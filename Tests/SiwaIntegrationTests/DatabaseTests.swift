@@ -73,6 +73,7 @@ struct DatabaseTests {
         config.dataDirectory = directory
         config.jwksURL = jwks
         config.port = 0
+        config.adminPort = 0
         let logger = Logger(label: "restart")
 
         for round in 1...2 {
@@ -80,8 +81,8 @@ struct DatabaseTests {
             #expect(database.startedEmbedded)
             let receiver = Receiver(config: config, client: database.client, logger: logger)
             let started = OnceContinuation<Int>()
-            let app = receiver.application(config: config, client: database.client, logger: logger) { started.resume(.success($0.localAddress?.port ?? 0)) }
-            let group = ServiceGroup(configuration: .init(services: [app], logger: logger))
+            let services = try receiver.services(config: config, client: database.client, logger: logger) { started.resume(.success($0.localAddress?.port ?? 0)) }
+            let group = ServiceGroup(configuration: .init(services: services, logger: logger))
             let task = Task { try await group.run() }
             let port = try await started.value
             let jws = try signer.notification(aud: Harness.aud, type: "consent-revoked", sub: "001.restart.\(round)", jti: "restart-\(round)")
@@ -177,5 +178,14 @@ struct HTTPClientRequestBuilder {
         request.method = .POST
         request.body = .bytes(ByteBuffer(string: body))
         return Int(try await HTTPClient.shared.execute(request, timeout: .seconds(30)).status.code)
+    }
+
+    /// GETs `url` (with a bearer token if given); returns the status.
+    static func get(_ url: String, bearer: String? = nil) async throws -> Int {
+        var request = HTTPClientRequest(url: url)
+        if let bearer { request.headers.add(name: "Authorization", value: "Bearer \(bearer)") }
+        let response = try await HTTPClient.shared.execute(request, timeout: .seconds(30))
+        _ = try await response.body.collect(upTo: 1 << 22)
+        return Int(response.status.code)
     }
 }

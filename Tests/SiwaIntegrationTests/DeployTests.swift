@@ -156,7 +156,7 @@ struct DeployTests {
         let databaseURL = try await CLITests.databaseURL()
         // Only what must differ on this machine: the database, Apple's keys (no internet), the port.
         func local(_ port: Int) -> [String: String] {
-            ["DATABASE_URL": databaseURL, "SIWA_APPLE_JWKS_URL": keys.jwksURL, "SIWA_APPLE_BUNDLE_IDS": keys.aud, "SIWA_PORT": "\(port)"]
+            ["DATABASE_URL": databaseURL, "SIWA_APPLE_JWKS_URL": keys.jwksURL, "SIWA_APPLE_BUNDLE_IDS": keys.aud, "SIWA_PORT": "\(port)", "SIWA_ADMIN_PORT": "\(CLITests.freePort())"]
         }
 
         // systemd: ExecStart's arguments, EnvironmentFile's variables (the shipped example).
@@ -218,7 +218,7 @@ struct DeployTests {
         let base = ["DATABASE_URL": url, "SIWA_APPLE_BUNDLE_IDS": keys.aud, "SIWA_APPLE_JWKS_URL": keys.jwksURL, "SIWA_DATABASE_TIMEOUT": "1s"]
         let log = "\(directory)/server.log"
         let server = try Subprocess.start(
-            CLITests.binary.path, ["serve"], environment: ProcessInfo.processInfo.environment.merging(base) { $1 }.merging(["SIWA_PORT": "\(port)"]) { $1 },
+            CLITests.binary.path, ["serve"], environment: ProcessInfo.processInfo.environment.merging(base) { $1 }.merging(["SIWA_PORT": "\(port)", "SIWA_ADMIN_PORT": "\(CLITests.freePort())"]) { $1 },
             outputPath: log)
         #expect(await Self.waitReady(port: port))
 
@@ -251,7 +251,7 @@ struct DeployTests {
             let port = CLITests.freePort()
             let process = try Subprocess.start(
                 CLITests.binary.path, ["serve", "--role", role],
-                environment: ProcessInfo.processInfo.environment.merging(unreachable) { $1 }.merging(["SIWA_PORT": "\(port)"]) { $1 })
+                environment: ProcessInfo.processInfo.environment.merging(unreachable) { $1 }.merging(["SIWA_PORT": "\(port)", "SIWA_ADMIN_PORT": "\(CLITests.freePort())"]) { $1 })
             let answer = await Self.poll(http, "http://127.0.0.1:\(port)/health/ready", until: { $0 == expected }, seconds: 30)
             #expect(answer != nil, "\(role): /health/ready never answered \(expected)")
             if role == "receiver" { #expect(answer?.contains(#""apple_keys":"not loaded""#) == true, "\(answer ?? "")") }
@@ -273,7 +273,7 @@ struct DeployTests {
         let server = try Subprocess.start(
             CLITests.binary.path, ["serve"],
             environment: ProcessInfo.processInfo.environment.merging([
-                "DATABASE_URL": databaseURL, "SIWA_APPLE_BUNDLE_IDS": keys.aud, "SIWA_APPLE_JWKS_URL": keys.jwksURL, "SIWA_PORT": "\(port)",
+                "DATABASE_URL": databaseURL, "SIWA_APPLE_BUNDLE_IDS": keys.aud, "SIWA_APPLE_JWKS_URL": keys.jwksURL, "SIWA_PORT": "\(port)", "SIWA_ADMIN_PORT": "\(CLITests.freePort())",
                 "SIWA_SHUTDOWN_GRACE": "10s",
             ]) { $1 })
         #expect(await Self.waitReady(port: port))
@@ -313,7 +313,7 @@ struct DeployTests {
             "DATABASE_URL": databaseURL, "SIWA_APPLE_BUNDLE_IDS": keys.aud, "SIWA_APPLE_JWKS_URL": keys.jwksURL, "SIWA_JOB_LEASE": "2s",
         ]) { $1 }
         let replicas = try ports.map { port in
-            try Subprocess.start(CLITests.binary.path, ["serve"], environment: environment.merging(["SIWA_PORT": "\(port)"]) { $1 })
+            try Subprocess.start(CLITests.binary.path, ["serve"], environment: environment.merging(["SIWA_PORT": "\(port)", "SIWA_ADMIN_PORT": "\(CLITests.freePort())"]) { $1 })
         }
         for port in ports { #expect(await Self.waitReady(port: port)) }
         let bodies = try keys.bodies(count: 2_000, prefix: "replica", users: 200)
@@ -358,9 +358,9 @@ struct DeployTests {
         ]) { $1 }
         let (receiverPort, workerPort) = (CLITests.freePort(), CLITests.freePort() + 1)
         let receiver = try Subprocess.start(
-            CLITests.binary.path, ["serve", "--role", "receiver"], environment: environment.merging(["SIWA_PORT": "\(receiverPort)"]) { $1 })
+            CLITests.binary.path, ["serve", "--role", "receiver"], environment: environment.merging(["SIWA_PORT": "\(receiverPort)", "SIWA_ADMIN_PORT": "\(CLITests.freePort())"]) { $1 })
         let worker = try Subprocess.start(
-            CLITests.binary.path, ["serve", "--role", "worker"], environment: environment.merging(["SIWA_PORT": "\(workerPort)"]) { $1 })
+            CLITests.binary.path, ["serve", "--role", "worker"], environment: environment.merging(["SIWA_PORT": "\(workerPort)", "SIWA_ADMIN_PORT": "\(CLITests.freePort())"]) { $1 })
         #expect(await Self.waitReady(port: receiverPort))
         #expect(await Self.waitReady(port: workerPort))
         let load = DeliveryLoad(bodies: try keys.bodies(count: 40, prefix: "poll"), ports: [receiverPort])
@@ -392,7 +392,7 @@ struct DeployTests {
             CLITests.binary.path, ["serve", "--role", "receiver"],
             environment: ProcessInfo.processInfo.environment.merging([
                 "DATABASE_URL": try await CLITests.databaseURL(), "SIWA_APPLE_BUNDLE_IDS": keys.aud, "SIWA_APPLE_JWKS_URL": keys.jwksURL,
-                "SIWA_PORT": "\(port)",
+                "SIWA_PORT": "\(port)", "SIWA_ADMIN_PORT": "\(CLITests.freePort())",
             ]) { $1 })
         #expect(await Self.waitReady(port: port))
         func doctor(_ arguments: [String]) async throws -> CLITests.Run {
@@ -422,7 +422,7 @@ struct DeployTests {
         let tlsPort = CLITests.freePort()
         let tlsEnvironment = ProcessInfo.processInfo.environment.merging([
             "DATABASE_URL": try await CLITests.databaseURL(), "SIWA_APPLE_BUNDLE_IDS": keys.aud, "SIWA_APPLE_JWKS_URL": keys.jwksURL,
-            "SIWA_PORT": "\(tlsPort)", "SIWA_TLS_CERT_FILE": "\(keys.directory)/tls.pem", "SIWA_TLS_KEY_FILE": "\(keys.directory)/tls.key",
+            "SIWA_PORT": "\(tlsPort)", "SIWA_ADMIN_PORT": "\(CLITests.freePort())", "SIWA_TLS_CERT_FILE": "\(keys.directory)/tls.pem", "SIWA_TLS_KEY_FILE": "\(keys.directory)/tls.key",
         ]) { $1 }
         let tls = try Subprocess.start(CLITests.binary.path, ["serve", "--role", "receiver"], environment: tlsEnvironment)
         var untrusted = try await doctor(["--url", "https://localhost:\(tlsPort)/apple/notifications"])

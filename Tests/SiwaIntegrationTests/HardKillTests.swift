@@ -36,7 +36,7 @@ struct HardKillTests {
         // PostgreSQL under ./.siwa as a user runs it.
         let port = CLITests.freePort()
         let environment = [
-            "SIWA_APPLE_BUNDLE_IDS": aud, "SIWA_APPLE_JWKS_URL": "file://\(directory)/keys/jwks.json", "SIWA_PORT": "\(port)",
+            "SIWA_APPLE_BUNDLE_IDS": aud, "SIWA_APPLE_JWKS_URL": "file://\(directory)/keys/jwks.json", "SIWA_PORT": "\(port)", "SIWA_ADMIN_PORT": "\(CLITests.freePort())",
         ]
         let server = try Subprocess.start(
             CLITests.binary.path, ["serve"], environment: ProcessInfo.processInfo.environment.merging(environment) { $1 },

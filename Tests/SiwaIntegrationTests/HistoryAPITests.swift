@@ -166,7 +166,7 @@ struct HistoryAPITests {
             "schemathesis is not installed: scripts/test installs it (python3 -m pip install schemathesis)")
         let result = try await Subprocess.run(
             schemathesis,
-            ["run", "\(e.h.server.baseURL)/openapi.yaml", "--header", "Authorization: Bearer \(token)",
+            ["run", "\(e.h.server.adminBaseURL)/openapi.yaml", "--header", "Authorization: Bearer \(token)",
              "--checks", "not_a_server_error,status_code_conformance,content_type_conformance,response_schema_conformance",
              "--max-examples", "30", "--no-color",
              // A bound against a hang, not a speed check: schemathesis's default 10 s failed one
@@ -174,7 +174,7 @@ struct HistoryAPITests {
              "--request-timeout", "60"],
             environment: ProcessInfo.processInfo.environment.merging(["SCHEMATHESIS_TELEMETRY": "false"]) { $1 })
         #expect(result.succeeded, "\(result.standardOutput.suffix(6000))\n\(result.standardError.suffix(2000))")
-        #expect(result.standardOutput.contains("Tested: 16"), "every documented operation was exercised")
+        #expect(result.standardOutput.contains("Tested: 15"), "every documented operation was exercised")
         await e.stop()
     }
 

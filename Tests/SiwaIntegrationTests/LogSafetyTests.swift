@@ -114,7 +114,7 @@ struct LogSafetyTests {
             let port = CLITests.freePort()
             let output = "\(keys.directory)/serve-\(format).log"
             let environment = [
-                "DATABASE_URL": databaseURL, "SIWA_APPLE_JWKS_URL": keys.jwksURL, "SIWA_APPLE_BUNDLE_IDS": keys.aud, "SIWA_PORT": "\(port)",
+                "DATABASE_URL": databaseURL, "SIWA_APPLE_JWKS_URL": keys.jwksURL, "SIWA_APPLE_BUNDLE_IDS": keys.aud, "SIWA_PORT": "\(port)", "SIWA_ADMIN_PORT": "\(CLITests.freePort())",
                 "SIWA_LOG_FORMAT": format,
             ]
             let server = try Subprocess.start(
