@@ -43,3 +43,22 @@ package struct CompactJWS: Sendable {
         self.signingInputEnd = parts[1].endIndex
     }
 }
+
+extension CompactJWS {
+    /// Checks the header: RS256 only, whatever else the header claims (`none`, `HS256`, … are refused
+    /// before any key is looked at), and a `kid` to resolve. Returns the `kid`. Here rather than in
+    /// `NotificationVerifier` so that the parsing of unauthenticated input needs Foundation only
+    /// (`scripts/fuzz` compiles it alone).
+    package func checkHeader() throws(VerificationError) -> String {
+        guard let alg = algorithm else {
+            throw .invalid(.unsupportedAlgorithm, "the JWS header has no alg; only RS256 is accepted")
+        }
+        guard alg == "RS256" else {
+            throw .invalid(.unsupportedAlgorithm, "alg \(alg) is not accepted; Apple signs with RS256")
+        }
+        guard let kid, !kid.isEmpty else {
+            throw .invalid(.unknownKey, "the JWS header has no kid; cannot pick an Apple key")
+        }
+        return kid
+    }
+}

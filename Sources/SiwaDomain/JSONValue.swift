@@ -43,6 +43,9 @@ package enum JSONValue: Sendable, Equatable {
     }
 
     /// Compact JSON text of this value (keys sorted, so equal values give equal text; `/` unescaped).
+    /// Keys are sorted by their UTF-8 bytes: String's `<` is not a strict weak order once strings
+    /// are not in NFC (`"é"` spelled `e` + U+0301 is neither below nor above `"éI"`), which made
+    /// the order, and so the text, follow the dictionary's hash-seeded layout.
     package var jsonText: String {
         var output: [UInt8] = []
         output.reserveCapacity(128)
@@ -70,7 +73,7 @@ package enum JSONValue: Sendable, Equatable {
             output.append(UInt8(ascii: "]"))
         case .object(let members):
             output.append(UInt8(ascii: "{"))
-            for (index, key) in members.keys.sorted().enumerated() {
+            for (index, key) in members.keys.sorted(by: { $0.utf8.lexicographicallyPrecedes($1.utf8) }).enumerated() {
                 if index > 0 { output.append(UInt8(ascii: ",")) }
                 Self.write(string: key, into: &output)
                 output.append(UInt8(ascii: ":"))

@@ -36,19 +36,9 @@ package struct NotificationVerifier: Sendable {
         self.clockSkew = clockSkew
     }
 
-    /// Checks the header: RS256 only, whatever else the header claims (`none`, `HS256`, … are refused
-    /// before any key is looked at), and a `kid` to resolve. Returns the `kid`.
+    /// The header rule (RS256 and a `kid`; see `CompactJWS.checkHeader()`). Returns the `kid`.
     package static func checkHeader(_ jws: CompactJWS) throws(VerificationError) -> String {
-        guard let alg = jws.algorithm else {
-            throw .invalid(.unsupportedAlgorithm, "the JWS header has no alg; only RS256 is accepted")
-        }
-        guard alg == "RS256" else {
-            throw .invalid(.unsupportedAlgorithm, "alg \(alg) is not accepted; Apple signs with RS256")
-        }
-        guard let kid = jws.kid, !kid.isEmpty else {
-            throw .invalid(.unknownKey, "the JWS header has no kid; cannot pick an Apple key")
-        }
-        return kid
+        try jws.checkHeader()
     }
 
     /// Resolves the header's `kid` in `keys`, explicitly (no default-key fallback).

@@ -39,6 +39,22 @@ struct JSONTests {
         #expect(parse(value.jsonText) == value)
     }
 
+    @Test("jsonText is one text per value whatever the dictionary's layout, keys not in NFC included")
+    func keyOrderIgnoresLayout() {
+        // Found by scripts/fuzz (fuzz/corpus/crash-jsontext-key-order.json): the text of
+        // {"éI":1,"é":2}, the second é spelled e + U+0301, followed the dictionary's layout.
+        let expected = Array("{\"e\u{301}\":2,\"\u{e9}I\":1}".utf8)
+        for capacity in 0..<32 {
+            for reversed in [false, true] {
+                var members = [String: JSONValue](minimumCapacity: capacity)
+                for (key, value) in reversed ? [("e\u{301}", 2.0), ("\u{e9}I", 1)] : [("\u{e9}I", 1), ("e\u{301}", 2)] {
+                    members[key] = .number(value)
+                }
+                #expect(Array(JSONValue.object(members).jsonText.utf8) == expected, "capacity \(capacity)")
+            }
+        }
+    }
+
     @Test("base64url round-trips every length and refuses padding, the standard alphabet and non-canonical bits")
     func base64url() {
         for length in 0..<40 {
