@@ -33,6 +33,10 @@ package struct Configuration: Sendable {
     package var unknownKidCooldown: Duration = .seconds(60)
     package var clockSkew: Duration = .seconds(60)
     package var rejectionsPerMinute = 60
+    /// Genuine tokens for another bundle ID kept whole, per `aud` per hour.
+    package var otherAppTokensPerHour = 20
+    /// How long such a kept token stays (enough to replay after fixing a bundle-ID typo).
+    package var otherAppTokenRetention: Duration = .seconds(7 * 86_400)
     package var databasePoolSize = 32
     package var databaseTimeout: Duration = .seconds(5)
     package var commitQueueLimit = GroupCommitter.defaultMaximumQueued
@@ -104,6 +108,8 @@ package struct Configuration: Sendable {
         ("SIWA_JWKS_UNKNOWN_KID_COOLDOWN", "--jwks-unknown-kid-cooldown", "minimum time between unknown-kid refreshes"),
         ("SIWA_CLOCK_SKEW", "--clock-skew", "allowance on exp/iat"),
         ("SIWA_REJECTIONS_PER_MINUTE", "--rejections-per-minute", "rejection rows kept per reason per minute"),
+        ("SIWA_OTHER_APP_TOKENS_PER_HOUR", "--other-app-tokens-per-hour", "genuine tokens for an unknown bundle ID kept whole, per aud per hour (the rest counted)"),
+        ("SIWA_OTHER_APP_TOKEN_RETENTION", "--other-app-token-retention", "kept tokens for unknown bundle IDs are deleted after this"),
         ("SIWA_DATABASE_POOL_SIZE", "--database-pool-size", "maximum PostgreSQL connections"),
         ("SIWA_DATABASE_TIMEOUT", "--database-timeout", "longest wait for the database before answering 503"),
         ("SIWA_COMMIT_QUEUE_LIMIT", "--commit-queue-limit", "notifications waiting for a commit at most; more are answered 503 at once"),
@@ -250,6 +256,8 @@ package struct Configuration: Sendable {
         config.unknownKidCooldown = try duration("SIWA_JWKS_UNKNOWN_KID_COOLDOWN", default: config.unknownKidCooldown)
         config.clockSkew = try duration("SIWA_CLOCK_SKEW", default: config.clockSkew)
         config.rejectionsPerMinute = try integer("SIWA_REJECTIONS_PER_MINUTE", 0...1_000_000, default: config.rejectionsPerMinute)
+        config.otherAppTokensPerHour = try integer("SIWA_OTHER_APP_TOKENS_PER_HOUR", 0...1_000_000, default: config.otherAppTokensPerHour)
+        config.otherAppTokenRetention = try positive("SIWA_OTHER_APP_TOKEN_RETENTION", config.otherAppTokenRetention)
         config.databasePoolSize = try integer("SIWA_DATABASE_POOL_SIZE", 1...1000, default: config.databasePoolSize)
         config.databaseTimeout = try duration("SIWA_DATABASE_TIMEOUT", default: config.databaseTimeout)
         config.commitQueueLimit = try integer("SIWA_COMMIT_QUEUE_LIMIT", 1...1_000_000, default: config.commitQueueLimit)

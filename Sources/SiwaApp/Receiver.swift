@@ -51,7 +51,9 @@ package struct Receiver: Sendable {
             configuration: .init(sourceURL: config.jwksURL, refreshInterval: config.jwksRefreshInterval, unknownKidCooldown: config.unknownKidCooldown),
             fetcher: keyFetcher, persistence: store, logger: logger, onRefresh: { metrics.count(keyRefresh: $0) })
         self.metrics = metrics
-        let rejections = RejectionRecorder(store: rejectionStore, limitPerMinute: config.rejectionsPerMinute, metrics: metrics, logger: logger)
+        let rejections = RejectionRecorder(
+            store: rejectionStore, limitPerMinute: config.rejectionsPerMinute, tokensPerAudiencePerHour: config.otherAppTokensPerHour, metrics: metrics,
+            logger: logger)
         let committer = GroupCommitter(store: store, maximumQueued: config.commitQueueLimit, timeout: config.databaseTimeout, logger: logger) {
             metrics.batchSize.record(Double($0))
         }
@@ -264,6 +266,7 @@ extension Configuration {
         workers.listen = jobNotify
         workers.eraseOnDelete = eraseOnDelete
         workers.historyRetention = historyRetention
+        workers.otherAppTokenRetention = otherAppTokenRetention
         workers.alertSinks = alertSinks
         if let callbackURL, let callbackSigner {
             var callbacks = EffectWorkers.Callbacks(url: callbackURL, signer: callbackSigner)

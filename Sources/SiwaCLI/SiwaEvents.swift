@@ -57,6 +57,10 @@ struct ConfigOptions: ParsableArguments {
     var clockSkew: String?
     @Option(name: .customLong("rejections-per-minute"), help: "Rejection rows kept per reason per minute (SIWA_REJECTIONS_PER_MINUTE, default 60).")
     var rejectionsPerMinute: String?
+    @Option(name: .customLong("other-app-tokens-per-hour"), help: "Genuine tokens for an unknown bundle ID kept whole per aud per hour (SIWA_OTHER_APP_TOKENS_PER_HOUR, default 20).")
+    var otherAppTokensPerHour: String?
+    @Option(name: .customLong("other-app-token-retention"), help: "Kept tokens for unknown bundle IDs are deleted after this, e.g. 7d (SIWA_OTHER_APP_TOKEN_RETENTION).")
+    var otherAppTokenRetention: String?
     @Option(name: .customLong("database-pool-size"), help: "Maximum PostgreSQL connections (SIWA_DATABASE_POOL_SIZE, default 32).")
     var databasePoolSize: String?
     @Option(name: .customLong("database-timeout"), help: "Longest wait for the database before answering 503, e.g. 5s (SIWA_DATABASE_TIMEOUT).")
@@ -141,7 +145,8 @@ struct ConfigOptions: ParsableArguments {
             "SIWA_DATA_DIR": dataDir, "SIWA_EMBEDDED_DATABASE": embeddedDatabase,
             "SIWA_MIGRATE_ON_START": migrateOnStart, "SIWA_TRUSTED_PROXIES": trustedProxies,
             "SIWA_JWKS_REFRESH_INTERVAL": jwksRefreshInterval, "SIWA_JWKS_UNKNOWN_KID_COOLDOWN": unknownKidCooldown,
-            "SIWA_CLOCK_SKEW": clockSkew, "SIWA_REJECTIONS_PER_MINUTE": rejectionsPerMinute, "SIWA_DATABASE_POOL_SIZE": databasePoolSize,
+            "SIWA_CLOCK_SKEW": clockSkew, "SIWA_REJECTIONS_PER_MINUTE": rejectionsPerMinute,
+            "SIWA_OTHER_APP_TOKENS_PER_HOUR": otherAppTokensPerHour, "SIWA_OTHER_APP_TOKEN_RETENTION": otherAppTokenRetention, "SIWA_DATABASE_POOL_SIZE": databasePoolSize,
             "SIWA_DATABASE_TIMEOUT": databaseTimeout, "SIWA_COMMIT_QUEUE_LIMIT": commitQueueLimit, "SIWA_SHUTDOWN_GRACE": shutdownGrace, "SIWA_ROLE": role, "SIWA_WORKERS": workers, "SIWA_JOB_LEASE": jobLease,
             "SIWA_JOB_MAX_ATTEMPTS": jobMaxAttempts, "SIWA_JOB_RETENTION": jobRetention, "SIWA_JOB_POLL_INTERVAL": jobPollInterval,
             "SIWA_JOB_NOTIFY": jobNotify, "SIWA_ERASE_ON_DELETE": eraseOnDelete, "SIWA_CALLBACK_URL": callbackURL,

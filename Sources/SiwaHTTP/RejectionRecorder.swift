@@ -27,22 +27,29 @@ package final class RejectionRecorder: Service, Sendable {
     private let logger: Logger
     private let state: Mutex<State>
 
-    package init(store: RejectionStore, limitPerMinute: Int, flushInterval: Duration = .seconds(1), maximumPending: Int = 10_000, metrics: ReceiverMetrics?, logger: Logger) {
+    package init(
+        store: RejectionStore, limitPerMinute: Int, tokensPerAudiencePerHour: Int = 20, flushInterval: Duration = .seconds(1),
+        maximumPending: Int = 10_000, metrics: ReceiverMetrics?, logger: Logger
+    ) {
         self.store = store
         self.flushInterval = flushInterval
         self.maximumPending = maximumPending
         self.metrics = metrics
         self.logger = logger
-        self.state = Mutex(State(sampler: RejectionSampler(limitPerMinute: limitPerMinute)))
+        self.state = Mutex(State(sampler: RejectionSampler(limitPerMinute: limitPerMinute, tokensPerAudiencePerHour: tokensPerAudiencePerHour)))
     }
 
     /// Takes a rejection: buffered for the next batch, or only counted. Never blocks on I/O.
     package func record(_ record: RejectionRecord) {
         let key = CountKey(minute: RejectionSampler.minute(of: record.receivedAt), reason: record.reason)
         let admitted = state.withLock { state in
-            var admitted = state.sampler.admit(record.reason, at: record.receivedAt, genuineToken: record.token != nil)
-            if admitted && state.pending.count >= maximumPending { admitted = false }
-            if admitted { state.pending.append(record) }
+            let admission = state.sampler.admit(record.reason, at: record.receivedAt, genuineTokenAudience: record.token == nil ? nil : record.aud ?? "")
+            let admitted = admission != .counted && state.pending.count < maximumPending
+            if admitted {
+                var record = record
+                if admission == .row { (record.token, record.keyJWK) = (nil, nil) }
+                state.pending.append(record)
+            }
             var count = state.counts[key] ?? (0, 0)
             if admitted { count.recorded += 1 } else { count.sampledOut += 1 }
             state.counts[key] = count

@@ -222,6 +222,31 @@ package struct HistoryStore: Sendable {
         return deleted
     }
 
+    // MARK: RejectionsDeleteKeptTokens
+
+    /// Deletes the whole tokens (and their keys) of rejections received before `retention` ago, up
+    /// to `limit` at a time; the rejection rows stay (until the history retention). Such a token
+    /// is another app's genuine notification, kept only to be replayed after a bundle-ID fix.
+    @discardableResult
+    package func deleteKeptTokens(olderThan retention: Duration, limit: Int = 1000) async throws -> Int {
+        let seconds = Int(retention.components.seconds)
+        var cleared = 0
+        for try await (n,) in try await client.bounded.query(
+            """
+            WITH old AS (
+                SELECT id FROM rejections WHERE token IS NOT NULL AND received_at < now() - \(seconds) * interval '1 second'
+                ORDER BY received_at LIMIT \(limit)
+            ), cleared AS (
+                UPDATE rejections SET token = NULL, key_jwk = NULL WHERE id IN (SELECT id FROM old) RETURNING id
+            )
+            SELECT count(*)::bigint FROM cleared
+            """, logger: logger
+        ).decode((Int,).self) {
+            cleared = n
+        }
+        return cleared
+    }
+
     // MARK: NotificationsStats
 
     /// Bucket sizes and the default range of a stats query, in seconds.

@@ -17,6 +17,7 @@ let embedded: [(file: String, bytes: [UInt8])] = [
     ("009_effects_claim.sql", PackageResources._09_effects_claim_sql),
     ("010_effects_event_order.sql", PackageResources._10_effects_event_order_sql),
     ("011_session_consent.sql", PackageResources._11_session_consent_sql),
+    ("012_kept_tokens.sql", PackageResources._12_kept_tokens_sql),
     ("013_alert_episodes.sql", PackageResources._13_alert_episodes_sql),
 ]
 

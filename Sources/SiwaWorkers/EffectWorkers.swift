@@ -35,6 +35,8 @@ package final class EffectWorkers: Service, Sendable {
         package var retention: Duration = .seconds(7 * 86_400)
         /// Notifications (and rejections) older than this are pruned in the background.
         package var historyRetention: Duration = .seconds(400 * 86_400)
+        /// Whole tokens kept for another app's bundle ID are deleted after this.
+        package var otherAppTokenRetention: Duration = .seconds(7 * 86_400)
         /// LISTEN for `siwa_jobs` (off: poll only, e.g. behind a transaction-mode pooler).
         package var listen = true
         package var maintenanceInterval: Duration = .seconds(5)
@@ -450,6 +452,8 @@ package final class EffectWorkers: Service, Sendable {
                         if batch < 1000 || stopping { break }
                     }
                     if removed > 0 { logger.info("pruned notifications past their retention", metadata: ["count": "\(removed)"]) }
+                    let cleared = try await history.deleteKeptTokens(olderThan: configuration.otherAppTokenRetention)
+                    if cleared > 0 { logger.info("deleted tokens kept for other apps past their retention", metadata: ["count": "\(cleared)"]) }
                 }
             } catch {
                 if stopping { break }  // a statement abandoned on shutdown

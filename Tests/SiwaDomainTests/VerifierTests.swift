@@ -276,17 +276,29 @@ struct SyntaxTests {
         #expect(throws: TrustedProxies.InvalidCIDR.self) { try TrustedProxies(parsing: "not-an-ip") }
     }
 
-    @Test("Rejections are sampled per reason per minute; genuine tokens are always kept")
+    @Test("Rejections are sampled per reason per minute; a genuine token is kept whole")
     func sampler() {
         var sampler = RejectionSampler(limitPerMinute: 3)
         let minute = Date(timeIntervalSince1970: 1_700_000_040)
-        let admitted = (0..<10).filter { _ in sampler.admit(.badSignature, at: minute, genuineToken: false) }.count
+        let admitted = (0..<10).filter { _ in sampler.admit(.badSignature, at: minute, genuineTokenAudience: nil) == .row }.count
         #expect(admitted == 3)
-        let otherReason = sampler.admit(.unknownKey, at: minute, genuineToken: false)
-        let nextMinute = sampler.admit(.badSignature, at: minute.addingTimeInterval(60), genuineToken: false)
-        let genuine = sampler.admit(.wrongAudience, at: minute, genuineToken: true)
-        #expect(otherReason)
-        #expect(nextMinute)
-        #expect(genuine)
+        let otherReason = sampler.admit(.unknownKey, at: minute, genuineTokenAudience: nil)
+        let nextMinute = sampler.admit(.badSignature, at: minute.addingTimeInterval(60), genuineTokenAudience: nil)
+        let genuine = sampler.admit(.wrongAudience, at: minute, genuineTokenAudience: "com.example.other")
+        #expect(otherReason == .row)
+        #expect(nextMinute == .row)
+        #expect(genuine == .rowWithToken)
+    }
+
+    @Test("Genuine tokens for another app: at most N kept whole per aud per hour; the rest sampled like any rejection, without the token")
+    func genuineTokensPerAudience() {
+        var sampler = RejectionSampler(limitPerMinute: 4, tokensPerAudiencePerHour: 3)
+        let hour = Date(timeIntervalSince1970: 1_700_002_800)  // on the hour
+        // A flood of one other app's genuine notifications within one minute.
+        let flood = (0..<10).map { _ in sampler.admit(.wrongAudience, at: hour, genuineTokenAudience: "com.attacker.app") }
+        #expect(flood == Array(repeating: .rowWithToken, count: 3) + Array(repeating: .row, count: 4) + Array(repeating: .counted, count: 3))
+        // Another app has its own allowance; the next hour starts over.
+        #expect(sampler.admit(.wrongAudience, at: hour.addingTimeInterval(3599), genuineTokenAudience: "com.example.typo") == .rowWithToken)
+        #expect(sampler.admit(.wrongAudience, at: hour.addingTimeInterval(3600), genuineTokenAudience: "com.attacker.app") == .rowWithToken)
     }
 }

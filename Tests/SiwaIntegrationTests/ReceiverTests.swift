@@ -482,6 +482,31 @@ struct HostileInputTests {
         await h.stop()
     }
 
+    @Test("Another app's genuine notifications: at most N kept whole per aud per hour, the rest recorded without the token; kept ones deleted after their retention")
+    func otherAppTokensBounded() async throws {
+        let h = try await Harness.start { $0.otherAppTokensPerHour = 2 }
+        for index in 0..<4 {
+            let token = try h.signer.notification(aud: "com.attacker.app", type: "email-disabled", sub: "001.other.\(index)", email: "u\(index)@privaterelay.appleid.com", jti: "other-\(index)")
+            #expect(try await h.server.post(jws: token).json?["reason"] == .string("wrong_audience"))
+        }
+        let typo = try h.signer.notification(aud: "com.example.typo", type: "consent-revoked", sub: "001.typo.9", jti: "typo-9")
+        #expect(try await h.server.post(jws: typo).status == 401)
+        await h.flushRejections()
+        #expect(try await h.count("SELECT count(*) FROM rejections WHERE aud = 'com.attacker.app'") == 4)
+        #expect(try await h.count("SELECT count(*) FROM rejections WHERE aud = 'com.attacker.app' AND token IS NOT NULL") == 2)
+        #expect(try await h.count("SELECT count(*) FROM rejections WHERE aud = 'com.example.typo' AND token IS NOT NULL") == 1)
+        #expect(try await h.count("SELECT coalesce(sum(recorded), 0)::bigint FROM rejection_counts WHERE reason = 'wrong_audience'") == 5)
+
+        // Kept past SIWA_OTHER_APP_TOKEN_RETENTION: the token goes, the row stays.
+        _ = try await h.count("UPDATE rejections SET received_at = now() - interval '8 days' WHERE jti = 'other-0'")
+        let history = HistoryStore(client: h.server.client, logger: h.logs.logger())
+        #expect(try await history.deleteKeptTokens(olderThan: .seconds(7 * 86_400)) == 1)
+        #expect(try await h.count("SELECT count(*) FROM rejections WHERE jti = 'other-0' AND token IS NULL AND key_jwk IS NULL") == 1)
+        #expect(try await h.count("SELECT count(*) FROM rejections WHERE token IS NOT NULL") == 2)
+        #expect(try await history.deleteKeptTokens(olderThan: .seconds(7 * 86_400)) == 0)
+        await h.stop()
+    }
+
     @Test("A NUL character in a refused token does not block rejection records")
     func nulCharacters() async throws {
         let h = try await Harness.start()
