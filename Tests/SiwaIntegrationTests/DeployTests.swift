@@ -53,6 +53,11 @@ struct DeployTests {
             environment: ProcessInfo.processInfo.environment)
         #expect(promtool.succeeded, "\(promtool.combinedOutput)")
         #expect(promtool.combinedOutput.contains("alerts.yml"))
+        // It scrapes the admin listeners (/metrics is not on the public port).
+        let prometheus = try #require(documents[Self.deploy.appendingPathComponent("prometheus/prometheus.yml").path]?.arrayValue?.first)
+        let targets = (prometheus["scrape_configs"]?.arrayValue ?? []).flatMap { $0["static_configs"]?.arrayValue ?? [] }
+            .flatMap { $0["targets"]?.arrayValue ?? [] }.compactMap(\.stringValue)
+        #expect(targets.sorted() == ["receiver:8081", "worker:8081"], "\(targets)")
 
         // compose: receiver and workers as separate services after the migration, Prometheus with the rules.
         let compose = try #require(document("compose.yaml"))
@@ -61,11 +66,16 @@ struct DeployTests {
         #expect(compose["services"]?["worker"]?["environment"]?["SIWA_ROLE"] == .string("worker"))
         #expect(compose["services"]?["receiver"]?["environment"]?["SIWA_EMBEDDED_DATABASE"] == .string("off"))
         #expect(compose["services"]?["receiver"]?["depends_on"]?["migrate"]?["condition"] == .string("service_completed_successfully"))
+        // Both listeners published on the host's loopback only; nothing else publishes siwa-events.
+        #expect(compose["services"]?["receiver"]?["ports"] == .array([.string("127.0.0.1:8080:8080"), .string("127.0.0.1:8081:8081")]))
+        for service in ["migrate", "worker"] { #expect(compose["services"]?[service]?["ports"] == nil, "compose publishes \(service)") }
 
         // Kubernetes: probes, non-root read-only containers, config from the ConfigMap and Secret.
         let config = try #require(document("kubernetes/configmap.yaml", kind: "ConfigMap"))
         #expect(config["data"]?["SIWA_EMBEDDED_DATABASE"] == .string("off"))
         #expect(config["data"]?["SIWA_MIGRATE_ON_START"] == .string("false"))
+        #expect(config["data"]?["SIWA_PORT"] == .string("8080") && config["data"]?["SIWA_ADMIN_PORT"] == .string("8081"))
+        #expect(config["data"]?["SIWA_ADMIN_HOST"] == .string("0.0.0.0"), "the PodMonitor scrapes the pod's IP")
         for (file, role) in [("kubernetes/receiver.yaml", "receiver"), ("kubernetes/worker.yaml", "worker")] {
             let deployment = try #require(document(file, kind: "Deployment"))
             let pod = try #require(deployment["spec"]?["template"]?["spec"])
@@ -78,14 +88,25 @@ struct DeployTests {
             #expect(container["env"]?.arrayValue?.first?["value"] == .string(role))
             #expect(container["envFrom"]?.arrayValue?.first?["configMapRef"]?["name"] == .string("siwa-events"))
             #expect(container["envFrom"]?.arrayValue?.last?["secretRef"]?["name"] == .string("siwa-events"))
+            // Probes on the public port; the admin port named for the PodMonitor.
+            let ports = (container["ports"]?.arrayValue ?? []).map { ($0["name"]?.stringValue ?? "", $0["containerPort"]) }
+            #expect(ports.map(\.0) == ["http", "admin"] && ports.map(\.1) == [.number(8080), .number(8081)], "\(file): \(ports)")
+            #expect(container["readinessProbe"]?["httpGet"]?["port"] == .string("http"))
         }
         let job = document("kubernetes/migrate-job.yaml", kind: "Job")
         #expect(job?["spec"]?["template"]?["spec"]?["containers"]?.arrayValue?.first?["args"] == .array([.string("migrate")]))
         #expect(document("kubernetes/hpa.yaml", kind: "HorizontalPodAutoscaler", name: "siwa-events-receiver") != nil)
         #expect(document("kubernetes/hpa.yaml", kind: "HorizontalPodAutoscaler", name: "siwa-events-worker") != nil)
         #expect(document("kubernetes/pdb.yaml", kind: "PodDisruptionBudget") != nil)
-        #expect(document("kubernetes/podmonitor.yaml", kind: "PodMonitor") != nil)
-        #expect(document("kubernetes/service.yaml", kind: "Service") != nil)
+        // /metrics is scraped on the admin port; the Service behind the Ingress has the public port
+        // only, the admin listener a ClusterIP Service of its own.
+        let podMonitor = try #require(document("kubernetes/podmonitor.yaml", kind: "PodMonitor"))
+        #expect(podMonitor["spec"]?["podMetricsEndpoints"]?.arrayValue?.map { $0["port"] } == [.string("admin")])
+        let publicService = try #require(document("kubernetes/service.yaml", kind: "Service", name: "siwa-events"))
+        #expect(publicService["spec"]?["ports"]?.arrayValue?.map { $0["targetPort"] } == [.string("http")])
+        let adminService = try #require(document("kubernetes/service.yaml", kind: "Service", name: "siwa-events-admin"))
+        #expect(adminService["spec"]?["type"] == .string("ClusterIP"))
+        #expect(adminService["spec"]?["ports"]?.arrayValue?.map { $0["targetPort"] } == [.string("admin")])
         // Every file kustomization.yaml lists exists.
         if case .array(let resources)? = document("kubernetes/kustomization.yaml")?["resources"] {
             for case .string(let resource) in resources {
@@ -102,6 +123,7 @@ struct DeployTests {
         var entrypoint: [String]
         var environment: [String: String]
         var healthcheck: [String]
+        var exposed: [String]
 
         init(_ text: String) throws {
             // Continuation lines joined.
@@ -115,6 +137,7 @@ struct DeployTests {
             }
             entrypoint = try array("ENTRYPOINT") + array("CMD [")
             healthcheck = try array("HEALTHCHECK")
+            exposed = lines.filter { $0.hasPrefix("EXPOSE ") }.flatMap { $0.dropFirst(7).split(separator: " ").map(String.init) }
             environment = [:]
             for line in lines where line.hasPrefix("ENV ") {
                 for pair in line.dropFirst(4).split(separator: " ") where pair.contains("=") {
@@ -137,6 +160,11 @@ struct DeployTests {
         #expect(readme.contains("siwa-events serve"))
         #expect(image.environment["SIWA_EMBEDDED_DATABASE"] == "off")
         #expect(image.healthcheck.contains("http://127.0.0.1:8080/health/ready"))
+        // Public listener on 8080, admin on 8081 (reachable in the cluster network for scraping;
+        // compose and Kubernetes decide who else reaches it).
+        #expect(image.environment["SIWA_PORT"] == "8080" && image.environment["SIWA_ADMIN_PORT"] == "8081", "\(image.environment)")
+        #expect(image.environment["SIWA_ADMIN_HOST"] == "0.0.0.0")
+        #expect(image.exposed == ["8080", "8081"])
     }
 
     /// `KEY=value` lines of an environment file (comments and blanks skipped).
@@ -154,7 +182,7 @@ struct DeployTests {
         let keys = try await Keys.make()
         defer { keys.remove() }
         let databaseURL = try await CLITests.databaseURL()
-        // Only what must differ on this machine: the database, Apple's keys (no internet), the port.
+        // Only what must differ on this machine: the database, Apple's keys (no internet), the ports.
         func local(_ port: Int) -> [String: String] {
             ["DATABASE_URL": databaseURL, "SIWA_APPLE_JWKS_URL": keys.jwksURL, "SIWA_APPLE_BUNDLE_IDS": keys.aud, "SIWA_PORT": "\(port)", "SIWA_ADMIN_PORT": "\(CLITests.freePort())"]
         }
@@ -166,6 +194,8 @@ struct DeployTests {
         #expect(unit.contains("DynamicUser=yes") && unit.contains("ProtectSystem=strict") && unit.contains("EnvironmentFile=/etc/siwa-events/siwa-events.env"))
         let envFile = Self.environmentFile(try String(contentsOf: Self.deploy.appendingPathComponent("systemd/siwa-events.env.example"), encoding: .utf8))
         #expect(envFile["SIWA_EMBEDDED_DATABASE"] == "off")
+        // Both listeners on loopback: the proxy on the host reaches the public one, nobody else.
+        #expect(envFile["SIWA_HOST"] == "127.0.0.1" && envFile["SIWA_ADMIN_HOST"] == "127.0.0.1" && envFile["SIWA_ADMIN_PORT"] == "8081")
 
         // The container: ENTRYPOINT + CMD, the image's ENV, the ConfigMap's settings.
         let image = try ContainerImage(String(contentsOf: Self.deploy.appendingPathComponent("Dockerfile"), encoding: .utf8))
