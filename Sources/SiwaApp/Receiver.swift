@@ -93,17 +93,22 @@ package struct Receiver: Sendable {
         self.registry = registry
     }
 
+    /// Connections open on `listener` now.
+    package func openConnections(on listener: Listener) -> Int { listeners[listener].current }
+
     /// The public listener's routes: what Apple and load balancers call, nothing else.
     package func publicRouter() -> Router<SiwaRequestContext> {
         let router = Router(context: SiwaRequestContext.self)
         notifications?.register(on: router)
         health.register(on: router)
+        MethodNotAllowed.register(on: router)
         return router
     }
 
     /// The admin listener's routes: the API, the dashboard, its contract and the metrics (and
-    /// health, for probes on the private side).
-    package func adminRouter() -> Router<SiwaRequestContext> {
+    /// health, for probes on the private side). `methodNotAllowed`: answer 405 for the other
+    /// methods of each path (off only to list the routes themselves).
+    package func adminRouter(methodNotAllowed: Bool = true) -> Router<SiwaRequestContext> {
         let router = Router(context: SiwaRequestContext.self)
         health.register(on: router)
         if let backend {
@@ -139,6 +144,7 @@ package struct Receiver: Sendable {
                 status: .ok, headers: [.contentType: "text/plain; version=0.0.4; charset=utf-8"],
                 body: .init(byteBuffer: ByteBuffer(bytes: buffer)))
         }
+        if methodNotAllowed { MethodNotAllowed.register(on: router) }
         return router
     }
 

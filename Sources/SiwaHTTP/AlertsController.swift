@@ -18,7 +18,7 @@ package struct AlertsController: Sendable {
     /// Alerts newest first (`state=firing|resolved`, `limit`), with the silences still running.
     @Sendable func list(_ request: Request, context: SiwaRequestContext) async throws -> Response {
         try context.require(.alertsRead)
-        let state = request.uri.queryParameters["state"].map(String.init)
+        let state = QueryParameters(request)["state"].map(String.init)
         if let state, !["firing", "resolved"].contains(state) { throw APIError.invalid("state must be firing or resolved (got \(state))") }
         let limit = try JSONBody.limit(request, default: 100, maximum: 1000)
         let items = try await alerts.list(state: state, limit: limit)

@@ -126,7 +126,8 @@ package struct BackendController: Sendable {
         } catch let error as VerificationError {
             switch error {
             case .malformed(let message):
-                throw APIError.invalid("identity_token: \(message)")
+                // Not a token Apple could have signed: as unacceptable as a bad signature.
+                throw APIError(.unauthorized, code: "invalid_token", message: "identity_token: \(message)", reason: RejectionReason.malformedRequest.rawValue)
             case .invalid(let reason, let message):
                 throw APIError(.unauthorized, code: "invalid_token", message: "identity_token: \(message)", reason: reason.rawValue)
             }
@@ -252,11 +253,11 @@ enum JSONBody {
 
     static func date(_ value: JSONValue) -> Date? {
         guard let text = value.stringValue else { return nil }
-        return (try? Date(text, strategy: Date.ISO8601FormatStyle(includingFractionalSeconds: true))) ?? (try? Date(text, strategy: .iso8601))
+        return rfc3339(text)
     }
 
     static func limit(_ request: Request, default fallback: Int, maximum: Int) throws -> Int {
-        guard let text = request.uri.queryParameters["limit"] else { return fallback }
+        guard let text = QueryParameters(request)["limit"] else { return fallback }
         guard let limit = Int(String(text)), (1...maximum).contains(limit) else {
             throw APIError.invalid("limit must be an integer from 1 to \(maximum) (got \(text))")
         }

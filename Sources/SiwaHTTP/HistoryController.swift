@@ -29,7 +29,7 @@ package struct HistoryController: Sendable {
 
     /// The filters shared by list and export, from the query string; errors name the parameter.
     static func query(_ request: Request, limit: (default: Int, maximum: Int)) throws -> HistoryQuery {
-        let parameters = request.uri.queryParameters
+        let parameters = QueryParameters(request)
         var query = HistoryQuery()
         query.aud = parameters["aud"].map(String.init)
         query.sub = parameters["sub"].map(String.init)
@@ -46,7 +46,7 @@ package struct HistoryController: Sendable {
         }
         query.from = try date(parameters["from"], name: "from")
         query.to = try date(parameters["to"], name: "to")
-        if let from = query.from, let to = query.to, from >= to { throw APIError.invalid("from must be before to") }
+        // from >= to is an empty range: nothing matches (answered by the query itself).
         query.limit = try JSONBody.limit(request, default: limit.default, maximum: limit.maximum)
         query.after = try KeysetCursor.parameter(
             request, scope: query.timeField.rawValue, id: { Int($0) },
@@ -122,15 +122,13 @@ package struct HistoryController: Sendable {
 
     @Sendable func stats(_ request: Request, context: SiwaRequestContext) async throws -> Response {
         try context.require(.notificationsRead)
-        let parameters = request.uri.queryParameters
+        let parameters = QueryParameters(request)
         let bucket = parameters["bucket"].map(String.init) ?? "hour"
         guard let size = HistoryStore.buckets[bucket] else { throw APIError.invalid("bucket must be minute, hour or day (got \(bucket))") }
         let to = try Self.date(parameters["to"], name: "to") ?? Date()
-        let from = try Self.date(parameters["from"], name: "from") ?? to.addingTimeInterval(-size.defaultRange)
-        guard from < to else { throw APIError.invalid("from must be before to") }
-        guard to.timeIntervalSince(from) / size.seconds <= 10_000 else {
-            throw APIError.invalid("from..to spans more than 10,000 \(bucket)s: narrow the range or use a larger bucket")
-        }
+        // At most 10,000 buckets, the latest: the answer's `from` says where they start.
+        let earliest = to.addingTimeInterval(-10_000 * size.seconds)
+        let from = max(try Self.date(parameters["from"], name: "from") ?? to.addingTimeInterval(-size.defaultRange), earliest)
         let types = parameters.getAll("type").map { EventType(apple: String($0))?.rawValue ?? String($0) }
         let rows = try await history.stats(bucket: bucket, from: from, to: to, aud: parameters["aud"].map(String.init), types: types)
         var buckets: [(Date, [String: JSONValue])] = []
@@ -150,11 +148,11 @@ package struct HistoryController: Sendable {
     @Sendable func listRejections(_ request: Request, context: SiwaRequestContext) async throws -> Response {
         try context.require(.notificationsRead)
         let limit = try JSONBody.limit(request, default: 100, maximum: 1000)
-        let reason = request.uri.queryParameters["reason"].map(String.init)
+        let reason = QueryParameters(request)["reason"].map(String.init)
         if let reason, RejectionReason(rawValue: reason) == nil {
             throw APIError.invalid("reason must be one of \(RejectionReason.allCases.map(\.rawValue).joined(separator: ", ")) (got \(reason))")
         }
-        let since = try Self.date(request.uri.queryParameters["since"], name: "since") ?? Date().addingTimeInterval(-86_400)
+        let since = try Self.date(QueryParameters(request)["since"], name: "since") ?? Date().addingTimeInterval(-86_400)
         let after = try KeysetCursor.parameter(
             request, scope: "rejections", id: { Int($0) }, message: "cursor is not valid: pass back the next_cursor of the previous page")
         let rows = try await rejections.list(reason: reason, limit: limit + 1, after: after)

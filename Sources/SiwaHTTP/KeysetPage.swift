@@ -15,7 +15,7 @@ struct KeysetCursor {
     /// The request's `cursor` parameter for `scope` (nil without one); 400 `invalid_request` with
     /// `message` when it is not a cursor this list handed out.
     static func parameter<ID>(_ request: Request, scope: String, id: (String) -> ID?, message: String) throws -> (micros: Int64, id: ID)? {
-        guard let text = request.uri.queryParameters["cursor"] else { return nil }
+        guard let text = QueryParameters(request)["cursor"] else { return nil }
         guard let data = Base64URL.decode(text), let decoded = String(data: data, encoding: .utf8) else { throw APIError.invalid(message) }
         let parts = decoded.split(separator: ".", maxSplits: 2)
         guard parts.count == 3, parts[0] == scope, let micros = Int64(parts[1]), let value = id(String(parts[2])) else {

@@ -71,3 +71,19 @@ struct JSONTests {
         #expect(Base64URL.decode("A") == nil)
     }
 }
+
+@Suite("RFC 3339 date-times, as the API documents them")
+struct RFC3339Tests {
+    @Test("Any offset, year and fraction a date-time may have; nothing else")
+    func parses() {
+        #expect(rfc3339("2026-11-21T08:00:00Z") == Date(timeIntervalSince1970: 1_795_248_000))
+        #expect(rfc3339("2026-11-21T08:00:00.250z") == Date(timeIntervalSince1970: 1_795_248_000.25))
+        #expect(rfc3339("2026-11-21T10:30:00+02:30") == Date(timeIntervalSince1970: 1_795_248_000))
+        #expect(rfc3339("0761-04-07T15:37:02-22:03") == Date(timeIntervalSince1970: -38_143_909_198))
+        #expect(rfc3339("2024-02-29T00:00:00Z") != nil)
+        for bad in ["", "2026-11-21", "2026-11-21T08:00:00", "2023-02-29T00:00:00Z", "2026-13-01T00:00:00Z", "2026-11-21T24:00:00Z",
+                    "2026-11-21T08:00:00+24:00", "2026-11-21T08:00:00.Z", "2026-11-21T08:00:00Zjunk", "２０26-11-21T08:00:00Z"] {
+            #expect(rfc3339(bad) == nil, "\(bad)")
+        }
+    }
+}
