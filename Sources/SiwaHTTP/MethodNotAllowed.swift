@@ -13,10 +13,13 @@ package enum MethodNotAllowed {
             let allowed = methods.contains(.get) ? methods.union([.head]) : methods
             let allow = allowed.map(\.rawValue).sorted().joined(separator: ", ")
             for method in Self.methods where !allowed.contains(method) {
+                // After CONNECT the HTTP parser treats what follows as a tunnel: close, so the
+                // client's next request goes on a new connection instead of waiting unparsed.
+                let headers: HTTPFields = method == .connect ? [.allow: allow, .connection: "close"] : [.allow: allow]
                 router.on(RouterPath(path), method: method) { _, _ -> Response in
                     throw APIError(
                         .methodNotAllowed, code: "method_not_allowed", message: "\(method.rawValue) is not supported here; use \(allow)",
-                        headers: [.allow: allow])
+                        headers: headers)
                 }
             }
         }
