@@ -105,16 +105,11 @@ package struct NotificationsController: Sendable {
             metrics.count(outcome: "rejected")
             logger.info("delivery", metadata: metadata)
             throw error
-        case .refused(let error, let detail):
-            metadata["outcome"] = "refused"
+        case .refused(let error, let detail), .unavailable(let error, let detail):
+            let word = if case .refused = outcome { "refused" } else { "unavailable" }
+            metadata["outcome"] = "\(word)"
             metadata["error"] = "\(detail)"
-            metrics.count(outcome: "refused")
-            logger.warning("delivery", metadata: metadata)
-            throw error
-        case .unavailable(let error, let detail):
-            metadata["outcome"] = "unavailable"
-            metadata["error"] = "\(detail)"
-            metrics.count(outcome: "unavailable")
+            metrics.count(outcome: word)
             logger.warning("delivery", metadata: metadata)
             throw error
         }
