@@ -81,7 +81,7 @@ package struct NotificationStore: Sendable {
     /// multi-row insert, one commit (so one WAL flush) for all — and returns after `COMMIT` has
     /// answered. With the extended protocol a statement's rows arrive before the implicit commit at
     /// Sync, so they prove nothing; COMMIT's completion is sent only after the commit record is
-    /// flushed (`synchronous_commit` on: `durableCommit` raises a lower default). The insert and the
+    /// flushed (`synchronous_commit` on: the insert raises a lower default). The insert and the
     /// duplicate count are prepared once per connection and take the batch as one array per column.
     ///
     /// Each outcome is `accepted` (inserted now), `duplicate` (same jti, or the same
@@ -97,8 +97,6 @@ package struct NotificationStore: Sendable {
             for (index, item) in batch.enumerated() where firstIndexOfJTI[item.notification.jti] == nil {
                 firstIndexOfJTI[item.notification.jti] = index
             }
-            // A 200 promises durability whatever the role's or database's default says.
-            try await connection.query(Self.durableCommit, logger: logger)
             var jobs = 0
             for try await (jti, status) in try await connection.execute(InsertBatch(batch), logger: logger) {
                 if status == ProcessingStatus.pending.rawValue { jobs += 1 }
@@ -118,20 +116,18 @@ package struct NotificationStore: Sendable {
         return outcomes
     }
 
-    /// Raises `synchronous_commit` to `on` for this transaction when the session's default is `off`
-    /// or `local` (a role or database setting of an external server); `remote_write` and
-    /// `remote_apply` are as durable or more, and stay.
-    static let durableCommit: PostgresQuery = """
-        SELECT set_config('synchronous_commit', 'on', true) WHERE current_setting('synchronous_commit') IN ('off', 'local')
-        """
-
     /// NotificationsInsertBatch: input order decides which of two copies in one batch is inserted;
     /// ON CONFLICT DO NOTHING skips the rest (and any already stored). Times travel as integers
-    /// (exact) and become timestamptz here.
+    /// (exact) and become timestamptz here. `durable` raises `synchronous_commit` to `on` for this
+    /// transaction when the session's default (a role or database setting) is `off` or `local`:
+    /// a 200 promises durability whatever the server says; `remote_write`/`remote_apply` stay. It
+    /// runs once, before the rows (the final SELECT's one-time filter), without a round trip of its own.
     struct InsertBatch: PostgresPreparedStatement {
-        static let name = "siwa_notifications_insert_batch_v1"
+        static let name = "siwa_notifications_insert_batch_v2"
         static let sql = """
-            WITH input AS (
+            WITH durable AS (
+                SELECT set_config('synchronous_commit', 'on', true) WHERE current_setting('synchronous_commit') IN ('off', 'local')
+            ), input AS (
                 SELECT * FROM unnest($1::text[], $2::bool[], $3::text[], $4::text[], $5::text[], $6::text[], $7::int8[],
                     $8::text[], $9::bool[], $10::text[], $11::text[], $12::text[], $13::text[], $14::int8[], $15::int8[],
                     $16::text[], $17::text[], $18::text[], $19::int8[], $20::text[])
@@ -153,7 +149,7 @@ package struct NotificationStore: Sendable {
                 INSERT INTO jobs (notification_id, run_at, aud, sub, event_time)
                 SELECT id, now(), aud, sub, event_time FROM ins WHERE status = 'pending'
             )
-            SELECT jti, status::text FROM ins
+            SELECT jti, status::text FROM ins WHERE (SELECT count(*) FROM durable) >= 0
             """
         typealias Row = (String, String)
         let batch: [Incoming]
