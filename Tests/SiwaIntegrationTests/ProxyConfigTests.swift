@@ -6,15 +6,9 @@ import SiwaEmbeddedPostgres
 import Synchronization
 import Testing
 
-/// The shipped TLS proxy configurations (deploy/tls/) with Debian's own nginx and caddy: each
-/// config loads, and through it the internet reaches only the public routes — POST
-/// /apple/notifications, GET /health/live and /health/ready — never /v1, the dashboard,
-/// /openapi.yaml or /metrics (those are on the admin listener, which no proxy config routes to).
-///
-/// The shipped file is used as it is, except what cannot be the same on a test machine: the
-/// certificate (a self-signed one for siwa.example.com), the listen ports and the upstream port
-/// (a stub server that records every request it gets, so the test sees what the proxy passed, not
-/// what siwa-events would have answered).
+/// deploy/tls/'s nginx and Caddy configs, run by Debian's binaries: through them the internet
+/// reaches only POST /apple/notifications and /health/*, never the admin listener's routes. Only the
+/// certificate, the ports and the upstream (a stub that records what the proxy passed) differ.
 @Suite("Proxy configs: deploy/tls/nginx.conf and Caddyfile with Debian's nginx and caddy")
 struct ProxyConfigTests {
     static let tls = DeployTests.deploy.appendingPathComponent("tls")
