@@ -14,7 +14,9 @@ import Synchronization
 import Testing
 
 /// A plain TCP connection to a loopback port, for clients no HTTP library would be: slow, idle, many.
-final class RawConnection {
+/// Its blocking calls run on a thread of their own, never on the cooperative pool: the in-process
+/// servers of every running test answer on that pool, which a blocked `recv` would starve.
+final class RawConnection: @unchecked Sendable {
     let descriptor: Int32
 
     init(port: Int) throws {
@@ -42,7 +44,13 @@ final class RawConnection {
     }
 
     /// Reads until `until` holds for what was read, the server closes, or 30 s pass.
-    func receive(until: (String) -> Bool = { _ in false }) -> (text: String, closed: Bool) {
+    func receive(until: @escaping @Sendable (String) -> Bool = { _ in false }) async -> (text: String, closed: Bool) {
+        await withCheckedContinuation { continuation in
+            Thread { continuation.resume(returning: self.receiveBlocking(until: until)) }.start()
+        }
+    }
+
+    private func receiveBlocking(until: (String) -> Bool) -> (text: String, closed: Bool) {
         var text = ""
         var buffer = [UInt8](repeating: 0, count: 4096)
         while !until(text) {
@@ -165,9 +173,9 @@ struct ConnectionLimitTests {
         let first = try RawConnection(port: h.server.port)
         let second = try RawConnection(port: h.server.port)
         #expect(second.send("GET /health/live HTTP/1.1\r\nHost: t\r\n\r\n"))
-        #expect(second.receive { $0.contains("\r\n\r\n") && $0.contains("live") }.text.hasPrefix("HTTP/1.1 200"))
+        #expect(await second.receive { $0.contains("\r\n\r\n") && $0.contains("live") }.text.hasPrefix("HTTP/1.1 200"))
         let third = try RawConnection(port: h.server.port)
-        let refused = third.receive()
+        let refused = await third.receive()
         #expect(refused.closed && refused.text.isEmpty, "\(refused)")
         let metrics = try await h.server.request(.GET, "/metrics").body
         #expect(Self.closed(metrics, "public", "over_capacity") == 1, "\(metrics.split(separator: "\n").filter { $0.contains("connections") })")
@@ -182,7 +190,7 @@ struct ConnectionLimitTests {
         #expect(h.server.receiver.openConnections(on: .public) == 1)
         let next = try RawConnection(port: h.server.port)
         next.send("GET /health/live HTTP/1.1\r\nHost: t\r\n\r\n")
-        #expect(next.receive { $0.contains("live") }.text.hasPrefix("HTTP/1.1 200"))
+        #expect(await next.receive { $0.contains("live") }.text.hasPrefix("HTTP/1.1 200"))
         await h.stop()
     }
 
@@ -213,7 +221,7 @@ struct ConnectionLimitTests {
         let keepAlive = try RawConnection(port: h.server.port)
         for round in 0..<2 {
             #expect(keepAlive.send("GET /health/live HTTP/1.1\r\nHost: t\r\n\r\n"), "round \(round)")
-            let answer = keepAlive.receive { $0.contains("live") }
+            let answer = await keepAlive.receive { $0.contains("live") }
             #expect(answer.text.hasPrefix("HTTP/1.1 200") && !answer.closed, "round \(round): \(answer)")
             if round == 0 { try await Task.sleep(for: .milliseconds(1_500)) }
         }
@@ -239,7 +247,7 @@ struct ConnectionLimitTests {
         let stalled = try RawConnection(port: h.server.port)
         stalled.send("\u{16}\u{03}\u{01}")  // the start of a ClientHello, then nothing
         let started = ContinuousClock.now
-        let answer = stalled.receive()
+        let answer = await stalled.receive()
         #expect(answer.closed)
         #expect(ContinuousClock.now - started >= .milliseconds(900))
         let metrics = try await h.server.request(.GET, "/metrics").body
