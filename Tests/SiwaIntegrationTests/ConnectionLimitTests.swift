@@ -17,7 +17,7 @@ import Testing
 /// Its blocking calls run on a thread of their own, never on the cooperative pool: the in-process
 /// servers of every running test answer on that pool, which a blocked `recv` would starve.
 final class RawConnection: @unchecked Sendable {
-    let descriptor: Int32
+    private(set) var descriptor: Int32
 
     init(port: Int) throws {
         descriptor = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
@@ -33,7 +33,14 @@ final class RawConnection: @unchecked Sendable {
         setsockopt(descriptor, SOL_SOCKET, SO_RCVTIMEO, &timeout, socklen_t(MemoryLayout<timeval>.size))
     }
 
-    deinit { Glibc.close(descriptor) }
+    deinit { close() }
+
+    /// Closes the socket once (a second close could close a descriptor the process reused since).
+    func close() {
+        guard descriptor >= 0 else { return }
+        Glibc.close(descriptor)
+        descriptor = -1
+    }
 
     /// False once the server has closed the connection.
     @discardableResult
@@ -181,7 +188,7 @@ struct ConnectionLimitTests {
         #expect(Self.closed(metrics, "public", "over_capacity") == 1, "\(metrics.split(separator: "\n").filter { $0.contains("connections") })")
         #expect(metrics.contains(#"siwa_connections_open{listener="public"} 2"#))
         // The admin listener has a count of its own: the /metrics request above was served.
-        close(first.descriptor)
+        first.close()
         // The server sees the close on its event loop (and closes its side), not at once.
         let deadline = ContinuousClock.now + .seconds(30)
         while h.server.receiver.openConnections(on: .public) > 1 && ContinuousClock.now < deadline {
