@@ -188,8 +188,11 @@ struct ConnectionLimitTests {
         #expect(Self.closed(metrics, "public", "over_capacity") == 1, "\(metrics.split(separator: "\n").filter { $0.contains("connections") })")
         #expect(metrics.contains(#"siwa_connections_open{listener="public"} 2"#))
         // The admin listener has a count of its own: the /metrics request above was served.
+        // One of the two ends its connection: both sides close (Connection: close, then the
+        // client's own close); the server counts it on its event loop.
+        #expect(first.send("GET /health/live HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n"))
+        #expect(await first.receive().closed)
         first.close()
-        // The server sees the close on its event loop (and closes its side), not at once.
         let deadline = ContinuousClock.now + .seconds(30)
         while h.server.receiver.openConnections(on: .public) > 1 && ContinuousClock.now < deadline {
             try await Task.sleep(for: .milliseconds(10))
