@@ -189,7 +189,9 @@ struct ProxyConfigTests {
                 // The client's own X-Forwarded-For is replaced by the proxy's view of it.
                 #expect(reached.map(\.forwardedFor) == ["127.0.0.1"], "\(name): X-Forwarded-For \(reached.map(\.forwardedFor))")
             case .refused(let statuses):
-                #expect(statuses.contains(answer.status), "\(name): \(answer), expected \(statuses)")
+                // A proxy that answers before reading a request's body may reset the HTTP/2 stream
+                // under curl's upload (curl 92): refused all the same.
+                #expect(statuses.contains(answer.status) || answer.error.contains("(92)"), "\(name): \(answer), expected \(statuses)")
                 #expect(reached.isEmpty, "\(name) reached the upstream as \(reached.map(\.target))")
             case .refusedOrCanonical:
                 #expect(reached.isEmpty ? answer.status == 404 : answer.status == 200, "\(name): \(answer)")
