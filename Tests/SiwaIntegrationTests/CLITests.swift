@@ -3,6 +3,7 @@ import PostgresNIO
 import SiwaDomain
 import SiwaEmbeddedPostgres
 import SiwaTestSupport
+import Synchronization
 import Testing
 
 /// The real `siwa-events` binary, as a user runs it (built next to the test bundle by
@@ -28,7 +29,28 @@ struct CLITests {
         return Run(status: result.terminatedBySignal ? 128 + result.status : result.status, stdout: result.standardOutput, stderr: result.standardError)
     }
 
-    static func freePort() -> Int { Int.random(in: 20_000...40_000) }
+    /// A port nothing listens on right now, chosen by the kernel (bound to 0 and released) and
+    /// never handed out twice in one run: a random pick could land on another test's server,
+    /// which then answered `/health/ready` for a replica that had failed to bind.
+    static func freePort() -> Int {
+        while true {
+            let descriptor = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
+            precondition(descriptor >= 0, "socket: \(String(cString: strerror(errno)))")
+            defer { close(descriptor) }
+            var address = sockaddr_in()
+            address.sin_family = sa_family_t(AF_INET)
+            address.sin_addr.s_addr = inet_addr("127.0.0.1")
+            var length = socklen_t(MemoryLayout<sockaddr_in>.size)
+            let bound = withUnsafeMutablePointer(to: &address) {
+                $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { bind(descriptor, $0, length) == 0 && getsockname(descriptor, $0, &length) == 0 }
+            }
+            precondition(bound, "bind: \(String(cString: strerror(errno)))")
+            let port = Int(UInt16(bigEndian: address.sin_port))
+            if handedOut.withLock({ $0.insert(port).inserted }) { return port }
+        }
+    }
+
+    private static let handedOut = Mutex(Set<Int>())
 
     @Test("serve on the embedded database, send, SIGTERM (exit 0, PostgreSQL stopped), then the stored notifications are still listed")
     func serveSendStopList() async throws {

@@ -338,7 +338,7 @@ struct DeployTests {
         let keys = try await Keys.make()
         defer { keys.remove() }
         let databaseURL = try await CLITests.databaseURL()
-        let ports = [CLITests.freePort(), CLITests.freePort() + 1]
+        let ports = [CLITests.freePort(), CLITests.freePort()]
         let environment = ProcessInfo.processInfo.environment.merging([
             "DATABASE_URL": databaseURL, "SIWA_APPLE_BUNDLE_IDS": keys.aud, "SIWA_APPLE_JWKS_URL": keys.jwksURL, "SIWA_JOB_LEASE": "2s",
         ]) { $1 }
@@ -386,7 +386,7 @@ struct DeployTests {
         let environment = ProcessInfo.processInfo.environment.merging([
             "DATABASE_URL": databaseURL, "SIWA_APPLE_BUNDLE_IDS": keys.aud, "SIWA_APPLE_JWKS_URL": keys.jwksURL, "SIWA_JOB_NOTIFY": "off",
         ]) { $1 }
-        let (receiverPort, workerPort) = (CLITests.freePort(), CLITests.freePort() + 1)
+        let (receiverPort, workerPort) = (CLITests.freePort(), CLITests.freePort())
         let receiver = try Subprocess.start(
             CLITests.binary.path, ["serve", "--role", "receiver"], environment: environment.merging(["SIWA_PORT": "\(receiverPort)", "SIWA_ADMIN_PORT": "\(CLITests.freePort())"]) { $1 })
         let worker = try Subprocess.start(

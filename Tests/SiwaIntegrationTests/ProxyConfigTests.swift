@@ -63,7 +63,7 @@ struct ProxyConfigTests {
         defer { work.remove() }
         let upstream = try await Upstream.start()
         defer { Task { await upstream.stop() } }
-        let (https, http) = (try Self.freePort(), try Self.freePort())
+        let (https, http) = (CLITests.freePort(), CLITests.freePort())
         // The listen addresses on loopback (IPv6 may be missing in a CI container), the test's
         // certificate, the stub upstream.
         let site = try Self.edit(shipped, [
@@ -125,7 +125,7 @@ struct ProxyConfigTests {
         defer { work.remove() }
         let upstream = try await Upstream.start()
         defer { Task { await upstream.stop() } }
-        let (https, http) = (try Self.freePort(), try Self.freePort())
+        let (https, http) = (CLITests.freePort(), CLITests.freePort())
         // Offline: the test's certificate instead of ACME, no admin endpoint (:2019), no redirect
         // listener, storage in the workspace.
         let global = """
@@ -246,22 +246,6 @@ struct ProxyConfigTests {
             text = text.replacingOccurrences(of: old, with: new)
         }
         return text
-    }
-
-    /// A port nothing listens on right now (bound to 0 and released).
-    static func freePort() throws -> Int {
-        let descriptor = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
-        try #require(descriptor >= 0)
-        defer { close(descriptor) }
-        var address = sockaddr_in()
-        address.sin_family = sa_family_t(AF_INET)
-        address.sin_addr.s_addr = inet_addr("127.0.0.1")
-        var length = socklen_t(MemoryLayout<sockaddr_in>.size)
-        let bound = withUnsafeMutablePointer(to: &address) {
-            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { bind(descriptor, $0, length) == 0 && getsockname(descriptor, $0, &length) == 0 }
-        }
-        try #require(bound, "bind: \(String(cString: strerror(errno)))")
-        return Int(UInt16(bigEndian: address.sin_port))
     }
 
     /// A directory for one proxy's configuration, certificate and logs.
