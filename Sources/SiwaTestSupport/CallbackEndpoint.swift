@@ -24,6 +24,7 @@ package final class CallbackEndpoint: Sendable {
 
     private final class Shared: Sendable {
         let state = Mutex(State())
+        let arrivals = Progress()
     }
 
     private let shared: Shared
@@ -48,6 +49,7 @@ package final class CallbackEndpoint: Sendable {
                 if state.hang { state.open += 1 }
                 return state.hang
             }
+            shared.arrivals.add()
             if hanging {
                 // Never answers; the sender's timeout (or the test's end) closes the connection.
                 try? await Task.sleep(for: .seconds(3600))
@@ -68,6 +70,8 @@ package final class CallbackEndpoint: Sendable {
     /// The next answers, in order (200 once they run out).
     package func answer(_ statuses: [Int]) { shared.state.withLock { $0.statuses.append(contentsOf: statuses) } }
     package var received: [Received] { shared.state.withLock { $0.received } }
+    /// Every request that arrived, answered or held open.
+    package var arrivals: Progress { shared.arrivals }
     /// Requests the dead endpoint is holding open right now.
     package var openRequests: Int { shared.state.withLock { $0.open } }
 

@@ -342,10 +342,14 @@ package final class EffectWorkers: Service, Sendable {
             try await self.callbackStore.claim(lane: lane, worker: worker, limit: limit, lease: self.configuration.lease)
         }
         guard !claimed.isEmpty else { return 0 }
+        // Graceful shutdown cancels the attempts in flight: they are handed back unrecorded (see
+        // `deliver`) instead of holding SIGTERM until a slow endpoint answers or times out.
         await holding(claimed.map(\.id), as: worker) {
-            await withDiscardingTaskGroup { group in
-                for delivery in claimed {
-                    group.addTask { await attempt(delivery) }
+            try? await cancelWhenGracefulShutdown {
+                await withDiscardingTaskGroup { group in
+                    for delivery in claimed {
+                        group.addTask { await attempt(delivery) }
+                    }
                 }
             }
         }
@@ -358,6 +362,8 @@ package final class EffectWorkers: Service, Sendable {
     ) async {
         let started = ContinuousClock.now
         let outcome = await attempt(callback)
+        // Cut short by shutdown: not an attempt. The lease is released on the way out.
+        if Task.isCancelled { return }
         let delay = configuration.backoff.delay(attempt: callback.attempt, unit: Double.random(in: 0..<1))
         let event = callback.lane == .callbacks ? "callback" : "alert delivery"
         var metadata: Logger.Metadata = [

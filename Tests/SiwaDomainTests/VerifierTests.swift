@@ -276,7 +276,7 @@ struct SyntaxTests {
         #expect(throws: TrustedProxies.InvalidCIDR.self) { try TrustedProxies(parsing: "not-an-ip") }
     }
 
-    @Test("Rejections are sampled per reason per minute; a genuine token is kept whole")
+    @Test("Rejections are sampled per reason per minute; a genuine token is kept whole even once its reason's minute is full")
     func sampler() {
         var sampler = RejectionSampler(limitPerMinute: 3)
         let minute = Date(timeIntervalSince1970: 1_700_000_040)
@@ -284,9 +284,12 @@ struct SyntaxTests {
         #expect(admitted == 3)
         let otherReason = sampler.admit(.unknownKey, at: minute, genuineTokenAudience: nil)
         let nextMinute = sampler.admit(.badSignature, at: minute.addingTimeInterval(60), genuineTokenAudience: nil)
+        // Forged wrong_audience rejections fill that reason's minute; a genuine one still gets its token kept.
+        let forged = (0..<10).map { _ in sampler.admit(.wrongAudience, at: minute, genuineTokenAudience: nil) }
         let genuine = sampler.admit(.wrongAudience, at: minute, genuineTokenAudience: "com.example.other")
         #expect(otherReason == .row)
         #expect(nextMinute == .row)
+        #expect(forged == Array(repeating: .row, count: 3) + Array(repeating: .counted, count: 7))
         #expect(genuine == .rowWithToken)
     }
 

@@ -299,20 +299,29 @@ struct DeployTests {
         let keys = try await Keys.make()
         defer { keys.remove() }
         let databaseURL = try await CLITests.databaseURL()
+        // A callback endpoint that accepts and never answers: deliveries are in hand (leased,
+        // `running`) when the signal comes, and must be handed back.
+        let endpoint = try await CallbackEndpoint.start(hang: true)
         let port = CLITests.freePort()
         let server = try Subprocess.start(
             CLITests.binary.path, ["serve"],
             environment: ProcessInfo.processInfo.environment.merging([
                 "DATABASE_URL": databaseURL, "SIWA_APPLE_BUNDLE_IDS": keys.aud, "SIWA_APPLE_JWKS_URL": keys.jwksURL, "SIWA_PORT": "\(port)", "SIWA_ADMIN_PORT": "\(CLITests.freePort())",
-                "SIWA_SHUTDOWN_GRACE": "10s",
+                "SIWA_SHUTDOWN_GRACE": "10s", "SIWA_CALLBACK_URL": endpoint.url.absoluteString, "SIWA_CALLBACK_SECRET": CallbackTests.secret, "SIWA_CALLBACK_TIMEOUT": "60s",
             ]) { $1 })
         #expect(await Self.waitReady(port: port))
         let bodies = try keys.bodies(count: 3_000, prefix: "term")
         let load = DeliveryLoad(bodies: bodies, ports: [port])
         var exit: Task<(Int32, Duration), Never>?
+        var held = 0
         await withTaskGroup(of: Void.self) { group in
-            for _ in 0..<16 { group.addTask { await load.send() } }
-            while load.answered < 300 { try? await Task.sleep(for: .milliseconds(5)) }
+            group.addTask { await load.sendAll(senders: 16) }
+            let reached = await load.answers.wait(until: 300)
+            #expect(reached, "the load ended after \(load.answered) answers, before 300: \(load.failedBeforeSignal.prefix(3))")
+            #expect(await endpoint.arrivals.wait(until: 1), "no callback reached the endpoint before the signal")
+            held = (try? await Self.withDatabase(databaseURL) { client in
+                try await Self.count(client, "SELECT count(*) FROM jobs WHERE lane = 'callbacks' AND state = 'running'")
+            }) ?? 0
             server.signal(SIGTERM)
             let terminatedAt = ContinuousClock.now
             exit = Task { (await server.waitForExit(), ContinuousClock.now - terminatedAt) }
@@ -320,16 +329,22 @@ struct DeployTests {
             await group.waitForAll()
         }
         let (status, took) = await exit!.value
+        await endpoint.stop()
         #expect(status == 0, "exit status \(status)")
         #expect(took < .seconds(10), "shutdown took \(took)")
         #expect(load.incomplete.isEmpty, "answers cut short: \(load.incomplete.prefix(5))")
         #expect(load.failedBeforeSignal.isEmpty, "requests that failed before SIGTERM: \(load.failedBeforeSignal.prefix(5))")
         #expect(load.serverErrors.isEmpty, "5xx answers: \(load.serverErrors.prefix(5))")
+        #expect(held > 0, "no delivery was in hand at the signal: the test would prove nothing")
         let acknowledged = load.acknowledged
+        let refused = load.refusedAfterSignal
         #expect(acknowledged.count >= 300)
         try await Self.withDatabase(databaseURL) { (client: PostgresClient) async throws in
             #expect(try await Self.count(client, "SELECT count(*) FROM notifications WHERE jti = ANY(\(acknowledged))") == acknowledged.count)
+            // Refused means not read: nothing of a request that got no answer was stored.
+            #expect(try await Self.count(client, "SELECT count(*) FROM notifications WHERE jti = ANY(\(refused))") == 0, "\(refused.prefix(5))")
             #expect(try await Self.count(client, "SELECT count(*) FROM jobs WHERE state = 'running'") == 0)
+            #expect(try await Self.count(client, "SELECT count(*) FROM jobs WHERE lane = 'callbacks' AND state = 'available'") > 0)
         }
     }
 
@@ -351,8 +366,9 @@ struct DeployTests {
         // again to the other, as Apple retries.
         let load = DeliveryLoad(bodies: bodies, ports: ports, failover: true)
         await withTaskGroup(of: Void.self) { group in
-            for _ in 0..<16 { group.addTask { await load.send() } }
-            while load.answered < 700 { try? await Task.sleep(for: .milliseconds(5)) }
+            group.addTask { await load.sendAll(senders: 16) }
+            let reached = await load.answers.wait(until: 700)
+            #expect(reached, "the load ended after \(load.answered) answers, before 700: \(load.answeredBy)")
             replicas[0].signal(SIGKILL)
             load.markSignalled()
             await group.waitForAll()
@@ -542,17 +558,18 @@ struct DeployTests {
     }
 
     /// A client on the database a `CLITests.databaseURL()` names (same cluster, same user).
-    static func withDatabase(_ url: String, _ body: (PostgresClient) async throws -> Void) async throws {
+    @discardableResult
+    static func withDatabase<T: Sendable>(_ url: String, _ body: (PostgresClient) async throws -> T) async throws -> T {
         let components = try #require(URLComponents(string: url))
         let socketDirectory = try #require(components.queryItems?.first { $0.name == "host" }?.value)
         let configuration = PostgresClient.Configuration(
             unixSocketPath: "\(socketDirectory)/.s.PGSQL.5432", username: components.user ?? "", password: nil,
             database: String(components.path.dropFirst()))
         let client = PostgresClient(configuration: configuration)
-        try await withThrowingTaskGroup(of: Void.self) { group in
+        return try await withThrowingTaskGroup(of: Void.self) { group in
             group.addTask { await client.run() }
-            try await body(client)
-            group.cancelAll()
+            defer { group.cancelAll() }
+            return try await body(client)
         }
     }
 
@@ -584,8 +601,12 @@ final class DeliveryLoad: Sendable {
         var answeredBy: [Int: Int] = [:]
         var incomplete: [String] = []
         var failedBeforeSignal: [String] = []
+        var refusedAfterSignal: [String] = []
         var serverErrors: [String] = []
     }
+
+    /// Answers so far, to wait on.
+    let answers = Progress()
 
     init(bodies: [(jti: String, body: String)], ports: [Int], failover: Bool = false) {
         self.bodies = bodies
@@ -601,7 +622,16 @@ final class DeliveryLoad: Sendable {
     var incomplete: [String] { state.withLock { $0.incomplete } }
     var failedBeforeSignal: [String] { state.withLock { $0.failedBeforeSignal } }
     var serverErrors: [String] { state.withLock { $0.serverErrors } }
+    var refusedAfterSignal: [String] { state.withLock { $0.refusedAfterSignal } }
     func markSignalled() { state.withLock { $0.signalled = true } }
+
+    /// `senders` concurrent senders until the list is exhausted; then `answers` is closed.
+    func sendAll(senders: Int) async {
+        await withTaskGroup(of: Void.self) { group in
+            for _ in 0..<senders { group.addTask { await self.send() } }
+        }
+        answers.close()
+    }
 
     /// Sends until the list is exhausted; after the signal (without failover), stops at the first
     /// request the server no longer takes.
@@ -639,7 +669,9 @@ final class DeliveryLoad: Sendable {
             response = try await http.execute(request, timeout: .seconds(30))
         } catch {
             // No answer at all: refused or closed before the request was read.
-            state.withLock { if !$0.signalled { $0.failedBeforeSignal.append("\(jti): \(error)") } }
+            state.withLock {
+                if $0.signalled { $0.refusedAfterSignal.append(jti) } else { $0.failedBeforeSignal.append("\(jti): \(error)") }
+            }
             return .refused
         }
         guard let answer = try? await response.body.collect(upTo: 1 << 16) else {
@@ -655,6 +687,7 @@ final class DeliveryLoad: Sendable {
                 state.serverErrors.append("\(jti): \(response.status.code) \(text)")
             }
         }
+        answers.add()
         return response.status.code >= 500 && failover ? .refused : .answered
     }
 }

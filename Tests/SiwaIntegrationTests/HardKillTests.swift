@@ -43,45 +43,42 @@ struct HardKillTests {
             workingDirectory: directory)
         let http = HTTPClient(eventLoopGroupProvider: .singleton)
         let url = "http://127.0.0.1:\(port)/apple/notifications"
-        var ready = false
-        for _ in 0..<240 where !ready {
-            let response = try? await http.execute(HTTPClientRequest(url: "http://127.0.0.1:\(port)/health/ready"), timeout: .seconds(2))
-            ready = response?.status == .ok
-            if !ready { try await Task.sleep(for: .milliseconds(250)) }
-        }
-        #expect(ready)
+        #expect(await DeployTests.waitReady(port: port))
 
         // 32 concurrent senders; the server is killed once 600 answers have come back.
         let load = Load()
         await withTaskGroup(of: Void.self) { group in
-            for _ in 0..<32 {
-                group.addTask {
-                    while true {
-                        let index = load.next.withLock { value -> Int? in
-                            defer { value += 1 }
-                            return value < count ? value : nil
-                        }
-                        guard let index, !load.killed.withLock({ $0 }) else { return }
-                        var request = HTTPClientRequest(url: url)
-                        request.method = .POST
-                        request.headers.add(name: "Content-Type", value: "application/json")
-                        request.body = .bytes(ByteBuffer(string: bodies[index]))
-                        guard let response = try? await http.execute(request, timeout: .seconds(10)),
-                            let body = try? await response.body.collect(upTo: 1 << 16)
-                        else { continue }
-                        if response.status == .ok, String(buffer: body).contains(#""status":"accepted""#) {
-                            load.acknowledged.withLock { $0.append("kill-\(index)") }
+            group.addTask {
+                await withTaskGroup(of: Void.self) { senders in
+                    for _ in 0..<32 {
+                        senders.addTask {
+                            while true {
+                                let index = load.next.withLock { value -> Int? in
+                                    defer { value += 1 }
+                                    return value < count ? value : nil
+                                }
+                                guard let index, !load.killed.withLock({ $0 }) else { return }
+                                var request = HTTPClientRequest(url: url)
+                                request.method = .POST
+                                request.headers.add(name: "Content-Type", value: "application/json")
+                                request.body = .bytes(ByteBuffer(string: bodies[index]))
+                                guard let response = try? await http.execute(request, timeout: .seconds(10)),
+                                    let body = try? await response.body.collect(upTo: 1 << 16)
+                                else { continue }
+                                if response.status == .ok, String(buffer: body).contains(#""status":"accepted""#) {
+                                    load.acknowledged.withLock { $0.append("kill-\(index)") }
+                                    load.progress.add()
+                                }
+                            }
                         }
                     }
                 }
+                load.progress.close()
             }
-            group.addTask {
-                while load.acknowledged.withLock({ $0.count }) < 600 {
-                    try? await Task.sleep(for: .milliseconds(5))
-                }
-                server.signal(SIGKILL)
-                load.killed.withLock { $0 = true }
-            }
+            let reached = await load.progress.wait(until: 600)
+            #expect(reached, "the load ended after \(load.progress.value) acknowledgements, before 600")
+            server.signal(SIGKILL)
+            load.killed.withLock { $0 = true }
         }
         _ = await server.waitForExit()
         // Its PostgreSQL goes down hard too (no shutdown checkpoint): only the WAL brings the
@@ -130,4 +127,5 @@ private final class Load: Sendable {
     let acknowledged = Mutex<[String]>([])
     let next = Mutex(0)
     let killed = Mutex(false)
+    let progress = Progress()
 }
