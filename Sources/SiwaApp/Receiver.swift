@@ -121,29 +121,12 @@ package struct Receiver: Sendable {
             alertsAPI?.register(on: v1)
             WebController().register(on: router)
         }
-        router.get("/openapi.yaml") { _, _ in
-            Response(
-                status: .ok, headers: [.contentType: "application/yaml; charset=utf-8"],
-                body: .init(byteBuffer: ByteBuffer(bytes: OpenAPIDocument.bytes)))
-        }
-        let registry = self.registry
-        let metricsToken = self.metricsToken
+        OpenAPIController().register(on: router)
         let (keys, metrics, listeners) = (self.keys, self.metrics, self.listeners)
-        router.get("/metrics") { request, _ in
-            if let metricsToken {
-                let given = request.headers[.authorization].map { Array($0.utf8) } ?? []
-                guard constantTimeEqual(given, Array("Bearer \(metricsToken)".utf8)) else {
-                    throw APIError(.unauthorized, code: "unauthorized", message: "/metrics needs Authorization: Bearer <SIWA_METRICS_TOKEN>")
-                }
-            }
+        MetricsController(registry: registry, token: metricsToken) {
             metrics.keySetAge.set(keys.fetchedAt.map { Date().timeIntervalSince($0).rounded() } ?? -1)
             for listener in Listener.allCases { metrics.set(openConnections: listeners[listener].current, listener: listener) }
-            var buffer: [UInt8] = []
-            registry.emit(into: &buffer)
-            return Response(
-                status: .ok, headers: [.contentType: "text/plain; version=0.0.4; charset=utf-8"],
-                body: .init(byteBuffer: ByteBuffer(bytes: buffer)))
-        }
+        }.register(on: router)
         if methodNotAllowed { MethodNotAllowed.register(on: router) }
         return router
     }
@@ -298,14 +281,6 @@ extension Configuration {
         alerts.sinks = alertSinks
         return alerts
     }
-}
-
-/// Compares without an early exit, so the time taken says nothing about where they differ.
-func constantTimeEqual(_ a: [UInt8], _ b: [UInt8]) -> Bool {
-    guard a.count == b.count else { return false }
-    var difference: UInt8 = 0
-    for index in a.indices { difference |= a[index] ^ b[index] }
-    return difference == 0
 }
 
 extension Configuration {

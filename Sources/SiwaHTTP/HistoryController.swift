@@ -173,8 +173,3 @@ package struct HistoryController: Sendable {
         ])
     }
 }
-
-/// The OpenAPI document of the whole HTTP API (`Sources/SiwaHTTP/openapi.yaml`, built in).
-package enum OpenAPIDocument {
-    package static var bytes: [UInt8] { PackageResources.openapi_yaml }
-}
