@@ -76,21 +76,11 @@ package struct Database: Sendable {
 }
 
 extension PostgresClient.Configuration.Options {
-    /// The pool as a long-running server needs it.
-    ///
-    /// postgres-nio arms an idle-timeout timer (and a keep-alive timer) each time a connection goes
-    /// back to the pool, and cancels it when the connection is leased again: once per query. A
-    /// cancelled `Task.sleep` keeps its task allocated (≈ 2 KB) until the sleep's original deadline
-    /// passes, so the memory a busy process holds is rate × timeout: with the 60 s default,
-    /// ≈ 1,000 releases/s held > 100 MB (the 10-minute soak grew 97 → 164 MiB). So: no keep-alive
-    /// (a connection that died while idle is found at its next use: that statement fails, the pool
-    /// replaces the connection, the caller's usual error path runs — a 503 Apple retries, a batch
-    /// retried) and a 5 s idle timeout (a busy process keeps its connections warm; an idle one
-    /// closes them, then reconnects in milliseconds).
-    ///
-    /// `minimumConnections` stays 0: postgres-nio 1.33 asserts (and crashes the process) when a
-    /// query finds no idle connection while fewer than `minimumConnections` are open, which is the
-    /// state a database restart leaves it in (it gives up on all but one reconnection attempt).
+    /// The pool as a long-running server needs it: no keep-alive and a 5 s idle timeout, because
+    /// postgres-nio's timers are `Task.sleep`s re-armed per query and a cancelled sleep holds its
+    /// task until its deadline (memory grew with rate × timeout; BENCHMARKS.md, "Soak").
+    /// `minimumConnections` stays 0: postgres-nio 1.33 asserts when fewer are open, which is the
+    /// state a database restart leaves it in.
     mutating func tuneForServing() {
         minimumConnections = 0
         connectionIdleTimeout = .seconds(5)

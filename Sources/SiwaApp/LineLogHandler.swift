@@ -18,16 +18,10 @@ package enum LogFormat: String, Sendable, CaseIterable {
     case json
 }
 
-/// The process's log handler: swift-log's `StreamLogHandler` line format
-/// (`<time> <level> <label>: key=value … [source] message`, keys sorted) or one JSON object a
-/// line, at a fraction of `StreamLogHandler`'s cost per line — which matters with one line per
-/// delivery: the timestamp is formatted once per second, and each line is one `write(2)`.
-///
-/// Values come from requests nobody has verified yet, so no value can forge a line or a key: a
-/// value holding a space, `=`, `"` or a control character is quoted, with `"`, `\` and control
-/// characters escaped (logfmt); so is the message's control characters.
-/// Still unbuffered: when `log` returns, the line is in the kernel, so a crash loses nothing
-/// that was logged before it. One `write` per line keeps concurrent lines whole.
+/// The process's log handler: swift-log's `StreamLogHandler` line format (keys sorted) or one JSON
+/// object a line, cheaper per line (timestamp formatted once a second, one `write(2)` a line,
+/// unbuffered so a crash loses nothing logged). Values come from unverified requests, so none can
+/// forge a line or a key: logfmt quoting and escaping of values and the message's control characters.
 package struct LineLogHandler: LogHandler {
     package var metadata: Logger.Metadata = [:]
     package var logLevel: Logger.Level

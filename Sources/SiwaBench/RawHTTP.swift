@@ -1,16 +1,11 @@
 import NIOCore
 import NIOPosix
 
-/// The load generator's sending side: keep-alive HTTP/1.1 connections driven from one event loop,
-/// each request's bytes encoded before the clock starts, and of each answer only the status line
-/// and `Content-Length` read. The load generator shares the two cores with the server and
-/// PostgreSQL, so what it spends the measured system lacks: with AsyncHTTPClient and a task per
-/// connection it spent ~250 µs of CPU per request (BENCHMARKS.md). Not a general client: no
-/// chunked bodies, no redirects, no TLS.
-///
-/// Open loop as before: request `i` is due at `i / rate` s after the start, and goes out on the
-/// first connection free at or after that time (one request in flight per connection); its
-/// latency runs from when it was sent to when its whole answer arrived.
+/// The load generator's sending side: keep-alive HTTP/1.1 connections on one event loop, bodies
+/// encoded before the clock starts, only the status line and `Content-Length` of answers read, so
+/// the generator takes little of the CPU it shares with the server (BENCHMARKS.md). Open loop:
+/// request `i` is due `i / rate` s after the start and goes out on the first free connection; its
+/// latency runs from sending to the whole answer. Not a general client (no chunked, no TLS).
 final class OpenLoopLoad: @unchecked Sendable {  // all state is confined to `loop`
     private let loop: any EventLoop
     private let host: String

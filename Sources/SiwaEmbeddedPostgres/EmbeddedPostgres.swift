@@ -2,17 +2,10 @@ import Foundation
 import Logging
 
 /// A private PostgreSQL cluster run from the installed server binaries, used when the service
-/// has no DATABASE_URL (and by tests, for throwaway clusters).
-///
-/// The cluster is reachable only through a unix socket in a 0700 directory (no TCP listener),
-/// runs with PostgreSQL's durable defaults unless `durable` is false, and is shared safely
-/// between processes: whichever calls `start()` first starts it, later callers attach to it.
-/// As root, the server runs as an unprivileged system account, because PostgreSQL refuses root.
-///
-/// The value holds no state of its own; every call inspects the data directory afresh, so any
-/// number of values (in any number of processes) may point at the same directory. The server
-/// runs detached (in its own process group) and outlives the process that started it until
-/// someone calls `stop()`; a later `start()` attaches to it.
+/// has no DATABASE_URL (and by tests, for throwaway clusters): a unix socket in a 0700 directory,
+/// no TCP, durable unless told otherwise, run as an unprivileged account when we are root.
+/// It holds no state: every call inspects the data directory, so any number of processes may
+/// share one; whoever calls `start()` first starts it and it runs until someone calls `stop()`.
 package struct EmbeddedPostgres: Sendable {
     package struct Options: Sendable {
         /// The cluster lives in `<dataDirectory>/pgdata`; the log, lock and (usually) the

@@ -36,21 +36,11 @@ package struct CommandResult: Sendable {
 
 /// Runs one child process to completion without blocking the cooperative thread pool.
 ///
-/// Why not Foundation's `Process`: on Linux it learns that a child exited when a socket it
-/// passes to the child reaches EOF. `pg_ctl start` leaves a postmaster behind that inherits
-/// that socket, so the termination handler never fires and pg_ctl stays a zombie. So we spawn
-/// with posix_spawn ourselves and wait with waitid/waitpid on a dedicated thread, which also
-/// guarantees every child is reaped.
-///
-/// The child gets: stdin from /dev/null, stdout/stderr into unlinked temporary files (a pipe
-/// could be held open forever by the postmaster, and has a buffer that can fill up), no other
-/// descriptor of ours (closed in the child itself, so one opened by another thread while we
-/// spawn cannot leak either — a pipe end leaked into a long-lived postmaster is a reader that
-/// never sees EOF), default signal handling, its own process group (a Ctrl-C aimed at a CLI
-/// command must not reach a postmaster that a server process shares), and "/" as working
-/// directory unless told otherwise (ours may be /root, which the cluster's account cannot enter).
-///
-/// The tests start the real binary with it too, for the same reasons.
+/// Not Foundation's `Process`: on Linux it sees a child exit through a socket the child inherits,
+/// which a postmaster left by `pg_ctl start` holds forever. We posix_spawn and reap on a thread of
+/// our own. The child gets /dev/null as stdin, unlinked temporary files as stdout/stderr, no other
+/// descriptor of ours, default signals, its own process group, and "/" as working directory
+/// unless told otherwise (the cluster's account may not enter ours).
 package enum Subprocess {
     package static func run(
         _ executable: String,
