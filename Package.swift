@@ -161,8 +161,9 @@ let package = Package(
         .target(
             name: "SiwaTestSupport",
             dependencies: [
-                "SiwaDomain", "SiwaStore", "SiwaKeys", "SiwaEmbeddedPostgres", "SiwaApp",
+                "SiwaDomain", "SiwaStore", "SiwaKeys", "SiwaEmbeddedPostgres", "SiwaApp", "SiwaHTTP", "SiwaWorkers",
                 .product(name: "Hummingbird", package: "hummingbird"),
+                .product(name: "Crypto", package: "swift-crypto"),
                 .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
                 .product(name: "AsyncHTTPClient", package: "async-http-client"),
                 .product(name: "PostgresNIO", package: "postgres-nio"),
@@ -177,20 +178,70 @@ let package = Package(
             dependencies: ["SiwaDomain"],
             swiftSettings: swiftSettings
         ),
+        // Statements, the queue, migrations and upgrades, the embedded cluster: on real PostgreSQL.
         .testTarget(
-            name: "SiwaIntegrationTests",
+            name: "SiwaStoreTests",
             dependencies: [
-                "SiwaApp", "SiwaTestSupport", "SiwaDomain", "SiwaStore", "SiwaKeys", "SiwaEmbeddedPostgres", "SiwaHTTP", "SiwaWorkers",
+                "SiwaTestSupport", "SiwaStore", "SiwaDomain", "SiwaEmbeddedPostgres", "SiwaApp", "SiwaWorkers",
                 .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
                 .product(name: "Hummingbird", package: "hummingbird"),
                 .product(name: "AsyncHTTPClient", package: "async-http-client"),
                 .product(name: "PostgresNIO", package: "postgres-nio"),
                 .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "NIOHTTP1", package: "swift-nio"),
-                .product(name: "NIOEmbedded", package: "swift-nio"),
+                .product(name: "Logging", package: "swift-log"),
+                .product(name: "Crypto", package: "swift-crypto"),
+            ],
+            swiftSettings: swiftSettings
+        ),
+        // The loops, driven by runOnce: effects, callbacks, alerts, key refresh, restarts.
+        .testTarget(
+            name: "SiwaWorkersTests",
+            dependencies: [
+                "SiwaTestSupport", "SiwaWorkers", "SiwaStore", "SiwaDomain", "SiwaKeys", "SiwaApp", "SiwaEmbeddedPostgres",
+                .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
+                .product(name: "Hummingbird", package: "hummingbird"),
+                .product(name: "AsyncHTTPClient", package: "async-http-client"),
+                .product(name: "PostgresNIO", package: "postgres-nio"),
+                .product(name: "NIOCore", package: "swift-nio"),
+                .product(name: "NIOHTTP1", package: "swift-nio"),
                 .product(name: "Logging", package: "swift-log"),
                 .product(name: "Crypto", package: "swift-crypto"),
                 .product(name: "Prometheus", package: "swift-prometheus"),
+            ],
+            swiftSettings: swiftSettings
+        ),
+        // The HTTP layer and the composition root, through real HTTP: receiver, API, metrics, dashboard.
+        .testTarget(
+            name: "SiwaAppTests",
+            dependencies: [
+                "SiwaTestSupport", "SiwaApp", "SiwaHTTP", "SiwaStore", "SiwaDomain", "SiwaKeys", "SiwaWorkers", "SiwaEmbeddedPostgres",
+                .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
+                .product(name: "Hummingbird", package: "hummingbird"),
+                .product(name: "AsyncHTTPClient", package: "async-http-client"),
+                .product(name: "PostgresNIO", package: "postgres-nio"),
+                .product(name: "NIOCore", package: "swift-nio"),
+                .product(name: "NIOHTTP1", package: "swift-nio"),
+                .product(name: "Logging", package: "swift-log"),
+                .product(name: "Crypto", package: "swift-crypto"),
+                .product(name: "NIOEmbedded", package: "swift-nio"),
+                .product(name: "Prometheus", package: "swift-prometheus"),
+            ],
+            swiftSettings: swiftSettings
+        ),
+        // The real binary: commands, deployment as shipped, SIGTERM and SIGKILL, proxies.
+        .testTarget(
+            name: "SiwaCLITests",
+            dependencies: [
+                "SiwaTestSupport", "SiwaApp", "SiwaDomain", "SiwaStore", "SiwaEmbeddedPostgres",
+                .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
+                .product(name: "Hummingbird", package: "hummingbird"),
+                .product(name: "AsyncHTTPClient", package: "async-http-client"),
+                .product(name: "PostgresNIO", package: "postgres-nio"),
+                .product(name: "NIOCore", package: "swift-nio"),
+                .product(name: "NIOHTTP1", package: "swift-nio"),
+                .product(name: "Logging", package: "swift-log"),
+                .product(name: "Crypto", package: "swift-crypto"),
             ],
             swiftSettings: swiftSettings
         ),

@@ -10,64 +10,23 @@ import Testing
 /// `swift build --build-tests`).
 @Suite("siwa-events command line")
 struct CLITests {
-    static let binary: URL = URL(fileURLWithPath: CommandLine.arguments[0]).deletingLastPathComponent().appendingPathComponent("siwa-events")
-
-    struct Run {
-        var status: Int32
-        var stdout: String
-        var stderr: String
-    }
-
-    /// Runs the binary to completion. Spawned with the embedded module's posix_spawn helper, not
-    /// Foundation's Process: Process's pipes and termination socket are inherited by children
-    /// that other tests spawn at the same moment (a postmaster lives until the run ends), so a
-    /// reader could wait for an EOF that never comes.
-    static func run(_ arguments: [String], environment: [String: String] = [:], directory: String) async throws -> Run {
-        let result = try await Subprocess.run(
-            binary.path, arguments, environment: ProcessInfo.processInfo.environment.merging(environment) { $1 },
-            workingDirectory: directory)
-        return Run(status: result.terminatedBySignal ? 128 + result.status : result.status, stdout: result.standardOutput, stderr: result.standardError)
-    }
-
-    /// A port nothing listens on right now, chosen by the kernel (bound to 0 and released) and
-    /// never handed out twice in one run: a random pick could land on another test's server,
-    /// which then answered `/health/ready` for a replica that had failed to bind.
-    static func freePort() -> Int {
-        while true {
-            let descriptor = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
-            precondition(descriptor >= 0, "socket: \(String(cString: strerror(errno)))")
-            defer { close(descriptor) }
-            var address = sockaddr_in()
-            address.sin_family = sa_family_t(AF_INET)
-            address.sin_addr.s_addr = inet_addr("127.0.0.1")
-            var length = socklen_t(MemoryLayout<sockaddr_in>.size)
-            let bound = withUnsafeMutablePointer(to: &address) {
-                $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { bind(descriptor, $0, length) == 0 && getsockname(descriptor, $0, &length) == 0 }
-            }
-            precondition(bound, "bind: \(String(cString: strerror(errno)))")
-            let port = Int(UInt16(bigEndian: address.sin_port))
-            if handedOut.withLock({ $0.insert(port).inserted }) { return port }
-        }
-    }
-
-    private static let handedOut = Mutex(Set<Int>())
 
     @Test("serve on the embedded database, send, SIGTERM (exit 0, PostgreSQL stopped), then the stored notifications are still listed")
     func serveSendStopList() async throws {
         let directory = "/tmp/siwa-cli-\(UUID().uuidString.prefix(6).lowercased())"
         try FileManager.default.createDirectory(atPath: directory, withIntermediateDirectories: true, attributes: [.posixPermissions: 0o755])
         defer { try? FileManager.default.removeItem(atPath: directory) }
-        #expect(try await Self.run(["keys", "generate", "--dir", "keys"], directory: directory).status == 0)
-        let port = Self.freePort()
+        #expect(try await TestBinary.run(["keys", "generate", "--dir", "keys"], directory: directory).status == 0)
+        let port = TestBinary.freePort()
         let environment = [
-            "SIWA_APPLE_BUNDLE_IDS": "com.example.cli", "SIWA_APPLE_JWKS_URL": "file://\(directory)/keys/jwks.json", "SIWA_PORT": "\(port)", "SIWA_ADMIN_PORT": "\(CLITests.freePort())",
+            "SIWA_APPLE_BUNDLE_IDS": "com.example.cli", "SIWA_APPLE_JWKS_URL": "file://\(directory)/keys/jwks.json", "SIWA_PORT": "\(port)", "SIWA_ADMIN_PORT": "\(TestBinary.freePort())",
         ]
         let server = try Subprocess.start(
-            Self.binary.path, ["serve"], environment: ProcessInfo.processInfo.environment.merging(environment) { $1 },
+            TestBinary.url.path, ["serve"], environment: ProcessInfo.processInfo.environment.merging(environment) { $1 },
             workingDirectory: directory)
-        var sent: Run?
+        var sent: TestBinary.Run?
         for _ in 0..<120 {
-            let attempt = try await Self.run(
+            let attempt = try await TestBinary.run(
                 ["send", "consent-revoked", "--sub", "001.cli.1", "--keys", "keys", "--aud", "com.example.cli", "--url", "http://127.0.0.1:\(port)", "--jti", "cli-1"],
                 directory: directory)
             if attempt.status != 2 {
@@ -78,7 +37,7 @@ struct CLITests {
         }
         #expect(sent?.status == 0)
         #expect(sent?.stdout.contains(#""status":"accepted""#) == true)
-        let wrong = try await Self.run(
+        let wrong = try await TestBinary.run(
             ["send", "consent-revoked", "--sub", "x", "--keys", "keys", "--aud", "com.example.typo", "--url", "http://127.0.0.1:\(port)"],
             directory: directory)
         #expect(wrong.status == 1)
@@ -87,7 +46,7 @@ struct CLITests {
         // attaches to the running embedded cluster to see it.
         var status: JSONValue?
         for _ in 0..<50 where status != .string("applied") {
-            let listed = try await Self.run(["notifications", "list", "--json"], directory: directory)
+            let listed = try await TestBinary.run(["notifications", "list", "--json"], directory: directory)
             status = listed.stdout.split(separator: "\n").compactMap { JSONValue.parse(Data($0.utf8)) }.first?["status"]
             if status != .string("applied") { try await Task.sleep(for: .milliseconds(200)) }
         }
@@ -96,7 +55,7 @@ struct CLITests {
         #expect(await server.waitForExit() == 0)  // exited with status 0, not killed
         #expect(!FileManager.default.fileExists(atPath: "\(directory)/.siwa/pgdata/postmaster.pid"))
 
-        let listed = try await Self.run(["notifications", "list", "--json"], directory: directory)
+        let listed = try await TestBinary.run(["notifications", "list", "--json"], directory: directory)
         #expect(listed.status == 0)
         let rows = listed.stdout.split(separator: "\n").compactMap { JSONValue.parse(Data($0.utf8)) }
         #expect(rows.map { $0["jti"]?.stringValue } == ["cli-1"])
@@ -105,18 +64,18 @@ struct CLITests {
         #expect(rows.first?["received_at"]?.stringValue?.hasSuffix("Z") == true)
         #expect(!FileManager.default.fileExists(atPath: "\(directory)/.siwa/pgdata/postmaster.pid"))
 
-        let jobs = try await Self.run(["jobs", "list", "--json"], directory: directory)
+        let jobs = try await TestBinary.run(["jobs", "list", "--json"], directory: directory)
         let jobRows = jobs.stdout.split(separator: "\n").compactMap { JSONValue.parse(Data($0.utf8)) }
         #expect(jobRows.map { $0["state"] } == [.string("completed")])
-        let replayEffect = try await Self.run(["replay", "cli-1"], directory: directory)
+        let replayEffect = try await TestBinary.run(["replay", "cli-1"], directory: directory)
         #expect(replayEffect.status == 0)
-        let queued = try await Self.run(["jobs", "list", "--state", "available", "--json"], directory: directory)
+        let queued = try await TestBinary.run(["jobs", "list", "--state", "available", "--json"], directory: directory)
         #expect(queued.stdout.split(separator: "\n").count == 1)
-        let unknown = try await Self.run(["replay", "no-such-jti"], directory: directory)
+        let unknown = try await TestBinary.run(["replay", "no-such-jti"], directory: directory)
         #expect(unknown.status == 1)
         #expect(unknown.stderr.contains("no-such-jti"))
 
-        let replay = try await Self.run(["rejections", "replay"], environment: ["SIWA_APPLE_BUNDLE_IDS": "com.example.cli,com.example.typo"], directory: directory)
+        let replay = try await TestBinary.run(["rejections", "replay"], environment: ["SIWA_APPLE_BUNDLE_IDS": "com.example.cli,com.example.typo"], directory: directory)
         #expect(replay.status == 0)
         #expect(replay.stdout.contains("recorded 1"))
     }
@@ -126,17 +85,17 @@ struct CLITests {
         let directory = "/tmp/siwa-env-\(UUID().uuidString.prefix(6).lowercased())"
         try FileManager.default.createDirectory(atPath: directory, withIntermediateDirectories: true, attributes: [.posixPermissions: 0o755])
         defer { try? FileManager.default.removeItem(atPath: directory) }
-        #expect(try await Self.run(["keys", "generate", "--dir", "keys"], directory: directory).status == 0)
+        #expect(try await TestBinary.run(["keys", "generate", "--dir", "keys"], directory: directory).status == 0)
         #expect(try FileManager.default.attributesOfItem(atPath: "\(directory)/keys/private-key.pem")[.posixPermissions] as? Int == 0o600)
-        let port = Self.freePort()
+        let port = TestBinary.freePort()
         let environment = [
-            "SIWA_APPLE_BUNDLE_IDS": "com.example.env", "SIWA_APPLE_JWKS_URL": "file://\(directory)/keys/jwks.json", "SIWA_PORT": "\(port)", "SIWA_ADMIN_PORT": "\(CLITests.freePort())",
+            "SIWA_APPLE_BUNDLE_IDS": "com.example.env", "SIWA_APPLE_JWKS_URL": "file://\(directory)/keys/jwks.json", "SIWA_PORT": "\(port)", "SIWA_ADMIN_PORT": "\(TestBinary.freePort())",
             "SIWA_METRICS_TOKEN": "a-metrics-secret-0123456789", "SIWA_ALERT_SLACK_URL": "https://hooks.example.com/secret-path",
         ]
         let server = try Subprocess.start(
-            Self.binary.path, ["serve"], environment: ProcessInfo.processInfo.environment.merging(environment) { $1 }.filter { $0.key != "DATABASE_URL" },
+            TestBinary.url.path, ["serve"], environment: ProcessInfo.processInfo.environment.merging(environment) { $1 }.filter { $0.key != "DATABASE_URL" },
             workingDirectory: directory)
-        #expect(await DeployTests.waitReady(port: port))
+        #expect(await TestBinary.waitReady(port: port))
         let postmasterPID = try String(contentsOfFile: "\(directory)/.siwa/pgdata/postmaster.pid", encoding: .utf8).split(separator: "\n").first.map(String.init)
         let pid = try #require(postmasterPID)
         let variables = try Data(contentsOf: URL(fileURLWithPath: "/proc/\(pid)/environ")).split(separator: 0).map { String(decoding: $0, as: UTF8.self) }
@@ -151,107 +110,100 @@ struct CLITests {
     @Test("verify: a real Apple notification is valid at its time (exit 0) and expired now (exit 1); no exp is exit 1 missing_expiry; an unreadable file is exit 2")
     func verify() async throws {
         let fixtures = try Harness.appleFixture("jwks.json").deletingLastPathComponent().path
-        let atTime = try await Self.run(
+        let atTime = try await TestBinary.run(
             ["verify", "@\(fixtures)/consent-revoked.json", "--jwks", "\(fixtures)/jwks.json", "--at", "2022-12-02T21:22:12Z",
              "--aud", "com.fullqueuedeveloper.FQAuthSampleiOSApp"], directory: "/tmp")
         #expect(atTime.status == 0)
         let result = JSONValue.parse(Data(atTime.stdout.utf8))
         #expect(result?["valid"] == .bool(true))
         #expect(result?["event"]?["type"] == .string("consent-revoked"))
-        let now = try await Self.run(["verify", "@\(fixtures)/consent-revoked.json", "--jwks", "\(fixtures)/jwks.json"], directory: "/tmp")
+        let now = try await TestBinary.run(["verify", "@\(fixtures)/consent-revoked.json", "--jwks", "\(fixtures)/jwks.json"], directory: "/tmp")
         #expect(now.status == 1)
         #expect(JSONValue.parse(Data(now.stdout.utf8))?["reason"] == .string("expired"))
         // A token without exp, signed by a key the JWKS holds: refused with its own reason.
         let directory = "/tmp/siwa-verify-\(UUID().uuidString.prefix(6).lowercased())"
-        #expect(try await Self.run(["keys", "generate", "--dir", directory], directory: "/tmp").status == 0)
+        #expect(try await TestBinary.run(["keys", "generate", "--dir", directory], directory: "/tmp").status == 0)
         defer { try? FileManager.default.removeItem(atPath: directory) }
         let signer = try AppleStyleSigner(pem: String(contentsOfFile: "\(directory)/private-key.pem", encoding: .utf8))
         var claims = AppleStyleSigner.claims(aud: "com.example.cli", type: "consent-revoked", sub: "s", eventTime: Date(), issuedAt: Date()).objectValue!
         claims["exp"] = nil
         let noExpiry = try signer.sign(header: .object(["kid": .string(signer.kid), "alg": .string("RS256")]), claims: .object(claims))
-        let refused = try await Self.run(["verify", noExpiry, "--jwks", "\(directory)/jwks.json", "--aud", "com.example.cli"], directory: "/tmp")
+        let refused = try await TestBinary.run(["verify", noExpiry, "--jwks", "\(directory)/jwks.json", "--aud", "com.example.cli"], directory: "/tmp")
         #expect(refused.status == 1, "\(refused.stdout)\(refused.stderr)")
         #expect(JSONValue.parse(Data(refused.stdout.utf8))?["reason"] == .string("missing_expiry"), "\(refused.stdout)")
-        let missing = try await Self.run(["verify", "@/nonexistent.json", "--jwks", "\(fixtures)/jwks.json"], directory: "/tmp")
+        let missing = try await TestBinary.run(["verify", "@/nonexistent.json", "--jwks", "\(fixtures)/jwks.json"], directory: "/tmp")
         #expect(missing.status == 2)
         #expect(missing.stderr.contains("/nonexistent.json"))
     }
 
     @Test("A missing SIWA_APPLE_BUNDLE_IDS stops serve with a message naming the variable")
     func missingBundleIDs() async throws {
-        let run = try await Self.run(["serve"], environment: ["SIWA_APPLE_BUNDLE_IDS": ""], directory: "/tmp")
+        let run = try await TestBinary.run(["serve"], environment: ["SIWA_APPLE_BUNDLE_IDS": ""], directory: "/tmp")
         #expect(run.status != 0)
         #expect(run.stderr.contains("SIWA_APPLE_BUNDLE_IDS"))
     }
 
     @Test("callbacks: `secret` prints a usable secret; redeliver names what is wrong with its arguments; a bad secret stops serve")
     func callbackCommands() async throws {
-        let secret = try await Self.run(["callbacks", "secret"], directory: "/tmp")
+        let secret = try await TestBinary.run(["callbacks", "secret"], directory: "/tmp")
         #expect(secret.status == 0)
         #expect(secret.stdout.hasPrefix("whsec_") && secret.stdout.hasSuffix("\n"))
         #expect((try? WebhookSigner(secrets: secret.stdout)) != nil)
 
-        let neither = try await Self.run(["callbacks", "redeliver"], directory: "/tmp")
+        let neither = try await TestBinary.run(["callbacks", "redeliver"], directory: "/tmp")
         #expect(neither.status == 64)
         #expect(neither.stderr.contains("give a callback id, or --since"))
-        let badSince = try await Self.run(["callbacks", "redeliver", "--since", "yesterday-ish"], directory: "/tmp")
+        let badSince = try await TestBinary.run(["callbacks", "redeliver", "--since", "yesterday-ish"], directory: "/tmp")
         #expect(badSince.status == 64)
         #expect(badSince.stderr.contains("--since must be an ISO-8601 time"))
 
-        let serve = try await Self.run(
+        let serve = try await TestBinary.run(
             ["serve"], environment: ["SIWA_APPLE_BUNDLE_IDS": "com.example.cli", "SIWA_CALLBACK_URL": "https://backend.example/siwa", "SIWA_CALLBACK_SECRET": "s3cret"],
             directory: "/tmp")
         #expect(serve.status == 78)
         #expect(serve.stderr.contains("SIWA_CALLBACK_SECRET"))
         // Alert webhooks with only the callback secret (how earlier versions signed them): exit 78.
-        let alertsOnly = try await Self.run(
-            ["serve"], environment: ["SIWA_APPLE_BUNDLE_IDS": "com.example.cli", "SIWA_ALERT_WEBHOOK_URLS": "https://alerts.example/hook", "SIWA_CALLBACK_URL": "https://backend.example/siwa", "SIWA_CALLBACK_SECRET": CallbackTests.secret],
+        let alertsOnly = try await TestBinary.run(
+            ["serve"], environment: ["SIWA_APPLE_BUNDLE_IDS": "com.example.cli", "SIWA_ALERT_WEBHOOK_URLS": "https://alerts.example/hook", "SIWA_CALLBACK_URL": "https://backend.example/siwa", "SIWA_CALLBACK_SECRET": TestWebhooks.secret],
             directory: "/tmp")
         #expect(alertsOnly.status == 78 && alertsOnly.stderr.contains("SIWA_ALERT_SECRET"), "\(alertsOnly.stderr)")
         #expect(serve.stderr.contains("whsec_"))
     }
 
-    /// A DATABASE_URL for a fresh migrated test database (unix socket).
-    static func databaseURL() async throws -> String {
-        let database = try await TestCluster.shared.makeDatabase()
-        let socketDirectory = ((database.unixSocketPath ?? "") as NSString).deletingLastPathComponent
-        return "postgres://\(database.username)@/\(database.database ?? "")?host=\(socketDirectory)"
-    }
-
     @Test("tokens: create prints exactly the token; list never shows it; revoke makes it 401-worthy; audit list shows both; errors name the flag")
     func tokenCommands() async throws {
-        let environment = ["DATABASE_URL": try await Self.databaseURL()]
-        let created = try await Self.run(["tokens", "create", "--name", "ci", "--scope", "sessions:read", "--scope", "accounts:read"], environment: environment, directory: "/tmp")
+        let environment = ["DATABASE_URL": try await TestBinary.databaseURL()]
+        let created = try await TestBinary.run(["tokens", "create", "--name", "ci", "--scope", "sessions:read", "--scope", "accounts:read"], environment: environment, directory: "/tmp")
         #expect(created.status == 0, "\(created.stderr)")
         let token = created.stdout.dropLast()
         #expect(created.stdout.hasSuffix("\n") && !token.contains("\n"))
         #expect(APIToken.hash(String(token)) != nil)
-        let json = try await Self.run(["tokens", "create", "--name", "ci-json", "--scope", "admin", "--expires", "90d", "--json"], environment: environment, directory: "/tmp")
+        let json = try await TestBinary.run(["tokens", "create", "--name", "ci-json", "--scope", "admin", "--expires", "90d", "--json"], environment: environment, directory: "/tmp")
         let object = JSONValue.parse(Data(json.stdout.utf8))
         #expect(object?["name"] == .string("ci-json"))
         #expect(object?["token"]?.stringValue?.hasPrefix("siwa_") == true)
         #expect(object?["scopes"] == .array([.string("admin")]))
         #expect(object?["expires_at"]?.stringValue != nil)
 
-        let listed = try await Self.run(["tokens", "list"], environment: environment, directory: "/tmp")
+        let listed = try await TestBinary.run(["tokens", "list"], environment: environment, directory: "/tmp")
         #expect(listed.stdout.contains("ci") && listed.stdout.contains("sessions:read,accounts:read"))
         #expect(!listed.stdout.contains(String(token)))
-        let duplicate = try await Self.run(["tokens", "create", "--name", "ci", "--scope", "admin"], environment: environment, directory: "/tmp")
+        let duplicate = try await TestBinary.run(["tokens", "create", "--name", "ci", "--scope", "admin"], environment: environment, directory: "/tmp")
         #expect(duplicate.status == 1 && duplicate.stderr.contains("already named ci"))
 
-        let noScope = try await Self.run(["tokens", "create", "--name", "x"], environment: environment, directory: "/tmp")
+        let noScope = try await TestBinary.run(["tokens", "create", "--name", "x"], environment: environment, directory: "/tmp")
         #expect(noScope.status == 64 && noScope.stderr.contains("--scope") && noScope.stderr.contains("sessions:write"))
-        let badScope = try await Self.run(["tokens", "create", "--name", "x", "--scope", "everything"], environment: environment, directory: "/tmp")
+        let badScope = try await TestBinary.run(["tokens", "create", "--name", "x", "--scope", "everything"], environment: environment, directory: "/tmp")
         #expect(badScope.status == 64 && badScope.stderr.contains("--scope everything is not a scope"))
 
-        #expect(try await Self.run(["tokens", "revoke", "ci"], environment: environment, directory: "/tmp").status == 0)
-        #expect(try await Self.run(["tokens", "revoke", "ci"], environment: environment, directory: "/tmp").status == 1)
-        let audit = try await Self.run(["audit", "list", "--json"], environment: environment, directory: "/tmp")
+        #expect(try await TestBinary.run(["tokens", "revoke", "ci"], environment: environment, directory: "/tmp").status == 0)
+        #expect(try await TestBinary.run(["tokens", "revoke", "ci"], environment: environment, directory: "/tmp").status == 1)
+        let audit = try await TestBinary.run(["audit", "list", "--json"], environment: environment, directory: "/tmp")
         let actions = audit.stdout.split(separator: "\n").compactMap { JSONValue.parse(Data($0.utf8))?["action"]?.stringValue }
         #expect(actions.filter { $0 == "token.create" }.count == 2)
         #expect(actions.contains("token.revoke"))
 
-        let erase = try await Self.run(["accounts", "erase", "--aud", "com.example.app", "--sub", "001.cli.erase"], environment: environment, directory: "/tmp")
+        let erase = try await TestBinary.run(["accounts", "erase", "--aud", "com.example.app", "--sub", "001.cli.erase"], environment: environment, directory: "/tmp")
         #expect(erase.status == 0 && erase.stdout.contains("revoked 0 sessions"))
     }
 
@@ -268,7 +220,7 @@ struct CLITests {
         let environment = ["DATABASE_URL": "postgres://\(database.username)@/\(database.database ?? "")?host=\(socketDirectory)"]
         let file = "/tmp/siwa-export-\(UUID().uuidString.prefix(8)).ndjson"
         defer { try? FileManager.default.removeItem(atPath: file) }
-        let export = try await Self.run(["notifications", "export", "--output", file], environment: environment, directory: "/tmp")
+        let export = try await TestBinary.run(["notifications", "export", "--output", file], environment: environment, directory: "/tmp")
         #expect(export.status == 0, "\(export.stderr)")
         #expect(export.stderr.contains("exported 10000 notifications…"))
         #expect(export.stderr.contains("exported 12000 notifications in"))
@@ -277,20 +229,20 @@ struct CLITests {
         // Email addresses: the export is its owner's only, also when it replaces a readable file.
         #expect(try FileManager.default.attributesOfItem(atPath: file)[.posixPermissions] as? Int == 0o600)
         try FileManager.default.setAttributes([.posixPermissions: 0o644], ofItemAtPath: file)
-        #expect(try await Self.run(["notifications", "export", "--output", file, "--sub", "bulk-user-7"], environment: environment, directory: "/tmp").status == 0)
+        #expect(try await TestBinary.run(["notifications", "export", "--output", file, "--sub", "bulk-user-7"], environment: environment, directory: "/tmp").status == 0)
         #expect(try FileManager.default.attributesOfItem(atPath: file)[.posixPermissions] as? Int == 0o600)
         #expect(try String(contentsOfFile: file, encoding: .utf8).split(separator: "\n").count == 4)
         #expect(Set(lines.compactMap { JSONValue.parse(Data($0.utf8))?["jti"]?.stringValue }).count == 12_000)
 
-        let shown = try await Self.run(["notifications", "show", "bulk-7", "--json"], environment: environment, directory: "/tmp")
+        let shown = try await TestBinary.run(["notifications", "show", "bulk-7", "--json"], environment: environment, directory: "/tmp")
         #expect(JSONValue.parse(Data(shown.stdout.utf8))?["jti"] == .string("bulk-7"))
-        #expect(try await Self.run(["notifications", "show", "nope"], environment: environment, directory: "/tmp").status == 1)
-        let timeline = try await Self.run(["notifications", "timeline", "--aud", "com.example.app", "--sub", "bulk-user-7", "--json"], environment: environment, directory: "/tmp")
+        #expect(try await TestBinary.run(["notifications", "show", "nope"], environment: environment, directory: "/tmp").status == 1)
+        let timeline = try await TestBinary.run(["notifications", "timeline", "--aud", "com.example.app", "--sub", "bulk-user-7", "--json"], environment: environment, directory: "/tmp")
         #expect(timeline.stdout.split(separator: "\n").count == 4)  // users 3,000 × 4 notifications each
-        let stats = try await Self.run(["notifications", "stats", "--bucket", "day", "--from", "2h", "--json"], environment: environment, directory: "/tmp")
+        let stats = try await TestBinary.run(["notifications", "stats", "--bucket", "day", "--from", "2h", "--json"], environment: environment, directory: "/tmp")
         let total = stats.stdout.split(separator: "\n").compactMap { JSONValue.parse(Data($0.utf8))?["count"]?.numberValue }.reduce(0, +)
         #expect(total == 12_000)
-        let badBucket = try await Self.run(["notifications", "stats", "--bucket", "week"], environment: environment, directory: "/tmp")
+        let badBucket = try await TestBinary.run(["notifications", "stats", "--bucket", "week"], environment: environment, directory: "/tmp")
         #expect(badBucket.status == 64 && badBucket.stderr.contains("--bucket"))
     }
 }

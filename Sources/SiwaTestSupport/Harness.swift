@@ -8,32 +8,32 @@ import SiwaApp
 import SiwaDomain
 import SiwaHTTP
 import SiwaKeys
-import SiwaTestSupport
+import SiwaStore
 
 /// A receiver on its own fresh database with a local Apple-style signing key.
-struct Harness {
-    static let aud = "com.example.app"
+package struct Harness {
+    package static let aud = "com.example.app"
 
     /// A file of the real Apple-signed fixtures: `shared/fixtures/apple-real/` beside the checkout,
     /// as CI and our machines lay it out. Missing, the error says where they were looked for.
-    static func appleFixture(_ name: String) throws -> URL {
+    package static func appleFixture(_ name: String) throws -> URL {
         var directory = URL(fileURLWithPath: #filePath)
-        for _ in 0..<4 { directory.deleteLastPathComponent() }  // Tests/SiwaIntegrationTests/Harness.swift → beside the repo
+        for _ in 0..<4 { directory.deleteLastPathComponent() }  // Sources/SiwaTestSupport/Harness.swift → beside the repo
         let file = directory.appendingPathComponent("shared/fixtures/apple-real").appendingPathComponent(name)
         guard FileManager.default.fileExists(atPath: file.path) else { throw MissingFixture(path: file.path) }
         return file
     }
 
-    struct MissingFixture: Error, CustomStringConvertible {
-        let path: String
-        var description: String { "no Apple fixture at \(path): the tests expect the shared/ directory (fixtures/apple-real) beside the checkout" }
+    package struct MissingFixture: Error, CustomStringConvertible {
+        package let path: String
+        package var description: String { "no Apple fixture at \(path): the tests expect the shared/ directory (fixtures/apple-real) beside the checkout" }
     }
-    let server: TestServer
-    let signer: AppleStyleSigner
-    let logs: LogCapture
-    let config: Configuration
+    package let server: TestServer
+    package let signer: AppleStyleSigner
+    package let logs: LogCapture
+    package let config: Configuration
 
-    static func start(
+    package static func start(
         signer: AppleStyleSigner? = nil, jwksURL: URL? = nil, database databaseConfiguration: PostgresClient.Configuration? = nil,
         keyFetcher: any KeySetFetcher = DefaultKeySetFetcher(), fixedTime: Date? = nil, _ configure: (inout Configuration) -> Void = { _ in }
     ) async throws -> Harness {
@@ -65,10 +65,10 @@ struct Harness {
         return Harness(server: server, signer: signer, logs: logs, config: config)
     }
 
-    func stop() async { await server.stop() }
+    package func stop() async { await server.stop() }
 
     /// Runs `statements` in order on `database` through a client of its own (closed afterwards).
-    static func execute(on database: PostgresClient.Configuration, _ statements: [String]) async throws {
+    package static func execute(on database: PostgresClient.Configuration, _ statements: [String]) async throws {
         let client = PostgresClient(configuration: database)
         try await withThrowingTaskGroup(of: Void.self) { group in
             group.addTask { await client.run() }
@@ -77,18 +77,18 @@ struct Harness {
         }
     }
 
-    func notification(type: String = "consent-revoked", sub: String = "001234.abcdef.0001", eventTime: Date = Date(), email: String? = nil, jti: String = UUID().uuidString) throws -> String {
+    package func notification(type: String = "consent-revoked", sub: String = "001234.abcdef.0001", eventTime: Date = Date(), email: String? = nil, jti: String = UUID().uuidString) throws -> String {
         try signer.notification(aud: Self.aud, type: type, sub: sub, eventTime: eventTime, email: email, isPrivateEmail: email == nil ? nil : true, jti: jti)
     }
 
     /// A token signed by our key with arbitrary header and claims edits.
-    func forged(header: [String: JSONValue]? = nil, _ edit: (inout [String: JSONValue]) -> Void = { _ in }) throws -> String {
+    package func forged(header: [String: JSONValue]? = nil, _ edit: (inout [String: JSONValue]) -> Void = { _ in }) throws -> String {
         var claims = AppleStyleSigner.claims(aud: Self.aud, type: "consent-revoked", sub: "001.forged.1", eventTime: Date(), issuedAt: Date()).objectValue!
         edit(&claims)
         return try signer.sign(header: .object(header ?? ["kid": .string(signer.kid), "alg": .string("RS256")]), claims: .object(claims))
     }
 
-    func count(_ sql: String) async throws -> Int {
+    package func count(_ sql: String) async throws -> Int {
         for try await (count,) in try await server.client.query(PostgresQuery(unsafeSQL: sql)).decode((Int,).self) {
             return count
         }
@@ -97,7 +97,7 @@ struct Harness {
 
     /// Posts `jws`, retrying a 503 as Apple does: for tests that set a short database timeout,
     /// which a commit on a loaded machine (a dozen tests on two cores) sometimes outlasts.
-    func deliver(_ jws: String) async throws -> TestServer.Answer {
+    package func deliver(_ jws: String) async throws -> TestServer.Answer {
         var answer = try await server.post(jws: jws)
         for _ in 0..<10 where answer.status == 503 { answer = try await server.post(jws: jws) }
         return answer
@@ -105,7 +105,7 @@ struct Harness {
 
     /// Runs `body` while another session holds a lock that the receiver's inserts wait for (as a
     /// long migration would); released (rolled back) afterwards.
-    func withInsertsBlocked<T: Sendable>(_ body: @escaping @Sendable () async throws -> T) async throws -> T {
+    package func withInsertsBlocked<T: Sendable>(_ body: @escaping @Sendable () async throws -> T) async throws -> T {
         let logger = Logger(label: "lock")
         return try await server.client.withConnection { connection in
             try await connection.query("BEGIN", logger: logger)
@@ -117,5 +117,5 @@ struct Harness {
     }
 
     /// Writes buffered rejection records now (the recorder flushes every second on its own).
-    func flushRejections() async { await server.receiver.rejections.flush() }
+    package func flushRejections() async { await server.receiver.rejections.flush() }
 }

@@ -92,7 +92,7 @@ struct LogSafetyTests {
     }
 
     /// Posts a forged token (an impostor's signature under the real kid) whose jti is `jti`.
-    static func postForged(jti: String, keys: DeployTests.Keys, port: Int) async throws -> Int {
+    static func postForged(jti: String, keys: TestBinary.Keys, port: Int) async throws -> Int {
         let impostor = try AppleStyleSigner.generate()
         var claims = AppleStyleSigner.claims(aud: keys.aud, type: "consent-revoked", sub: "001.forged.1", eventTime: Date(), issuedAt: Date()).objectValue!
         claims["jti"] = .string(jti)
@@ -107,19 +107,19 @@ struct LogSafetyTests {
 
     @Test("serve: hostile jtis give one delivery line each in text and JSON; `rejections list` prints them escaped; bad log settings exit 78")
     func binary() async throws {
-        let keys = try await DeployTests.Keys.make()
+        let keys = try await TestBinary.Keys.make()
         defer { keys.remove() }
-        let databaseURL = try await CLITests.databaseURL()
+        let databaseURL = try await TestBinary.databaseURL()
         for format in ["text", "json"] {
-            let port = CLITests.freePort()
+            let port = TestBinary.freePort()
             let output = "\(keys.directory)/serve-\(format).log"
             let environment = [
-                "DATABASE_URL": databaseURL, "SIWA_APPLE_JWKS_URL": keys.jwksURL, "SIWA_APPLE_BUNDLE_IDS": keys.aud, "SIWA_PORT": "\(port)", "SIWA_ADMIN_PORT": "\(CLITests.freePort())",
+                "DATABASE_URL": databaseURL, "SIWA_APPLE_JWKS_URL": keys.jwksURL, "SIWA_APPLE_BUNDLE_IDS": keys.aud, "SIWA_PORT": "\(port)", "SIWA_ADMIN_PORT": "\(TestBinary.freePort())",
                 "SIWA_LOG_FORMAT": format,
             ]
             let server = try Subprocess.start(
-                CLITests.binary.path, ["serve"], environment: ProcessInfo.processInfo.environment.merging(environment) { $1 }, outputPath: output)
-            #expect(await DeployTests.waitReady(port: port), "\(format): not ready")
+                TestBinary.url.path, ["serve"], environment: ProcessInfo.processInfo.environment.merging(environment) { $1 }, outputPath: output)
+            #expect(await TestBinary.waitReady(port: port), "\(format): not ready")
             for jti in Self.hostile.dropLast() {
                 #expect(try await Self.postForged(jti: jti, keys: keys, port: port) == 401)
             }
@@ -141,16 +141,16 @@ struct LogSafetyTests {
                 #expect(deliveries.allSatisfy { $0["outcome"] == .string("rejected") })
             }
         }
-        let listed = try await CLITests.run(["rejections", "list"], environment: ["DATABASE_URL": databaseURL], directory: keys.directory)
+        let listed = try await TestBinary.run(["rejections", "list"], environment: ["DATABASE_URL": databaseURL], directory: keys.directory)
         #expect(listed.status == 0, "\(listed.stderr)")
         #expect(listed.stdout.contains(#"evil\n2026-01-01"#), "\(listed.stdout)")
         #expect(listed.stdout.contains(#"\u{1b}[2J"#))
         #expect(!listed.stdout.contains("\u{1b}") && !listed.stdout.split(separator: "\n").contains { $0.hasPrefix("2026-01-01") })
 
-        let badLevel = try await CLITests.run(["serve"], environment: ["SIWA_APPLE_BUNDLE_IDS": keys.aud, "SIWA_LOG_LEVEL": "loud"], directory: keys.directory)
+        let badLevel = try await TestBinary.run(["serve"], environment: ["SIWA_APPLE_BUNDLE_IDS": keys.aud, "SIWA_LOG_LEVEL": "loud"], directory: keys.directory)
         #expect(badLevel.status == 78)
         #expect(badLevel.stderr.contains("SIWA_LOG_LEVEL") && badLevel.stderr.contains("loud"), "\(badLevel.stderr)")
-        let badFormat = try await CLITests.run(["notifications", "list"], environment: ["DATABASE_URL": databaseURL, "SIWA_LOG_FORMAT": "xml"], directory: keys.directory)
+        let badFormat = try await TestBinary.run(["notifications", "list"], environment: ["DATABASE_URL": databaseURL, "SIWA_LOG_FORMAT": "xml"], directory: keys.directory)
         #expect(badFormat.status == 78)
         #expect(badFormat.stderr.contains("SIWA_LOG_FORMAT") && badFormat.stderr.contains("text or json"), "\(badFormat.stderr)")
         #expect(!FileManager.default.fileExists(atPath: "\(keys.directory)/.siwa"))

@@ -14,7 +14,7 @@ import Testing
 /// forward with the real binary and keeps working.
 @Suite("Upgrades: a database from the previous release migrates forward and keeps working")
 struct UpgradeTests {
-    static let fixture = MonitoringTests.repository.appendingPathComponent("Tests/fixtures/upgrade/db-at-013.sql")
+    static let fixture = Repository.root.appendingPathComponent("Tests/fixtures/upgrade/db-at-013.sql")
     static let aud = "com.example.upgrade"
     static let role = "siwa_backend_upgrade"
     /// The fixture's admin token (its hash is in `api_tokens`; a fixed value, for this test only).
@@ -37,11 +37,11 @@ struct UpgradeTests {
 
         // The real binary migrates it.
         let url = "postgres://\(database.username)@/\(database.database ?? "")?host=\((socket as NSString).deletingLastPathComponent)"
-        let migrated = try await CLITests.run(["migrate"], environment: ["DATABASE_URL": url], directory: "/tmp")
+        let migrated = try await TestBinary.run(["migrate"], environment: ["DATABASE_URL": url], directory: "/tmp")
         #expect(migrated.status == 0, "\(migrated.stderr)")
         let after = try await Self.rowCounts(database)
         for (table, count) in before { #expect(after[table] == count, "\(table): \(count) rows before the upgrade, \(after[table] ?? 0) after") }
-        let again = try await CLITests.run(["migrate"], environment: ["DATABASE_URL": url], directory: "/tmp")
+        let again = try await TestBinary.run(["migrate"], environment: ["DATABASE_URL": url], directory: "/tmp")
         #expect(again.status == 0 && !again.stderr.contains("migration applied"), "a second migrate applies nothing: \(again.stderr)")
 
         // The service over it: an old user's consent revoked now revokes the session made before.
@@ -56,7 +56,7 @@ struct UpgradeTests {
         #expect(try await h.count("SELECT count(*) FROM sessions WHERE aud = 'com.example.upgrade' AND sub = '001.up.1' AND revoked_at IS NULL") == 0)
         #expect(try await h.count("SELECT count(*) FROM notifications WHERE jti IN ('up-1', 'up-2', 'up-3', 'up-4', 'after-upgrade') AND status = 'applied'") == 5)
         // The notifications recorded before the upgrade are listed by the API, with a token made then.
-        let listed = try await BackendAPITests.call(h, .GET, "/v1/notifications?aud=com.example.upgrade", token: Self.fixtureToken)
+        let listed = try await API.call(h, .GET, "/v1/notifications?aud=com.example.upgrade", token: Self.fixtureToken)
         #expect(listed.status == 200)
         let ids = (listed.json?["items"]?.arrayValue ?? []).compactMap { $0["jti"]?.stringValue }
         #expect(Set(ids).isSuperset(of: ["up-1", "up-2", "up-3", "up-4"]), "\(listed.body)")

@@ -12,10 +12,8 @@ import Testing
 /// Callbacks through real HTTP to a loopback endpoint, on a real database.
 @Suite("Callbacks: the backend is told about each effect, signed, retried, never in the effects' way")
 struct CallbackTests {
-    static let secret = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
-    static let rotated = "whsec_" + Data(repeating: 7, count: 32).base64EncodedString()
 
-    static func harness(_ endpoint: CallbackEndpoint, secrets: String = secret, _ configure: (inout EffectWorkers.Configuration) -> Void = { _ in })
+    static func harness(_ endpoint: CallbackEndpoint, secrets: String = TestWebhooks.secret, _ configure: (inout EffectWorkers.Configuration) -> Void = { _ in })
         async throws -> EffectHarness
     {
         try await EffectHarness.start { configuration in
@@ -25,21 +23,10 @@ struct CallbackTests {
         }
     }
 
-    /// Verifies like a receiver's Standard Webhooks library, independently of our signer:
-    /// HMAC-SHA256 with the secret's key bytes over "id.timestamp.body", base64, "v1,".
-    static func verifies(_ request: CallbackEndpoint.Received, secret: String) -> Bool {
-        guard let id = request.headers["webhook-id"], let timestamp = request.headers["webhook-timestamp"],
-            let signatures = request.headers["webhook-signature"],
-            let key = Data(base64Encoded: String(secret.dropFirst("whsec_".count)))
-        else { return false }
-        let expected = "v1," + Data(HMAC<SHA256>.authenticationCode(for: Array("\(id).\(timestamp).".utf8) + request.body, using: SymmetricKey(data: key))).base64EncodedString()
-        return signatures.split(separator: " ").contains { $0 == expected }
-    }
-
     @Test("after an effect: one signed POST with the effect's facts; a 500 is retried with the same webhook-id and a fresh signature")
     func deliveredAndRetried() async throws {
         let endpoint = try await CallbackEndpoint.start()
-        let e = try await Self.harness(endpoint, secrets: "\(Self.rotated) \(Self.secret)")
+        let e = try await Self.harness(endpoint, secrets: "\(TestWebhooks.rotated) \(TestWebhooks.secret)")
         _ = try await e.session(sub: "cb1", createdAt: 1_000)
         try await e.post("consent-revoked", sub: "cb1", at: 5_000, jti: "cb-jti-1")
         #expect(try await e.drain() == 1)
@@ -54,9 +41,9 @@ struct CallbackTests {
         #expect(received.count == 2)
         #expect(received.map(\.status) == [500, 200])
         for request in received {
-            #expect(Self.verifies(request, secret: Self.secret))
-            #expect(Self.verifies(request, secret: Self.rotated))
-            #expect(!Self.verifies(request, secret: "whsec_" + Data(repeating: 1, count: 32).base64EncodedString()))
+            #expect(TestWebhooks.verifies(request, secret: TestWebhooks.secret))
+            #expect(TestWebhooks.verifies(request, secret: TestWebhooks.rotated))
+            #expect(!TestWebhooks.verifies(request, secret: "whsec_" + Data(repeating: 1, count: 32).base64EncodedString()))
             #expect(request.headers["content-type"] == "application/json")
             let sent = try #require(Int64(request.headers["webhook-timestamp"] ?? ""))
             #expect(abs(Double(sent) - Date().timeIntervalSince1970) < 120)
@@ -159,17 +146,17 @@ struct CallbackTests {
         }
         #expect(error(["SIWA_CALLBACK_URL": "https://backend.example/siwa"]).hasPrefix("SIWA_CALLBACK_SECRET"))
         #expect(error(["SIWA_CALLBACK_URL": "https://backend.example/siwa", "SIWA_CALLBACK_SECRET": "hunter2"]).contains("secret 1 does not start with whsec_"))
-        #expect(error(["SIWA_CALLBACK_URL": "ftp://backend.example/siwa", "SIWA_CALLBACK_SECRET": Self.secret]).hasPrefix("SIWA_CALLBACK_URL"))
-        #expect(error(["SIWA_CALLBACK_SECRET": Self.secret]).hasPrefix("SIWA_CALLBACK_URL"))
+        #expect(error(["SIWA_CALLBACK_URL": "ftp://backend.example/siwa", "SIWA_CALLBACK_SECRET": TestWebhooks.secret]).hasPrefix("SIWA_CALLBACK_URL"))
+        #expect(error(["SIWA_CALLBACK_SECRET": TestWebhooks.secret]).hasPrefix("SIWA_CALLBACK_URL"))
         // Alert webhooks never fall back to the callback secret, and may not share it.
-        let alerts = ["SIWA_ALERT_WEBHOOK_URLS": "https://alerts.example/hook", "SIWA_CALLBACK_URL": "https://backend.example/siwa", "SIWA_CALLBACK_SECRET": Self.secret]
+        let alerts = ["SIWA_ALERT_WEBHOOK_URLS": "https://alerts.example/hook", "SIWA_CALLBACK_URL": "https://backend.example/siwa", "SIWA_CALLBACK_SECRET": TestWebhooks.secret]
         #expect(error(alerts).hasPrefix("SIWA_ALERT_SECRET (--alert-secret): is required when SIWA_ALERT_WEBHOOK_URLS is set"), "\(error(alerts))")
-        #expect(error(alerts.merging(["SIWA_ALERT_SECRET": "\(Self.rotated) \(Self.secret)"]) { $1 }).contains("must differ from every SIWA_CALLBACK_SECRET"))
-        #expect(error(["SIWA_ALERT_SECRET": Self.secret]).hasPrefix("SIWA_ALERT_WEBHOOK_URLS"))
-        #expect(error(alerts.merging(["SIWA_ALERT_SECRET": Self.rotated]) { $1 }) == "no error")
-        #expect(error(["SIWA_CALLBACK_URL": "https://backend.example/siwa", "SIWA_CALLBACK_SECRET": Self.secret, "SIWA_CALLBACK_TIMEOUT": "soon"]).hasPrefix("SIWA_CALLBACK_TIMEOUT"))
+        #expect(error(alerts.merging(["SIWA_ALERT_SECRET": "\(TestWebhooks.rotated) \(TestWebhooks.secret)"]) { $1 }).contains("must differ from every SIWA_CALLBACK_SECRET"))
+        #expect(error(["SIWA_ALERT_SECRET": TestWebhooks.secret]).hasPrefix("SIWA_ALERT_WEBHOOK_URLS"))
+        #expect(error(alerts.merging(["SIWA_ALERT_SECRET": TestWebhooks.rotated]) { $1 }) == "no error")
+        #expect(error(["SIWA_CALLBACK_URL": "https://backend.example/siwa", "SIWA_CALLBACK_SECRET": TestWebhooks.secret, "SIWA_CALLBACK_TIMEOUT": "soon"]).hasPrefix("SIWA_CALLBACK_TIMEOUT"))
         let config = try Configuration.load(
-            environment: ["SIWA_APPLE_BUNDLE_IDS": "a", "SIWA_CALLBACK_URL": "https://backend.example/siwa", "SIWA_CALLBACK_SECRET": "\(Self.secret) \(Self.rotated)"],
+            environment: ["SIWA_APPLE_BUNDLE_IDS": "a", "SIWA_CALLBACK_URL": "https://backend.example/siwa", "SIWA_CALLBACK_SECRET": "\(TestWebhooks.secret) \(TestWebhooks.rotated)"],
             requireBundleIDs: true)
         #expect(config.workerConfiguration.callbacks?.url.absoluteString == "https://backend.example/siwa")
     }

@@ -10,7 +10,6 @@ import Testing
 /// both when missing). The screenshot is kept in .build/test-artifacts/dashboard.png.
 @Suite("Dashboard in headless Chromium")
 struct DashboardTests {
-    static let repository = URL(fileURLWithPath: #filePath).deletingLastPathComponent().deletingLastPathComponent().deletingLastPathComponent()
 
     @Test("serves its shell with a strict CSP, signs in with a token, finds a user's notifications and timeline, and keeps data as text")
     func dashboard() async throws {
@@ -21,7 +20,7 @@ struct DashboardTests {
         #expect(csp.contains("script-src 'self'") && !csp.contains("unsafe-inline"))
         #expect(!shell.body.contains("<script>"))  // no inline script
 
-        let token = try await BackendAPITests.token(e.h, [.notificationsRead, .alertsRead])
+        let token = try await API.token(e.h, [.notificationsRead, .alertsRead])
         let spike = AlertEpisode(
             key: AlertKey(kind: .revocationSpike, aud: Harness.aud, type: "revocations"), startedAt: Date(), value: 42, peak: 42, baseline: 3.5,
             threshold: 20)
@@ -32,14 +31,14 @@ struct DashboardTests {
         try await e.post("consent-revoked", sub: xss, at: 2_000)
         try await e.drain()
 
-        let artifacts = Self.repository.appendingPathComponent(".build/test-artifacts")
+        let artifacts = Repository.root.appendingPathComponent(".build/test-artifacts")
         try FileManager.default.createDirectory(at: artifacts, withIntermediateDirectories: true)
         let screenshot = artifacts.appendingPathComponent("dashboard.png").path
         let python = try #require(
             ["/root/.pyenv/shims/python3", "/usr/local/bin/python3", "/usr/bin/python3"].first { FileManager.default.isExecutableFile(atPath: $0) },
             "python3 is missing: scripts/test installs it")
         let result = try await Subprocess.run(
-            python, [Self.repository.appendingPathComponent("Tests/browser/dashboard.py").path, e.h.server.adminBaseURL, token, "dash-user-1", "dash-jti-1", xss, screenshot],
+            python, [Repository.root.appendingPathComponent("Tests/browser/dashboard.py").path, e.h.server.adminBaseURL, token, "dash-user-1", "dash-jti-1", xss, screenshot],
             environment: ProcessInfo.processInfo.environment)
         #expect(result.succeeded, "\(result.standardOutput.suffix(5000))\n\(result.standardError.suffix(3000))")
         #expect(FileManager.default.fileExists(atPath: screenshot))

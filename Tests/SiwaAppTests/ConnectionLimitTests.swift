@@ -270,7 +270,7 @@ struct ConnectionLimitTests {
     @Test("The public listener serves only the notification route and health; the admin one the API, dashboard, contract and metrics")
     func listeners() async throws {
         let h = try await Harness.start()
-        let token = try await BackendAPITests.token(h, [.notificationsRead])
+        let token = try await API.token(h, [.notificationsRead])
         for path in ["/v1/notifications", "/metrics", "/", "/app.js", "/openapi.yaml"] {
             let answer = try await HTTPClientRequestBuilder.get(h.server.baseURL + path, bearer: token)
             #expect(answer == 404, "public \(path)")

@@ -11,84 +11,6 @@ import SiwaTestSupport
 import SiwaWorkers
 import Testing
 
-/// A receiver plus effect workers driven by hand (`runOnce`), on one fresh database.
-struct EffectHarness {
-    let h: Harness
-    let workers: EffectWorkers
-    var client: PostgresClient { h.server.client }
-
-    static func start(_ configure: (inout EffectWorkers.Configuration) -> Void = { _ in }) async throws -> EffectHarness {
-        let h = try await Harness.start()
-        var configuration = EffectWorkers.Configuration()
-        configuration.workers = 1
-        configure(&configuration)
-        let workers = EffectWorkers(configuration: configuration, store: EffectStore(client: h.server.client, logger: h.logs.logger()), logger: h.logs.logger())
-        return EffectHarness(h: h, workers: workers)
-    }
-
-    func stop() async { await h.stop() }
-
-    /// Runs worker 0 until nothing is ready.
-    @discardableResult
-    func drain() async throws -> Int {
-        var total = 0
-        while true {
-            let claimed = try await workers.runOnce(worker: workers.workerName(0))
-            if claimed == 0 { return total }
-            total += claimed
-        }
-    }
-
-    /// Test times are offsets in ms from this realistic base (Apple's event_time heuristics read
-    /// small numbers as seconds).
-    static let base: Int64 = 1_700_000_000_000
-
-    func post(_ type: String, sub: String, at offset: Int64, email: String? = nil, jti: String = UUID().uuidString) async throws {
-        let millis = Self.base + offset
-        let jws = try h.signer.notification(
-            aud: Harness.aud, type: type, sub: sub, eventTime: Date(timeIntervalSince1970: Double(millis) / 1000), email: email,
-            isPrivateEmail: email == nil ? nil : true, jti: jti)
-        let answer = try await h.server.post(jws: jws)
-        #expect(answer.status == 200)
-    }
-
-    /// A session created at `millis` (as a backend would, with plain SQL).
-    @discardableResult
-    func session(sub: String, createdAt offset: Int64) async throws -> String {
-        let millis = Self.base + offset
-        let id = UUID().uuidString.lowercased()
-        try await client.query(
-            "INSERT INTO sessions (id, aud, sub, created_at) VALUES (\(id)::uuid, \(Harness.aud), \(sub), timestamptz 'epoch' + \(Int(millis)) * interval '1 millisecond')")
-        return id
-    }
-
-    func activeSessions(sub: String) async throws -> Set<String> {
-        var ids = Set<String>()
-        for try await (id,) in try await client.query(
-            "SELECT id::text FROM sessions WHERE aud = \(Harness.aud) AND sub = \(sub) AND revoked_at IS NULL"
-        ).decode((String,).self) {
-            ids.insert(id)
-        }
-        return ids
-    }
-
-    /// (forwarding, email, consent revoked at ms, deleted at ms)
-    func account(sub: String) async throws -> String {
-        for try await (row,) in try await client.query(
-            """
-            SELECT concat_ws('|', coalesce(email_forwarding::text, '-'), coalesce(email, '-'), coalesce(is_private_email::text, '-'),
-                coalesce(((extract(epoch FROM email_event_time) * 1000)::bigint - \(Self.base))::text, '-'),
-                coalesce(((extract(epoch FROM consent_revoked_at) * 1000)::bigint - \(Self.base))::text, '-'),
-                coalesce(((extract(epoch FROM deleted_at) * 1000)::bigint - \(Self.base))::text, '-'))
-            FROM accounts WHERE aud = \(Harness.aud) AND sub = \(sub)
-            """
-        ).decode((String,).self) {
-            return row
-        }
-        return "none"
-    }
-}
-
 @Suite("Effects: the worker applies notifications to accounts and sessions")
 struct EffectTests {
     @Test("email-disabled, then email-enabled: forwarding and address follow; the notifications end applied")
@@ -163,45 +85,14 @@ struct EffectTests {
         _ = try await e.h.server.post(jws: kept)
         await e.h.flushRejections()
         try await e.drain()
-        #expect(try await Self.occurrences(of: email, in: e.client) > 0)
+        #expect(try await DatabaseSearch.occurrences(of: email, in: e.client) > 0)
         try await e.post("account-delete", sub: "u4", at: 2_000)
         try await e.drain()
-        #expect(try await Self.occurrences(of: email, in: e.client) == 0)
+        #expect(try await DatabaseSearch.occurrences(of: email, in: e.client) == 0)
         #expect(try await e.h.count("SELECT count(*) FROM notifications WHERE sub = 'u4' AND erased_at IS NOT NULL") == 1)
         await e.stop()
     }
 
-    /// Counts rows anywhere in the public schema whose text, jsonb or bytea columns contain
-    /// `needle` — as text, or inside base64url (how a JWS carries it).
-    static func occurrences(of needle: String, in client: PostgresClient) async throws -> Int {
-        var columns: [(String, String, String)] = []
-        for try await row in try await client.query(
-            """
-            SELECT table_name::text, column_name::text, data_type::text FROM information_schema.columns
-            WHERE table_schema = 'public' AND data_type IN ('text', 'jsonb', 'bytea', 'character varying')
-            """
-        ).decode((String, String, String).self) {
-            columns.append(row)
-        }
-        #expect(columns.count > 10)
-        // The address inside base64url, at each of the three alignments.
-        let encoded = (0..<3).map { shift -> String in
-            let padded = Data(repeating: 0x20, count: shift) + Data(needle.utf8)
-            return String(Base64URL.encode(padded).dropFirst(shift == 0 ? 0 : shift + 1).dropLast(2))
-        }
-        var total = 0
-        for (table, column, type) in columns {
-            let expression = type == "bytea" ? "encode(\"\(column)\", 'escape')" : "\"\(column)\"::text"
-            var conditions = ["\(expression) LIKE '%' || $1 || '%'"]
-            for (index, _) in encoded.enumerated() { conditions.append("\(expression) LIKE '%' || $\(index + 2) || '%'") }
-            var bindings = PostgresBindings()
-            bindings.append(needle)
-            for value in encoded { bindings.append(value) }
-            let query = PostgresQuery(unsafeSQL: "SELECT count(*) FROM \"\(table)\" WHERE \(conditions.joined(separator: " OR "))", binds: bindings)
-            for try await (count,) in try await client.query(query).decode((Int,).self) { total += count }
-        }
-        return total
-    }
 
     @Test("Every out-of-order pair of a user's events ends as in event_time order (accounts and sessions)")
     func outOfOrderPairs() async throws {
@@ -292,7 +183,7 @@ struct EffectTests {
     @Test("A callback whose deliverer died is taken over after its lease; the dead deliverer's late result is not recorded")
     func callbackLeaseTakeover() async throws {
         let e = try await EffectHarness.start { configuration in
-            configuration.callbacks = .init(url: URL(string: "http://127.0.0.1:9/")!, signer: try! WebhookSigner(secrets: CallbackTests.secret))
+            configuration.callbacks = .init(url: URL(string: "http://127.0.0.1:9/")!, signer: try! WebhookSigner(secrets: TestWebhooks.secret))
         }
         try await e.post("consent-revoked", sub: "u6", at: 5_000)
         #expect(try await e.drain() == 1)
@@ -314,7 +205,7 @@ struct EffectTests {
     @Test("Shutdown hands back the deliveries this process holds, as if never attempted, and nothing another process holds")
     func releaseOnShutdown() async throws {
         let e = try await EffectHarness.start { configuration in
-            configuration.callbacks = .init(url: URL(string: "http://127.0.0.1:9/")!, signer: try! WebhookSigner(secrets: CallbackTests.secret))
+            configuration.callbacks = .init(url: URL(string: "http://127.0.0.1:9/")!, signer: try! WebhookSigner(secrets: TestWebhooks.secret))
         }
         for user in ["r1", "r2", "r3"] { try await e.post("consent-revoked", sub: user, at: 1_000) }
         #expect(try await e.drain() == 3)

@@ -3,6 +3,7 @@ import Hummingbird
 import Logging
 import NIOCore
 import SiwaEmbeddedPostgres
+import SiwaTestSupport
 import Synchronization
 import Testing
 
@@ -11,7 +12,7 @@ import Testing
 /// certificate, the ports and the upstream (a stub that records what the proxy passed) differ.
 @Suite("Proxy configs: deploy/tls/nginx.conf and Caddyfile with Debian's nginx and caddy")
 struct ProxyConfigTests {
-    static let tls = DeployTests.deploy.appendingPathComponent("tls")
+    static let tls = Repository.deploy.appendingPathComponent("tls")
 
     /// What each request through the proxy must do.
     enum Expected {
@@ -63,7 +64,7 @@ struct ProxyConfigTests {
         defer { work.remove() }
         let upstream = try await Upstream.start()
         defer { Task { await upstream.stop() } }
-        let (https, http) = (CLITests.freePort(), CLITests.freePort())
+        let (https, http) = (TestBinary.freePort(), TestBinary.freePort())
         // The listen addresses on loopback (IPv6 may be missing in a CI container), the test's
         // certificate, the stub upstream.
         let site = try Self.edit(shipped, [
@@ -125,7 +126,7 @@ struct ProxyConfigTests {
         defer { work.remove() }
         let upstream = try await Upstream.start()
         defer { Task { await upstream.stop() } }
-        let (https, http) = (CLITests.freePort(), CLITests.freePort())
+        let (https, http) = (TestBinary.freePort(), TestBinary.freePort())
         // Offline: the test's certificate instead of ACME, no admin endpoint (:2019), no redirect
         // listener, storage in the workspace.
         let global = """

@@ -18,24 +18,24 @@ struct HistoryAPITests {
     @Test("list: filters, newest first, keyset pages stable while new notifications arrive; bad parameters are named")
     func list() async throws {
         let e = try await EffectHarness.start()
-        let token = try await BackendAPITests.token(e.h, [.notificationsRead])
+        let token = try await API.token(e.h, [.notificationsRead])
         for index in 0..<5 { try await e.post("consent-revoked", sub: "hist-a", at: Int64(index) * 1_000, jti: "a-\(index)") }
         try await e.post("email-disabled", sub: "hist-b", at: 10_000, email: "b@privaterelay.appleid.com", jti: "b-0")
         try await e.drain()
-        let all = try await BackendAPITests.call(e.h, .GET, "/v1/notifications", token: token)
+        let all = try await API.call(e.h, .GET, "/v1/notifications", token: token)
         #expect(all.status == 200)
         #expect(Self.items(all).compactMap { $0["jti"]?.stringValue } == ["b-0", "a-4", "a-3", "a-2", "a-1", "a-0"])
         #expect(Self.items(all).first?["status"] == .string("applied"))
 
-        let first = try await BackendAPITests.call(e.h, .GET, "/v1/notifications?sub=hist-a&limit=2", token: token)
+        let first = try await API.call(e.h, .GET, "/v1/notifications?sub=hist-a&limit=2", token: token)
         #expect(Self.items(first).compactMap { $0["jti"]?.stringValue } == ["a-4", "a-3"])
         let cursor = try #require(first.json?["next_cursor"]?.stringValue)
         try await e.post("consent-revoked", sub: "hist-a", at: 99_000, jti: "a-new")  // arrives between pages
-        let second = try await BackendAPITests.call(e.h, .GET, "/v1/notifications?sub=hist-a&limit=2&cursor=\(cursor)", token: token)
+        let second = try await API.call(e.h, .GET, "/v1/notifications?sub=hist-a&limit=2&cursor=\(cursor)", token: token)
         #expect(Self.items(second).compactMap { $0["jti"]?.stringValue } == ["a-2", "a-1"])
-        let byType = try await BackendAPITests.call(e.h, .GET, "/v1/notifications?type=email-disabled&status=applied", token: token)
+        let byType = try await API.call(e.h, .GET, "/v1/notifications?type=email-disabled&status=applied", token: token)
         #expect(Self.items(byType).compactMap { $0["jti"]?.stringValue } == ["b-0"])
-        let byEventTime = try await BackendAPITests.call(
+        let byEventTime = try await API.call(
             e.h, .GET, "/v1/notifications?time_field=event_time&sub=hist-a&limit=1", token: token)
         #expect(Self.items(byEventTime).first?["jti"] == .string("a-new"))
 
@@ -43,17 +43,17 @@ struct HistoryAPITests {
             ("status=done", "status"), ("time_field=sent_at", "time_field"), ("from=yesterday", "from"), ("limit=5000", "limit"),
             ("cursor=bm9wZQ", "cursor"),
         ] {
-            let bad = try await BackendAPITests.call(e.h, .GET, "/v1/notifications?\(query)", token: token)
+            let bad = try await API.call(e.h, .GET, "/v1/notifications?\(query)", token: token)
             #expect(bad.status == 400, "\(query)")
             #expect(bad.json?["message"]?.stringValue?.hasPrefix(parameter) == true, "\(query): \(bad.body)")
         }
         // An empty range matches nothing; an empty parameter is no filter.
-        let empty = try await BackendAPITests.call(e.h, .GET, "/v1/notifications?from=2026-01-02T00:00:00Z&to=2026-01-01T00:00:00Z", token: token)
+        let empty = try await API.call(e.h, .GET, "/v1/notifications?from=2026-01-02T00:00:00Z&to=2026-01-01T00:00:00Z", token: token)
         #expect(empty.status == 200 && Self.items(empty).isEmpty, "\(empty.body)")
-        let blank = try await BackendAPITests.call(e.h, .GET, "/v1/notifications?sub=&cursor=&aud=", token: token)
+        let blank = try await API.call(e.h, .GET, "/v1/notifications?sub=&cursor=&aud=", token: token)
         #expect(Self.items(blank).count == 7, "\(blank.body)")
-        let sessionsOnly = try await BackendAPITests.token(e.h, [.sessionsRead])
-        let denied = try await BackendAPITests.call(e.h, .GET, "/v1/notifications", token: sessionsOnly)
+        let sessionsOnly = try await API.token(e.h, [.sessionsRead])
+        let denied = try await API.call(e.h, .GET, "/v1/notifications", token: sessionsOnly)
         #expect(denied.status == 403 && denied.json?["message"]?.stringValue?.contains("notifications:read") == true)
         await e.stop()
     }
@@ -61,12 +61,12 @@ struct HistoryAPITests {
     @Test("show: verification facts, deliveries and the attempt log; timeline: the user's events with what each changed")
     func showAndTimeline() async throws {
         let e = try await EffectHarness.start()
-        let token = try await BackendAPITests.token(e.h, [.notificationsRead])
+        let token = try await API.token(e.h, [.notificationsRead])
         _ = try await e.session(sub: "hist-c", createdAt: 500)
         try await e.post("email-disabled", sub: "hist-c", at: 1_000, email: "c@privaterelay.appleid.com", jti: "c-1")
         try await e.post("consent-revoked", sub: "hist-c", at: 2_000, jti: "c-2")
         try await e.drain()
-        let shown = try await BackendAPITests.call(e.h, .GET, "/v1/notifications/c-2", token: token)
+        let shown = try await API.call(e.h, .GET, "/v1/notifications/c-2", token: token)
         #expect(shown.status == 200)
         #expect(shown.json?["verification"]?["kid"]?.stringValue?.isEmpty == false)
         let attempts = shown.json?["attempts"]?.arrayValue ?? []
@@ -74,9 +74,9 @@ struct HistoryAPITests {
         #expect(attempts.first?["outcome"] == .string("applied"))
         #expect(attempts.first?["effect"] == .string("consent_revoked"))
         #expect(attempts.first?["revoked_sessions"] == .number(1))
-        #expect(try await BackendAPITests.call(e.h, .GET, "/v1/notifications/nope", token: token).status == 404)
+        #expect(try await API.call(e.h, .GET, "/v1/notifications/nope", token: token).status == 404)
 
-        let timeline = try await BackendAPITests.call(e.h, .GET, "/v1/accounts/com.example.app/hist-c/timeline", token: token)
+        let timeline = try await API.call(e.h, .GET, "/v1/accounts/com.example.app/hist-c/timeline", token: token)
         let entries = Self.items(timeline)
         #expect(entries.compactMap { $0["jti"]?.stringValue } == ["c-1", "c-2"])
         #expect(entries.compactMap { $0["effect"]?.stringValue } == ["email_forwarding_disabled", "consent_revoked"])
@@ -89,16 +89,16 @@ struct HistoryAPITests {
         let address = "hist-e@privaterelay.appleid.com"
         try await e.post("email-disabled", sub: "hist-e", at: 1_000, email: address, jti: "e-1")
         try await e.drain()
-        let historyOnly = try await BackendAPITests.token(e.h, [.notificationsRead])
-        let withAccounts = try await BackendAPITests.token(e.h, [.notificationsRead, .accountsRead])
+        let historyOnly = try await API.token(e.h, [.notificationsRead])
+        let withAccounts = try await API.token(e.h, [.notificationsRead, .accountsRead])
         let paths = ["/v1/notifications", "/v1/notifications/e-1", "/v1/accounts/com.example.app/hist-e/timeline", "/v1/notifications/export"]
         for path in paths {
-            let withheld = try await BackendAPITests.call(e.h, .GET, path, token: historyOnly)
+            let withheld = try await API.call(e.h, .GET, path, token: historyOnly)
             #expect(withheld.status == 200, "\(path)")
             #expect(!withheld.body.contains(address), "\(path): \(withheld.body)")
             let record = path.hasSuffix("export") ? JSONValue.parse(Data(withheld.body.utf8)) : (Self.items(withheld).first ?? withheld.json)
             #expect(record?["email"] == .null && record?["email_withheld"] == .bool(true), "\(path): \(withheld.body)")
-            let shown = try await BackendAPITests.call(e.h, .GET, path, token: withAccounts)
+            let shown = try await API.call(e.h, .GET, path, token: withAccounts)
             #expect(shown.body.contains(address), "\(path)")
             let full = path.hasSuffix("export") ? JSONValue.parse(Data(shown.body.utf8)) : (Self.items(shown).first ?? shown.json)
             #expect(full?["email"] == .string(address) && full?["email_withheld"] == .bool(false), "\(path): \(shown.body)")
@@ -109,34 +109,34 @@ struct HistoryAPITests {
     @Test("stats count per bucket and type; rejections list with totals; export streams every matching row as NDJSON")
     func statsRejectionsExport() async throws {
         let e = try await EffectHarness.start()
-        let token = try await BackendAPITests.token(e.h, [.notificationsRead])
+        let token = try await API.token(e.h, [.notificationsRead])
         for index in 0..<3 { try await e.post("consent-revoked", sub: "stats-\(index)", at: Int64(index)) }
         try await e.post("account-delete", sub: "stats-9", at: 5)
         _ = try await e.h.server.post(jws: try e.h.forged(header: ["alg": "none", "kid": "x"]))
         await e.h.flushRejections()
-        let stats = try await BackendAPITests.call(e.h, .GET, "/v1/stats/notifications?bucket=hour", token: token)
+        let stats = try await API.call(e.h, .GET, "/v1/stats/notifications?bucket=hour", token: token)
         #expect(stats.status == 200)
         let buckets = Self.items(stats)
         #expect(buckets.count == 1)
         #expect(buckets.first?["counts"]?["consent-revoked"] == .number(3))
         #expect(buckets.first?["counts"]?["account-delete"] == .number(1))
         #expect(buckets.first?["total"] == .number(4))
-        let filtered = try await BackendAPITests.call(e.h, .GET, "/v1/stats/notifications?bucket=minute&type=account-delete", token: token)
+        let filtered = try await API.call(e.h, .GET, "/v1/stats/notifications?bucket=minute&type=account-delete", token: token)
         #expect(Self.items(filtered).first?["total"] == .number(1))
-        #expect(try await BackendAPITests.call(e.h, .GET, "/v1/stats/notifications?bucket=week", token: token).status == 400)
+        #expect(try await API.call(e.h, .GET, "/v1/stats/notifications?bucket=week", token: token).status == 400)
 
         _ = try await e.h.server.post(jws: try e.h.forged(header: ["alg": "HS256", "kid": "x"]))
         await e.h.flushRejections()
-        let rejections = try await BackendAPITests.call(e.h, .GET, "/v1/rejections?limit=1", token: token)
+        let rejections = try await API.call(e.h, .GET, "/v1/rejections?limit=1", token: token)
         #expect(Self.items(rejections).first?["reason"] == .string("unsupported_algorithm"))
         let rejectionCursor = try #require(rejections.json?["next_cursor"]?.stringValue)
-        let older = try await BackendAPITests.call(e.h, .GET, "/v1/rejections?limit=1&cursor=\(rejectionCursor)", token: token)
+        let older = try await API.call(e.h, .GET, "/v1/rejections?limit=1&cursor=\(rejectionCursor)", token: token)
         #expect(Self.items(older).count == 1)
         #expect(Self.items(older).first?["id"] != Self.items(rejections).first?["id"])
         #expect(older.json?["next_cursor"] == .null)
         #expect(rejections.json?["totals"]?.arrayValue?.contains { $0["reason"] == .string("unsupported_algorithm") } == true)
 
-        let export = try await BackendAPITests.call(e.h, .GET, "/v1/notifications/export?type=consent-revoked", token: token)
+        let export = try await API.call(e.h, .GET, "/v1/notifications/export?type=consent-revoked", token: token)
         #expect(export.status == 200)
         #expect(export.headers.first(name: "content-type") == "application/x-ndjson")
         let lines = export.body.split(separator: "\n").compactMap { JSONValue.parse(Data($0.utf8)) }
@@ -149,8 +149,8 @@ struct HistoryAPITests {
     func exportManyRows() async throws {
         let h = try await Harness.start()
         try await BulkLoad.notifications(count: 2_500, users: 2_500, aud: Harness.aud, client: h.server.client)  // one transaction: one received_at
-        let token = try await BackendAPITests.token(h, [.notificationsRead])
-        let export = try await BackendAPITests.call(h, .GET, "/v1/notifications/export", token: token)
+        let token = try await API.token(h, [.notificationsRead])
+        let export = try await API.call(h, .GET, "/v1/notifications/export", token: token)
         let jtis = export.body.split(separator: "\n").compactMap { JSONValue.parse(Data($0.utf8))?["jti"]?.stringValue }
         #expect(jtis.count == 2_500)
         #expect(Set(jtis).count == 2_500)
@@ -163,7 +163,7 @@ struct HistoryAPITests {
         let document = try await e.h.server.request(.GET, "/openapi.yaml")
         #expect(document.status == 200)
         #expect(document.body.hasPrefix("openapi: 3.1"))
-        let token = try await BackendAPITests.token(e.h, [.admin])
+        let token = try await API.token(e.h, [.admin])
         _ = try await e.session(sub: "st-1", createdAt: 1)
         try await e.post("consent-revoked", sub: "st-1", at: 10, jti: "st-jti")
         try await e.drain()
@@ -184,7 +184,7 @@ struct HistoryAPITests {
              "--request-timeout", "60"],
             environment: ProcessInfo.processInfo.environment.merging([
                 "SCHEMATHESIS_TELEMETRY": "false", "SCHEMATHESIS_HOOKS": "schemathesis_hooks",
-                "PYTHONPATH": DashboardTests.repository.appendingPathComponent("Tests/contract").path,
+                "PYTHONPATH": Repository.root.appendingPathComponent("Tests/contract").path,
             ]) { $1 })
         #expect(result.succeeded, "\(result.standardOutput.suffix(6000))\n\(result.standardError.suffix(2000))")
         #expect(result.standardOutput.contains("Tested: 15"), "every documented operation was exercised")
@@ -193,7 +193,7 @@ struct HistoryAPITests {
 
     /// The document's "METHOD /path" pairs (paths as Hummingbird writes them: `{param}`).
     static func documentedOperations() throws -> Set<String> {
-        let text = try String(contentsOf: DashboardTests.repository.appendingPathComponent("Sources/SiwaHTTP/openapi.yaml"), encoding: .utf8)
+        let text = try String(contentsOf: Repository.root.appendingPathComponent("Sources/SiwaHTTP/openapi.yaml"), encoding: .utf8)
         var operations = Set<String>()
         var path: String?
         for line in text.split(separator: "\n", omittingEmptySubsequences: false) {
@@ -232,10 +232,10 @@ struct HistoryAPITests {
     func retention() async throws {
         let h = try await Harness.start()
         let client = h.server.client
-        let token = try await BackendAPITests.token(h, [.notificationsRead])
+        let token = try await API.token(h, [.notificationsRead])
         /// Stats totals per type over the last hour, as the API answers them.
         func statsTotals() async throws -> [String: Double] {
-            let answer = try await BackendAPITests.call(h, .GET, "/v1/stats/notifications?bucket=day", token: token)
+            let answer = try await API.call(h, .GET, "/v1/stats/notifications?bucket=day", token: token)
             #expect(answer.status == 200)
             var totals: [String: Double] = [:]
             for item in Self.items(answer) {

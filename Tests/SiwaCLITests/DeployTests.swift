@@ -15,14 +15,12 @@ import Testing
 /// one database, polling without LISTEN.
 @Suite("Deployment: deploy/ files, start-up as shipped, readiness, SIGTERM, replicas")
 struct DeployTests {
-    static let repository = MonitoringTests.repository
-    static let deploy = repository.appendingPathComponent("deploy")
 
     // MARK: Files
 
     @Test("Every YAML and JSON file in deploy/ parses; the manifests say what the deployment relies on")
     func filesParse() async throws {
-        let files = try FileManager.default.subpathsOfDirectory(atPath: Self.deploy.path).sorted()
+        let files = try FileManager.default.subpathsOfDirectory(atPath: Repository.deploy.path).sorted()
         let yaml = files.filter { $0.hasSuffix(".yaml") || $0.hasSuffix(".yml") }
         #expect(yaml.count >= 12, "\(yaml)")
         // PyYAML (Debian's python3-yaml, or PyPI): the same parser family kubectl and compose accept.
@@ -35,26 +33,26 @@ struct DeployTests {
             print(json.dumps(out))
             """
         let parsed = try await Subprocess.run(
-            "/usr/bin/env", ["python3", "-c", script] + yaml.map { Self.deploy.appendingPathComponent($0).path }, environment: ProcessInfo.processInfo.environment)
+            "/usr/bin/env", ["python3", "-c", script] + yaml.map { Repository.deploy.appendingPathComponent($0).path }, environment: ProcessInfo.processInfo.environment)
         #expect(parsed.succeeded, "\(parsed.standardError)")
         let documents = try #require(JSONValue.parse(Array(parsed.standardOutput.utf8)))
         for file in files where file.hasSuffix(".json") {
-            let data = try Data(contentsOf: Self.deploy.appendingPathComponent(file))
+            let data = try Data(contentsOf: Repository.deploy.appendingPathComponent(file))
             #expect(JSONValue.parse(Array(data)) != nil, "\(file) is not JSON")
         }
         func document(_ path: String, kind: String? = nil, name: String? = nil) -> JSONValue? {
-            guard case .array(let list)? = documents[Self.deploy.appendingPathComponent(path).path] else { return nil }
+            guard case .array(let list)? = documents[Repository.deploy.appendingPathComponent(path).path] else { return nil }
             return list.first { (kind == nil || $0["kind"] == .string(kind!)) && (name == nil || $0["metadata"]?["name"] == .string(name!)) }
         }
 
         // The compose stack's Prometheus configuration, with the rules it loads.
         let promtool = try await Subprocess.run(
-            "/usr/bin/env", ["promtool", "check", "config", Self.deploy.appendingPathComponent("prometheus/prometheus.yml").path],
+            "/usr/bin/env", ["promtool", "check", "config", Repository.deploy.appendingPathComponent("prometheus/prometheus.yml").path],
             environment: ProcessInfo.processInfo.environment)
         #expect(promtool.succeeded, "\(promtool.combinedOutput)")
         #expect(promtool.combinedOutput.contains("alerts.yml"))
         // It scrapes the admin listeners (/metrics is not on the public port).
-        let prometheus = try #require(documents[Self.deploy.appendingPathComponent("prometheus/prometheus.yml").path]?.arrayValue?.first)
+        let prometheus = try #require(documents[Repository.deploy.appendingPathComponent("prometheus/prometheus.yml").path]?.arrayValue?.first)
         let targets = (prometheus["scrape_configs"]?.arrayValue ?? []).flatMap { $0["static_configs"]?.arrayValue ?? [] }
             .flatMap { $0["targets"]?.arrayValue ?? [] }.compactMap(\.stringValue)
         #expect(targets.sorted() == ["receiver:8081", "worker:8081"], "\(targets)")
@@ -110,7 +108,7 @@ struct DeployTests {
         // Every file kustomization.yaml lists exists.
         if case .array(let resources)? = document("kubernetes/kustomization.yaml")?["resources"] {
             for case .string(let resource) in resources {
-                #expect(FileManager.default.fileExists(atPath: Self.deploy.appendingPathComponent("kubernetes/\(resource)").path), "\(resource)")
+                #expect(FileManager.default.fileExists(atPath: Repository.deploy.appendingPathComponent("kubernetes/\(resource)").path), "\(resource)")
             }
         } else {
             Issue.record("kustomization.yaml has no resources")
@@ -152,8 +150,8 @@ struct DeployTests {
 
     @Test("The Dockerfile builds and runs with the commands the README documents")
     func dockerfileMatchesDocs() async throws {
-        let image = try ContainerImage(String(contentsOf: Self.deploy.appendingPathComponent("Dockerfile"), encoding: .utf8))
-        let readme = try String(contentsOf: Self.repository.appendingPathComponent("README.md"), encoding: .utf8)
+        let image = try ContainerImage(String(contentsOf: Repository.deploy.appendingPathComponent("Dockerfile"), encoding: .utf8))
+        let readme = try String(contentsOf: Repository.root.appendingPathComponent("README.md"), encoding: .utf8)
         #expect(image.build == "swift build -c release --product siwa-events --static-swift-stdlib")
         #expect(readme.contains(image.build), "README does not document the image's build command: \(image.build)")
         #expect(image.entrypoint == ["/usr/local/bin/siwa-events", "serve"])
@@ -179,40 +177,40 @@ struct DeployTests {
 
     @Test("The binary starts as the systemd unit and the container entrypoint start it (same arguments and environment), gets ready, and refuses to start without DATABASE_URL")
     func startsAsShipped() async throws {
-        let keys = try await Keys.make()
+        let keys = try await TestBinary.Keys.make()
         defer { keys.remove() }
-        let databaseURL = try await CLITests.databaseURL()
+        let databaseURL = try await TestBinary.databaseURL()
         // Only what must differ on this machine: the database, Apple's keys (no internet), the ports.
         func local(_ port: Int) -> [String: String] {
-            ["DATABASE_URL": databaseURL, "SIWA_APPLE_JWKS_URL": keys.jwksURL, "SIWA_APPLE_BUNDLE_IDS": keys.aud, "SIWA_PORT": "\(port)", "SIWA_ADMIN_PORT": "\(CLITests.freePort())"]
+            ["DATABASE_URL": databaseURL, "SIWA_APPLE_JWKS_URL": keys.jwksURL, "SIWA_APPLE_BUNDLE_IDS": keys.aud, "SIWA_PORT": "\(port)", "SIWA_ADMIN_PORT": "\(TestBinary.freePort())"]
         }
 
         // systemd: ExecStart's arguments, EnvironmentFile's variables (the shipped example).
-        let unit = try String(contentsOf: Self.deploy.appendingPathComponent("systemd/siwa-events.service"), encoding: .utf8)
+        let unit = try String(contentsOf: Repository.deploy.appendingPathComponent("systemd/siwa-events.service"), encoding: .utf8)
         let execStart = try #require(unit.split(separator: "\n").first { $0.hasPrefix("ExecStart=") }).dropFirst("ExecStart=".count).split(separator: " ").map(String.init)
         #expect(execStart.first == "/usr/local/bin/siwa-events")
         #expect(unit.contains("DynamicUser=yes") && unit.contains("ProtectSystem=strict") && unit.contains("EnvironmentFile=/etc/siwa-events/siwa-events.env"))
-        let envFile = Self.environmentFile(try String(contentsOf: Self.deploy.appendingPathComponent("systemd/siwa-events.env.example"), encoding: .utf8))
+        let envFile = Self.environmentFile(try String(contentsOf: Repository.deploy.appendingPathComponent("systemd/siwa-events.env.example"), encoding: .utf8))
         #expect(envFile["SIWA_EMBEDDED_DATABASE"] == "off")
         // Both listeners on loopback: the proxy on the host reaches the public one, nobody else.
         #expect(envFile["SIWA_HOST"] == "127.0.0.1" && envFile["SIWA_ADMIN_HOST"] == "127.0.0.1" && envFile["SIWA_ADMIN_PORT"] == "8081")
 
         // The container: ENTRYPOINT + CMD, the image's ENV, the ConfigMap's settings.
-        let image = try ContainerImage(String(contentsOf: Self.deploy.appendingPathComponent("Dockerfile"), encoding: .utf8))
+        let image = try ContainerImage(String(contentsOf: Repository.deploy.appendingPathComponent("Dockerfile"), encoding: .utf8))
 
         let isolated = ["PATH": "/usr/bin:/bin", "HOME": "/nonexistent"]  // no inherited SIWA_* or DATABASE_URL
         for (name, arguments, environment) in [
             ("systemd", Array(execStart.dropFirst()), envFile), ("container", Array(image.entrypoint.dropFirst()), image.environment),
         ] {
-            let port = CLITests.freePort()
+            let port = TestBinary.freePort()
             let server = try Subprocess.start(
-                CLITests.binary.path, arguments, environment: isolated.merging(environment) { $1 }.merging(local(port)) { $1 }, workingDirectory: "/tmp")
-            let ready = await Self.waitReady(port: port)
+                TestBinary.url.path, arguments, environment: isolated.merging(environment) { $1 }.merging(local(port)) { $1 }, workingDirectory: "/tmp")
+            let ready = await TestBinary.waitReady(port: port)
             #expect(ready, "\(name): not ready")
             if name == "container" {
                 // The image's HEALTHCHECK command, pointed at this port.
                 let check = image.healthcheck.dropFirst().map { $0.replacingOccurrences(of: ":8080/", with: ":\(port)/") }
-                let result = try await Subprocess.run(CLITests.binary.path, Array(check), environment: isolated)
+                let result = try await Subprocess.run(TestBinary.url.path, Array(check), environment: isolated)
                 #expect(result.succeeded, "healthcheck: \(result.combinedOutput)")
                 #expect(result.standardOutput.contains(#""status":"ready""#))
             }
@@ -222,7 +220,7 @@ struct DeployTests {
             // Without DATABASE_URL: a clear refusal, never a private database.
             var missing = isolated.merging(environment) { $1 }.merging(local(port)) { $1 }
             missing["DATABASE_URL"] = nil
-            let refused = try await Subprocess.run(CLITests.binary.path, arguments, environment: missing, workingDirectory: keys.directory)
+            let refused = try await Subprocess.run(TestBinary.url.path, arguments, environment: missing, workingDirectory: keys.directory)
             #expect(refused.status == 78, "\(name): \(refused.combinedOutput)")
             #expect(refused.standardError.contains("DATABASE_URL") && refused.standardError.contains("SIWA_EMBEDDED_DATABASE=off"), "\(refused.standardError)")
             #expect(!FileManager.default.fileExists(atPath: "\(keys.directory)/.siwa"), "\(name): a private database was started")
@@ -241,30 +239,30 @@ struct DeployTests {
         let socketDirectory = (connection.socketPath as NSString).deletingLastPathComponent
         let url = "postgres://\(connection.username)@/\(connection.database)?host=\(socketDirectory)"
         let http = HTTPClient(eventLoopGroupProvider: .singleton)
-        let keys = try await Keys.make()
+        let keys = try await TestBinary.Keys.make()
         defer { keys.remove() }
 
-        let port = CLITests.freePort()
+        let port = TestBinary.freePort()
         let base = ["DATABASE_URL": url, "SIWA_APPLE_BUNDLE_IDS": keys.aud, "SIWA_APPLE_JWKS_URL": keys.jwksURL, "SIWA_DATABASE_TIMEOUT": "1s"]
         let log = "\(directory)/server.log"
         let server = try Subprocess.start(
-            CLITests.binary.path, ["serve"], environment: ProcessInfo.processInfo.environment.merging(base) { $1 }.merging(["SIWA_PORT": "\(port)", "SIWA_ADMIN_PORT": "\(CLITests.freePort())"]) { $1 },
+            TestBinary.url.path, ["serve"], environment: ProcessInfo.processInfo.environment.merging(base) { $1 }.merging(["SIWA_PORT": "\(port)", "SIWA_ADMIN_PORT": "\(TestBinary.freePort())"]) { $1 },
             outputPath: log)
-        #expect(await Self.waitReady(port: port))
+        #expect(await TestBinary.waitReady(port: port))
 
         try await cluster.stop()
-        let down = await Self.poll(http, "http://127.0.0.1:\(port)/health/ready", until: { $0 == 503 })
+        let down = await TestBinary.poll(http, "http://127.0.0.1:\(port)/health/ready", until: { $0 == 503 })
         #expect(down?.contains(#""database":"unreachable""#) == true, "\(down ?? "no answer")")
-        #expect(await Self.status(http, "http://127.0.0.1:\(port)/health/live") == 200)
+        #expect(await TestBinary.status(http, "http://127.0.0.1:\(port)/health/live") == 200)
 
         _ = try await cluster.start()
-        let up = await Self.poll(http, "http://127.0.0.1:\(port)/health/ready", until: { $0 == 200 }, seconds: 30)
+        let up = await TestBinary.poll(http, "http://127.0.0.1:\(port)/health/ready", until: { $0 == 200 }, seconds: 30)
         #expect(up?.contains(#""status":"ready""#) == true, "\(up ?? "no answer")")
         // Right after the outage the pool holds the one connection that came back: concurrent
         // queries must open more connections, not crash the process (postgres-nio asserts when
         // its minimum connections are not all open — the serving pool keeps its minimum at 1).
         let burst = await withTaskGroup(of: Int?.self) { group in
-            for _ in 0..<48 { group.addTask { await Self.status(http, "http://127.0.0.1:\(port)/health/ready") } }
+            for _ in 0..<48 { group.addTask { await TestBinary.status(http, "http://127.0.0.1:\(port)/health/ready") } }
             return await group.reduce(into: [Int?]()) { $0.append($1) }
         }
         #expect(burst.allSatisfy { $0 == 200 }, "statuses after the outage: \(burst)")
@@ -278,11 +276,11 @@ struct DeployTests {
         // Apple's keys unreachable: a worker is ready (it never needs them), a receiver is not.
         let unreachable = base.merging(["SIWA_APPLE_JWKS_URL": "file://\(directory)/missing-jwks.json"]) { $1 }
         for (role, expected) in [("worker", 200), ("receiver", 503)] {
-            let port = CLITests.freePort()
+            let port = TestBinary.freePort()
             let process = try Subprocess.start(
-                CLITests.binary.path, ["serve", "--role", role],
-                environment: ProcessInfo.processInfo.environment.merging(unreachable) { $1 }.merging(["SIWA_PORT": "\(port)", "SIWA_ADMIN_PORT": "\(CLITests.freePort())"]) { $1 })
-            let answer = await Self.poll(http, "http://127.0.0.1:\(port)/health/ready", until: { $0 == expected }, seconds: 30)
+                TestBinary.url.path, ["serve", "--role", role],
+                environment: ProcessInfo.processInfo.environment.merging(unreachable) { $1 }.merging(["SIWA_PORT": "\(port)", "SIWA_ADMIN_PORT": "\(TestBinary.freePort())"]) { $1 })
+            let answer = await TestBinary.poll(http, "http://127.0.0.1:\(port)/health/ready", until: { $0 == expected }, seconds: 30)
             #expect(answer != nil, "\(role): /health/ready never answered \(expected)")
             if role == "receiver" { #expect(answer?.contains(#""apple_keys":"not loaded""#) == true, "\(answer ?? "")") }
             process.signal(SIGTERM)
@@ -296,20 +294,20 @@ struct DeployTests {
 
     @Test("SIGTERM under load: every request gets a complete answer or is refused before it is read, every 200 is stored, no job is left held, exit 0 within the grace period")
     func sigtermUnderLoad() async throws {
-        let keys = try await Keys.make()
+        let keys = try await TestBinary.Keys.make()
         defer { keys.remove() }
-        let databaseURL = try await CLITests.databaseURL()
+        let databaseURL = try await TestBinary.databaseURL()
         // A callback endpoint that accepts and never answers: deliveries are in hand (leased,
         // `running`) when the signal comes, and must be handed back.
         let endpoint = try await CallbackEndpoint.start(hang: true)
-        let port = CLITests.freePort()
+        let port = TestBinary.freePort()
         let server = try Subprocess.start(
-            CLITests.binary.path, ["serve"],
+            TestBinary.url.path, ["serve"],
             environment: ProcessInfo.processInfo.environment.merging([
-                "DATABASE_URL": databaseURL, "SIWA_APPLE_BUNDLE_IDS": keys.aud, "SIWA_APPLE_JWKS_URL": keys.jwksURL, "SIWA_PORT": "\(port)", "SIWA_ADMIN_PORT": "\(CLITests.freePort())",
-                "SIWA_SHUTDOWN_GRACE": "10s", "SIWA_CALLBACK_URL": endpoint.url.absoluteString, "SIWA_CALLBACK_SECRET": CallbackTests.secret, "SIWA_CALLBACK_TIMEOUT": "60s",
+                "DATABASE_URL": databaseURL, "SIWA_APPLE_BUNDLE_IDS": keys.aud, "SIWA_APPLE_JWKS_URL": keys.jwksURL, "SIWA_PORT": "\(port)", "SIWA_ADMIN_PORT": "\(TestBinary.freePort())",
+                "SIWA_SHUTDOWN_GRACE": "10s", "SIWA_CALLBACK_URL": endpoint.url.absoluteString, "SIWA_CALLBACK_SECRET": TestWebhooks.secret, "SIWA_CALLBACK_TIMEOUT": "60s",
             ]) { $1 })
-        #expect(await Self.waitReady(port: port))
+        #expect(await TestBinary.waitReady(port: port))
         let bodies = try keys.bodies(count: 3_000, prefix: "term")
         let load = DeliveryLoad(bodies: bodies, ports: [port])
         var exit: Task<(Int32, Duration), Never>?
@@ -319,8 +317,8 @@ struct DeployTests {
             let reached = await load.answers.wait(until: 300)
             #expect(reached, "the load ended after \(load.answered) answers, before 300: \(load.failedBeforeSignal.prefix(3))")
             #expect(await endpoint.arrivals.wait(until: 1), "no callback reached the endpoint before the signal")
-            held = (try? await Self.withDatabase(databaseURL) { client in
-                try await Self.count(client, "SELECT count(*) FROM jobs WHERE lane = 'callbacks' AND state = 'running'")
+            held = (try? await TestBinary.withDatabase(databaseURL) { client in
+                try await TestBinary.count(client, "SELECT count(*) FROM jobs WHERE lane = 'callbacks' AND state = 'running'")
             }) ?? 0
             server.signal(SIGTERM)
             let terminatedAt = ContinuousClock.now
@@ -339,28 +337,28 @@ struct DeployTests {
         let acknowledged = load.acknowledged
         let refused = load.refusedAfterSignal
         #expect(acknowledged.count >= 300)
-        try await Self.withDatabase(databaseURL) { (client: PostgresClient) async throws in
-            #expect(try await Self.count(client, "SELECT count(*) FROM notifications WHERE jti = ANY(\(acknowledged))") == acknowledged.count)
+        try await TestBinary.withDatabase(databaseURL) { (client: PostgresClient) async throws in
+            #expect(try await TestBinary.count(client, "SELECT count(*) FROM notifications WHERE jti = ANY(\(acknowledged))") == acknowledged.count)
             // Refused means not read: nothing of a request that got no answer was stored.
-            #expect(try await Self.count(client, "SELECT count(*) FROM notifications WHERE jti = ANY(\(refused))") == 0, "\(refused.prefix(5))")
-            #expect(try await Self.count(client, "SELECT count(*) FROM jobs WHERE state = 'running'") == 0)
-            #expect(try await Self.count(client, "SELECT count(*) FROM jobs WHERE lane = 'callbacks' AND state = 'available'") > 0)
+            #expect(try await TestBinary.count(client, "SELECT count(*) FROM notifications WHERE jti = ANY(\(refused))") == 0, "\(refused.prefix(5))")
+            #expect(try await TestBinary.count(client, "SELECT count(*) FROM jobs WHERE state = 'running'") == 0)
+            #expect(try await TestBinary.count(client, "SELECT count(*) FROM jobs WHERE lane = 'callbacks' AND state = 'available'") > 0)
         }
     }
 
     @Test("Two replicas on one database share the load; one is killed: nothing acknowledged is lost, nothing is applied twice")
     func twoReplicasOneKilled() async throws {
-        let keys = try await Keys.make()
+        let keys = try await TestBinary.Keys.make()
         defer { keys.remove() }
-        let databaseURL = try await CLITests.databaseURL()
-        let ports = [CLITests.freePort(), CLITests.freePort()]
+        let databaseURL = try await TestBinary.databaseURL()
+        let ports = [TestBinary.freePort(), TestBinary.freePort()]
         let environment = ProcessInfo.processInfo.environment.merging([
             "DATABASE_URL": databaseURL, "SIWA_APPLE_BUNDLE_IDS": keys.aud, "SIWA_APPLE_JWKS_URL": keys.jwksURL, "SIWA_JOB_LEASE": "2s",
         ]) { $1 }
         let replicas = try ports.map { port in
-            try Subprocess.start(CLITests.binary.path, ["serve"], environment: environment.merging(["SIWA_PORT": "\(port)", "SIWA_ADMIN_PORT": "\(CLITests.freePort())"]) { $1 })
+            try Subprocess.start(TestBinary.url.path, ["serve"], environment: environment.merging(["SIWA_PORT": "\(port)", "SIWA_ADMIN_PORT": "\(TestBinary.freePort())"]) { $1 })
         }
-        for port in ports { #expect(await Self.waitReady(port: port)) }
+        for port in ports { #expect(await TestBinary.waitReady(port: port)) }
         let bodies = try keys.bodies(count: 2_000, prefix: "replica", users: 200)
         // Senders alternate between the replicas; a request the killed one did not answer is sent
         // again to the other, as Apple retries.
@@ -377,18 +375,18 @@ struct DeployTests {
         #expect(load.answeredBy[ports[0]] ?? 0 > 100 && load.answeredBy[ports[1]] ?? 0 > 100, "load was not spread: \(load.answeredBy)")
         let acknowledged = load.acknowledged
         #expect(acknowledged.count == bodies.count, "every notification acknowledged by one replica or the other")
-        try await Self.withDatabase(databaseURL) { client in
+        try await TestBinary.withDatabase(databaseURL) { client in
             // The survivor applies everything, including jobs the killed replica's transactions held (rolled back when it died).
             var pending = -1
             for _ in 0..<120 {
-                pending = try await Self.count(client, "SELECT count(*) FROM jobs WHERE lane = 'effects' AND state <> 'completed'")
+                pending = try await TestBinary.count(client, "SELECT count(*) FROM jobs WHERE lane = 'effects' AND state <> 'completed'")
                 if pending == 0 { break }
                 try await Task.sleep(for: .milliseconds(250))
             }
             #expect(pending == 0)
-            #expect(try await Self.count(client, "SELECT count(*) FROM notifications WHERE jti = ANY(\(acknowledged)) AND status = 'applied'") == acknowledged.count)
-            #expect(try await Self.count(client, "SELECT count(*) FROM (SELECT job_id FROM job_attempts WHERE outcome = 'applied' GROUP BY job_id HAVING count(*) > 1) twice") == 0)
-            #expect(try await Self.count(client, "SELECT count(*) FROM job_attempts WHERE outcome = 'applied'") == bodies.count)
+            #expect(try await TestBinary.count(client, "SELECT count(*) FROM notifications WHERE jti = ANY(\(acknowledged)) AND status = 'applied'") == acknowledged.count)
+            #expect(try await TestBinary.count(client, "SELECT count(*) FROM (SELECT job_id FROM job_attempts WHERE outcome = 'applied' GROUP BY job_id HAVING count(*) > 1) twice") == 0)
+            #expect(try await TestBinary.count(client, "SELECT count(*) FROM job_attempts WHERE outcome = 'applied'") == bodies.count)
         }
         replicas[1].signal(SIGTERM)
         #expect(await replicas[1].waitForExit() == 0)
@@ -396,30 +394,30 @@ struct DeployTests {
 
     @Test("Polling only (SIWA_JOB_NOTIFY=off, as behind a transaction-mode pooler): a separate worker process applies what the receiver records, without LISTEN")
     func pollingOnlyWorker() async throws {
-        let keys = try await Keys.make()
+        let keys = try await TestBinary.Keys.make()
         defer { keys.remove() }
-        let databaseURL = try await CLITests.databaseURL()
+        let databaseURL = try await TestBinary.databaseURL()
         let environment = ProcessInfo.processInfo.environment.merging([
             "DATABASE_URL": databaseURL, "SIWA_APPLE_BUNDLE_IDS": keys.aud, "SIWA_APPLE_JWKS_URL": keys.jwksURL, "SIWA_JOB_NOTIFY": "off",
         ]) { $1 }
-        let (receiverPort, workerPort) = (CLITests.freePort(), CLITests.freePort())
+        let (receiverPort, workerPort) = (TestBinary.freePort(), TestBinary.freePort())
         let receiver = try Subprocess.start(
-            CLITests.binary.path, ["serve", "--role", "receiver"], environment: environment.merging(["SIWA_PORT": "\(receiverPort)", "SIWA_ADMIN_PORT": "\(CLITests.freePort())"]) { $1 })
+            TestBinary.url.path, ["serve", "--role", "receiver"], environment: environment.merging(["SIWA_PORT": "\(receiverPort)", "SIWA_ADMIN_PORT": "\(TestBinary.freePort())"]) { $1 })
         let worker = try Subprocess.start(
-            CLITests.binary.path, ["serve", "--role", "worker"], environment: environment.merging(["SIWA_PORT": "\(workerPort)", "SIWA_ADMIN_PORT": "\(CLITests.freePort())"]) { $1 })
-        #expect(await Self.waitReady(port: receiverPort))
-        #expect(await Self.waitReady(port: workerPort))
+            TestBinary.url.path, ["serve", "--role", "worker"], environment: environment.merging(["SIWA_PORT": "\(workerPort)", "SIWA_ADMIN_PORT": "\(TestBinary.freePort())"]) { $1 })
+        #expect(await TestBinary.waitReady(port: receiverPort))
+        #expect(await TestBinary.waitReady(port: workerPort))
         let load = DeliveryLoad(bodies: try keys.bodies(count: 40, prefix: "poll"), ports: [receiverPort])
         await load.send()
         #expect(load.acknowledged.count == 40)
-        try await Self.withDatabase(databaseURL) { client in
+        try await TestBinary.withDatabase(databaseURL) { client in
             var applied = 0
             for _ in 0..<80 where applied < 40 {
-                applied = try await Self.count(client, "SELECT count(*) FROM notifications WHERE status = 'applied'")
+                applied = try await TestBinary.count(client, "SELECT count(*) FROM notifications WHERE status = 'applied'")
                 try await Task.sleep(for: .milliseconds(250))
             }
             #expect(applied == 40)
-            #expect(try await Self.count(client, "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND query ILIKE 'LISTEN%'") == 0)
+            #expect(try await TestBinary.count(client, "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND query ILIKE 'LISTEN%'") == 0)
         }
         for process in [receiver, worker] {
             process.signal(SIGTERM)
@@ -431,18 +429,18 @@ struct DeployTests {
 
     @Test("doctor: a wrong path and plain http fail; siwa-events serving TLS itself: an untrusted chain fails, a trusted one passes with its version, a near expiry warned")
     func doctor() async throws {
-        let keys = try await Keys.make()
+        let keys = try await TestBinary.Keys.make()
         defer { keys.remove() }
-        let port = CLITests.freePort()
+        let port = TestBinary.freePort()
         let server = try Subprocess.start(
-            CLITests.binary.path, ["serve", "--role", "receiver"],
+            TestBinary.url.path, ["serve", "--role", "receiver"],
             environment: ProcessInfo.processInfo.environment.merging([
-                "DATABASE_URL": try await CLITests.databaseURL(), "SIWA_APPLE_BUNDLE_IDS": keys.aud, "SIWA_APPLE_JWKS_URL": keys.jwksURL,
-                "SIWA_PORT": "\(port)", "SIWA_ADMIN_PORT": "\(CLITests.freePort())",
+                "DATABASE_URL": try await TestBinary.databaseURL(), "SIWA_APPLE_BUNDLE_IDS": keys.aud, "SIWA_APPLE_JWKS_URL": keys.jwksURL,
+                "SIWA_PORT": "\(port)", "SIWA_ADMIN_PORT": "\(TestBinary.freePort())",
             ]) { $1 })
-        #expect(await Self.waitReady(port: port))
-        func doctor(_ arguments: [String]) async throws -> CLITests.Run {
-            try await CLITests.run(["doctor"] + arguments + ["--timeout", "5s"], directory: keys.directory)
+        #expect(await TestBinary.waitReady(port: port))
+        func doctor(_ arguments: [String]) async throws -> TestBinary.Run {
+            try await TestBinary.run(["doctor"] + arguments + ["--timeout", "5s"], directory: keys.directory)
         }
 
         let route = try await doctor(["--url", "http://127.0.0.1:\(port)/apple/notifications"])
@@ -465,12 +463,12 @@ struct DeployTests {
             environment: ProcessInfo.processInfo.environment)
         #expect(generated.succeeded, "\(generated.combinedOutput)")
         // siwa-events serving HTTPS itself (SIWA_TLS_CERT_FILE / SIWA_TLS_KEY_FILE).
-        let tlsPort = CLITests.freePort()
+        let tlsPort = TestBinary.freePort()
         let tlsEnvironment = ProcessInfo.processInfo.environment.merging([
-            "DATABASE_URL": try await CLITests.databaseURL(), "SIWA_APPLE_BUNDLE_IDS": keys.aud, "SIWA_APPLE_JWKS_URL": keys.jwksURL,
-            "SIWA_PORT": "\(tlsPort)", "SIWA_ADMIN_PORT": "\(CLITests.freePort())", "SIWA_TLS_CERT_FILE": "\(keys.directory)/tls.pem", "SIWA_TLS_KEY_FILE": "\(keys.directory)/tls.key",
+            "DATABASE_URL": try await TestBinary.databaseURL(), "SIWA_APPLE_BUNDLE_IDS": keys.aud, "SIWA_APPLE_JWKS_URL": keys.jwksURL,
+            "SIWA_PORT": "\(tlsPort)", "SIWA_ADMIN_PORT": "\(TestBinary.freePort())", "SIWA_TLS_CERT_FILE": "\(keys.directory)/tls.pem", "SIWA_TLS_KEY_FILE": "\(keys.directory)/tls.key",
         ]) { $1 }
-        let tls = try Subprocess.start(CLITests.binary.path, ["serve", "--role", "receiver"], environment: tlsEnvironment)
+        let tls = try Subprocess.start(TestBinary.url.path, ["serve", "--role", "receiver"], environment: tlsEnvironment)
         var untrusted = try await doctor(["--url", "https://localhost:\(tlsPort)/apple/notifications"])
         // Still starting: refused, reset, or (seen on a loaded machine) "cannot connect to …: notFound".
         for _ in 0..<120
@@ -494,88 +492,8 @@ struct DeployTests {
         // Half a TLS configuration is a configuration error naming what is missing.
         var half = tlsEnvironment
         half["SIWA_TLS_KEY_FILE"] = nil
-        let refused = try await Subprocess.run(CLITests.binary.path, ["serve"], environment: half, workingDirectory: keys.directory)
+        let refused = try await Subprocess.run(TestBinary.url.path, ["serve"], environment: half, workingDirectory: keys.directory)
         #expect(refused.status == 78 && refused.standardError.contains("SIWA_TLS_KEY_FILE"), "\(refused.combinedOutput)")
-    }
-
-    // MARK: Helpers
-
-    /// A signing key of our own (Apple's format), its JWKS as a file:// URL, and bodies signed with it.
-    struct Keys {
-        let directory: String
-        let signer: AppleStyleSigner
-        let aud = "com.example.deploy"
-        var jwksURL: String { "file://\(directory)/keys/jwks.json" }
-
-        static func make() async throws -> Keys {
-            let directory = "/tmp/siwa-deploy-\(UUID().uuidString.prefix(6).lowercased())"
-            try FileManager.default.createDirectory(atPath: directory, withIntermediateDirectories: true, attributes: [.posixPermissions: 0o755])
-            let generated = try await CLITests.run(["keys", "generate", "--dir", "keys"], directory: directory)
-            #expect(generated.status == 0)
-            return Keys(directory: directory, signer: try AppleStyleSigner(pem: String(contentsOfFile: "\(directory)/keys/private-key.pem", encoding: .utf8)))
-        }
-
-        func remove() { try? FileManager.default.removeItem(atPath: directory) }
-
-        func bodies(count: Int, prefix: String, users: Int = 100) throws -> [(jti: String, body: String)] {
-            let types = ["email-disabled", "email-enabled", "consent-revoked", "account-delete"]
-            return try (0..<count).map { index in
-                let type = types[index % types.count]
-                let jti = "\(prefix)-\(index)"
-                let token = try signer.notification(
-                    aud: aud, type: type, sub: "001.\(prefix).\(index % users)", eventTime: Date().addingTimeInterval(Double(index) / 1000),
-                    email: type.hasPrefix("email") ? "\(prefix)\(index)@privaterelay.appleid.com" : nil, isPrivateEmail: type.hasPrefix("email") ? true : nil,
-                    jti: jti)
-                return (jti, AppleStyleSigner.body(token))
-            }
-        }
-    }
-
-    static func waitReady(port: Int, seconds: Int = 60) async -> Bool {
-        let http = HTTPClient(eventLoopGroupProvider: .singleton)
-        defer { Task { try? await http.shutdown() } }
-        return await poll(http, "http://127.0.0.1:\(port)/health/ready", until: { $0 == 200 }, seconds: seconds) != nil
-    }
-
-    static func status(_ http: HTTPClient, _ url: String) async -> Int? {
-        guard let response = try? await http.execute(HTTPClientRequest(url: url), timeout: .seconds(3)) else { return nil }
-        _ = try? await response.body.collect(upTo: 1 << 16)
-        return Int(response.status.code)
-    }
-
-    /// GETs `url` every 100 ms until its status satisfies `until`; returns that answer's body.
-    static func poll(_ http: HTTPClient, _ url: String, until: (Int) -> Bool, seconds: Int = 15) async -> String? {
-        let deadline = ContinuousClock.now + .seconds(seconds)
-        while ContinuousClock.now < deadline {
-            if let response = try? await http.execute(HTTPClientRequest(url: url), timeout: .seconds(3)),
-                let body = try? await response.body.collect(upTo: 1 << 16), until(Int(response.status.code))
-            {
-                return String(buffer: body)
-            }
-            try? await Task.sleep(for: .milliseconds(100))
-        }
-        return nil
-    }
-
-    /// A client on the database a `CLITests.databaseURL()` names (same cluster, same user).
-    @discardableResult
-    static func withDatabase<T: Sendable>(_ url: String, _ body: (PostgresClient) async throws -> T) async throws -> T {
-        let components = try #require(URLComponents(string: url))
-        let socketDirectory = try #require(components.queryItems?.first { $0.name == "host" }?.value)
-        let configuration = PostgresClient.Configuration(
-            unixSocketPath: "\(socketDirectory)/.s.PGSQL.5432", username: components.user ?? "", password: nil,
-            database: String(components.path.dropFirst()))
-        let client = PostgresClient(configuration: configuration)
-        return try await withThrowingTaskGroup(of: Void.self) { group in
-            group.addTask { await client.run() }
-            defer { group.cancelAll() }
-            return try await body(client)
-        }
-    }
-
-    static func count(_ client: PostgresClient, _ query: PostgresQuery) async throws -> Int {
-        for try await (n,) in try await client.query(query).decode((Int,).self) { return n }
-        return 0
     }
 }
 

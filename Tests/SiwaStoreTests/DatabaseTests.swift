@@ -167,25 +167,3 @@ struct DatabaseTests {
         #expect(message([:], requireBundleIDs: false) == nil)
     }
 }
-
-/// A tiny POST helper over AsyncHTTPClient for tests that run their own server.
-struct HTTPClientRequestBuilder {
-    var url: String
-    var body: String
-    static func post(_ url: String, body: String) -> HTTPClientRequestBuilder { .init(url: url, body: body) }
-    mutating func send() async throws -> Int {
-        var request = HTTPClientRequest(url: url)
-        request.method = .POST
-        request.body = .bytes(ByteBuffer(string: body))
-        return Int(try await HTTPClient.shared.execute(request, timeout: .seconds(30)).status.code)
-    }
-
-    /// GETs `url` (with a bearer token if given); returns the status.
-    static func get(_ url: String, bearer: String? = nil) async throws -> Int {
-        var request = HTTPClientRequest(url: url)
-        if let bearer { request.headers.add(name: "Authorization", value: "Bearer \(bearer)") }
-        let response = try await HTTPClient.shared.execute(request, timeout: .seconds(30))
-        _ = try await response.body.collect(upTo: 1 << 22)
-        return Int(response.status.code)
-    }
-}

@@ -57,7 +57,7 @@ struct AlertTests {
     func burstFiresAndResolves() async throws {
         let webhook = try await CallbackEndpoint.start()
         let slack = try await CallbackEndpoint.start()
-        let sinks = AlertSinks(webhooks: [webhook.url], slack: slack.url, signer: try WebhookSigner(secrets: CallbackTests.secret))
+        let sinks = AlertSinks(webhooks: [webhook.url], slack: slack.url, signer: try WebhookSigner(secrets: TestWebhooks.secret))
         let e = try await EffectHarness.start { $0.alertSinks = sinks }
         let monitor = Self.monitor(e, sinks: sinks, window: .seconds(60))
 
@@ -90,7 +90,7 @@ struct AlertTests {
         #expect(body["resolved_at"] == .null)
         let id = try #require(body["id"]?.numberValue.map { Int($0) })
         #expect(firing.first?.id == "alert_\(id)_firing")
-        #expect(webhook.received.allSatisfy { CallbackTests.verifies($0, secret: CallbackTests.secret) })
+        #expect(webhook.received.allSatisfy { TestWebhooks.verifies($0, secret: TestWebhooks.secret) })
         #expect(slack.received.count == 1)
         #expect(slack.received.allSatisfy { $0.headers["webhook-signature"] == nil })
         let text = try #require(Self.bodies(slack).first?["text"]?.stringValue)
@@ -114,8 +114,8 @@ struct AlertTests {
         #expect(!e.h.logs.all.filter { $0.contains("alert: 🔴 FIRING") }.isEmpty, "the log is always a sink")
 
         // /v1/alerts lists the one episode with its series.
-        let reader = try await BackendAPITests.token(e.h, [.alertsRead])
-        let listed = try await BackendAPITests.call(e.h, .GET, "/v1/alerts", token: reader)
+        let reader = try await API.token(e.h, [.alertsRead])
+        let listed = try await API.call(e.h, .GET, "/v1/alerts", token: reader)
         let items = listed.json?["items"]?.arrayValue ?? []
         #expect(items.count == 1, "\(items)")
         #expect(items.first?["series"] == .array([.string("consent-revoked"), .string("revocations")]))
@@ -129,7 +129,7 @@ struct AlertTests {
     @Test("an account-delete spike joining an open consent-revoked episode: one updated message naming it, then one resolve for all")
     func secondTypeJoins() async throws {
         let webhook = try await CallbackEndpoint.start()
-        let sinks = AlertSinks(webhooks: [webhook.url], signer: try WebhookSigner(secrets: CallbackTests.secret))
+        let sinks = AlertSinks(webhooks: [webhook.url], signer: try WebhookSigner(secrets: TestWebhooks.secret))
         let e = try await EffectHarness.start { $0.alertSinks = sinks }
         let monitor = Self.monitor(e, sinks: sinks, window: .seconds(60))
 
@@ -163,10 +163,10 @@ struct AlertTests {
         #expect(updated["joined"] == .array([.string("account-delete")]))
         #expect(updated["series"] == .array([.string("consent-revoked"), .string("account-delete"), .string("revocations")]))
         #expect(updated["count"] == .number(12), "the figures follow the largest crossing count (the sum)")
-        #expect(webhook.received.allSatisfy { CallbackTests.verifies($0, secret: CallbackTests.secret) })
+        #expect(webhook.received.allSatisfy { TestWebhooks.verifies($0, secret: TestWebhooks.secret) })
 
-        let reader = try await BackendAPITests.token(e.h, [.alertsRead])
-        let items = try await BackendAPITests.call(e.h, .GET, "/v1/alerts?state=resolved", token: reader).json?["items"]?.arrayValue ?? []
+        let reader = try await API.token(e.h, [.alertsRead])
+        let items = try await API.call(e.h, .GET, "/v1/alerts?state=resolved", token: reader).json?["items"]?.arrayValue ?? []
         #expect(items.count == 1)
         #expect(items.first?["series"] == updated["series"])
         await e.stop()
@@ -197,7 +197,7 @@ struct AlertTests {
             group.cancelAll()
         }
         let webhook = try await CallbackEndpoint.start()
-        let sinks = AlertSinks(webhooks: [webhook.url], signer: try WebhookSigner(secrets: CallbackTests.secret))
+        let sinks = AlertSinks(webhooks: [webhook.url], signer: try WebhookSigner(secrets: TestWebhooks.secret))
         let h = try await Harness.start(database: database)  // migrates forward
         var configuration = EffectWorkers.Configuration()
         configuration.workers = 1
@@ -254,7 +254,7 @@ struct AlertTests {
     @Test("silenced: the alert is recorded and listed as silenced, no sink hears of it; GET /v1/alerts needs alerts:read")
     func silencedAndListed() async throws {
         let webhook = try await CallbackEndpoint.start()
-        let sinks = AlertSinks(webhooks: [webhook.url], signer: try WebhookSigner(secrets: CallbackTests.secret))
+        let sinks = AlertSinks(webhooks: [webhook.url], signer: try WebhookSigner(secrets: TestWebhooks.secret))
         let e = try await EffectHarness.start { $0.alertSinks = sinks }
         // A window of 10 minutes: this case is about silencing, and a slowed CI machine once took
         // more than 10 s to deliver the six, so the first left a 10 s window before evaluation.
@@ -275,16 +275,16 @@ struct AlertTests {
         #expect(try await e.workers.runAlertDeliveriesOnce(http: .shared) == 0)
         #expect(webhook.received.isEmpty)
 
-        let reader = try await BackendAPITests.token(e.h, [.alertsRead])
-        let listed = try await BackendAPITests.call(e.h, .GET, "/v1/alerts?state=firing", token: reader)
+        let reader = try await API.token(e.h, [.alertsRead])
+        let listed = try await API.call(e.h, .GET, "/v1/alerts?state=firing", token: reader)
         #expect(listed.status == 200)
         let items = listed.json?["items"]?.arrayValue ?? []
         #expect(items.count == 1)
         #expect(items.allSatisfy { $0["silenced"] == .bool(true) && $0["series"] == .array(RevocationSeries.all.map(JSONValue.string)) })
         #expect(listed.json?["silences"]?.arrayValue?.first?["reason"] == .string("planned cleanup"))
-        let other = try await BackendAPITests.token(e.h, [.notificationsRead])
-        #expect(try await BackendAPITests.call(e.h, .GET, "/v1/alerts", token: other).status == 403)
-        #expect(try await BackendAPITests.call(e.h, .GET, "/v1/alerts?state=open", token: reader).status == 400)
+        let other = try await API.token(e.h, [.notificationsRead])
+        #expect(try await API.call(e.h, .GET, "/v1/alerts", token: other).status == 403)
+        #expect(try await API.call(e.h, .GET, "/v1/alerts?state=open", token: reader).status == 400)
         await e.stop()
         await webhook.stop()
     }
@@ -302,7 +302,7 @@ struct AlertTests {
         let environment = [
             "DATABASE_URL": "postgres://\(database.username)@/\(database.database ?? "")?host=\(socketDirectory)",
             "SIWA_ALERT_WEBHOOK_URLS": webhook.url.absoluteString, "SIWA_ALERT_SLACK_URL": slack.url.absoluteString,
-            "SIWA_ALERT_SECRET": alertSecret, "SIWA_CALLBACK_URL": "http://127.0.0.1:9/unused", "SIWA_CALLBACK_SECRET": CallbackTests.secret,
+            "SIWA_ALERT_SECRET": alertSecret, "SIWA_CALLBACK_URL": "http://127.0.0.1:9/unused", "SIWA_CALLBACK_SECRET": TestWebhooks.secret,
         ]
         var configuration = try Configuration.load(environment: environment, requireBundleIDs: false).workerConfiguration
         configuration.workers = 1
@@ -310,16 +310,16 @@ struct AlertTests {
         let group = ServiceGroup(configuration: .init(services: [client, workers], logger: logger))
         let running = Task { try await group.run() }
 
-        let result = try await CLITests.run(["alerts", "test", "--wait", "20s"], environment: environment, directory: "/tmp")
+        let result = try await TestBinary.run(["alerts", "test", "--wait", "20s"], environment: environment, directory: "/tmp")
         #expect(result.status == 0, "\(result.stdout)\(result.stderr)")
         #expect(result.stdout.split(separator: "\n").filter { $0.contains("delivered (HTTP 200)") }.count == 2, "\(result.stdout)")
         let body = try #require(webhook.received.first.flatMap { JSONValue.parse(Data($0.body)) })
         #expect(body["kind"] == .string("test"))
-        #expect(webhook.received.allSatisfy { CallbackTests.verifies($0, secret: alertSecret) })
-        #expect(!webhook.received.contains { CallbackTests.verifies($0, secret: CallbackTests.secret) })
+        #expect(webhook.received.allSatisfy { TestWebhooks.verifies($0, secret: alertSecret) })
+        #expect(!webhook.received.contains { TestWebhooks.verifies($0, secret: TestWebhooks.secret) })
         #expect(slack.received.first?.bodyText.contains("this sink works") == true)
 
-        let none = try await CLITests.run(["alerts", "test"], environment: ["DATABASE_URL": environment["DATABASE_URL"]!], directory: "/tmp")
+        let none = try await TestBinary.run(["alerts", "test"], environment: ["DATABASE_URL": environment["DATABASE_URL"]!], directory: "/tmp")
         #expect(none.status == 78)
         #expect(none.stderr.contains("SIWA_ALERT_WEBHOOK_URLS"))
 

@@ -12,39 +12,29 @@ import Testing
 /// The backend API through real HTTP on a real database.
 @Suite("Backend API: tokens, sessions, accounts, erasure")
 struct BackendAPITests {
-    static func token(_ h: Harness, _ scopes: [APIScope], name: String = "t-\(UUID().uuidString.prefix(8))", expiresAt: Date? = nil) async throws -> String {
-        try await TokenStore(client: h.server.client, logger: h.logs.logger()).create(name: name, scopes: scopes, expiresAt: expiresAt, actor: "test").token
-    }
-
-    static func call(_ h: Harness, _ method: HTTPMethod, _ path: String, token: String?, body: JSONValue? = nil) async throws -> TestServer.Answer {
-        var headers: [(String, String)] = [("Content-Type", "application/json")]
-        if let token { headers.append(("Authorization", "Bearer \(token)")) }
-        return try await h.server.request(method, path, body: body?.jsonText, headers: headers)
-    }
-
     @Test("every /v1 route needs a live token: missing, malformed, unknown, expired and revoked are 401; a missing scope is 403 naming it")
     func authentication() async throws {
         let h = try await Harness.start()
-        let reader = try await Self.token(h, [.sessionsRead], name: "reader")
+        let reader = try await API.token(h, [.sessionsRead], name: "reader")
         let path = "/v1/sessions/\(UUID().uuidString)"
         for token in [nil, "not-a-token", APIToken.generate()] as [String?] {
-            let answer = try await Self.call(h, .GET, path, token: token)
+            let answer = try await API.call(h, .GET, path, token: token)
             #expect(answer.status == 401)
             #expect(answer.json?["error"] == .string("unauthorized"))
         }
-        #expect(try await Self.call(h, .GET, path, token: reader).status == 404)  // authenticated; no such session
-        let denied = try await Self.call(h, .POST, "/v1/sessions", token: reader, body: ["aud": "com.example.app", "sub": "u"])
+        #expect(try await API.call(h, .GET, path, token: reader).status == 404)  // authenticated; no such session
+        let denied = try await API.call(h, .POST, "/v1/sessions", token: reader, body: ["aud": "com.example.app", "sub": "u"])
         #expect(denied.status == 403)
         #expect(denied.json?["error"] == .string("forbidden"))
         #expect(denied.json?["message"]?.stringValue?.contains("sessions:write") == true)
 
-        let expired = try await Self.token(h, [.admin], expiresAt: Date().addingTimeInterval(-1))
-        #expect(try await Self.call(h, .GET, path, token: expired).status == 401)
+        let expired = try await API.token(h, [.admin], expiresAt: Date().addingTimeInterval(-1))
+        #expect(try await API.call(h, .GET, path, token: expired).status == 401)
         let store = TokenStore(client: h.server.client, logger: h.logs.logger())
         #expect(try await store.revoke("reader", actor: "test") == "reader")
-        #expect(try await Self.call(h, .GET, path, token: reader).status == 401)
+        #expect(try await API.call(h, .GET, path, token: reader).status == 401)
         // Stored as a hash only: the token text is nowhere in the database.
-        #expect(try await EffectTests.occurrences(of: reader, in: h.server.client) == 0)
+        #expect(try await DatabaseSearch.occurrences(of: reader, in: h.server.client) == 0)
         let actions = try await store.audit(limit: 10).map(\.action)
         #expect(actions.contains("token.create") && actions.contains("token.revoke"))
         // Open routes stay open.
@@ -67,8 +57,8 @@ struct BackendAPITests {
     @Test("sessions the backend vouches for: create (201), read, log out (idempotent); bad input names the field")
     func vouchedSessions() async throws {
         let h = try await Harness.start()
-        let token = try await Self.token(h, [.sessionsWrite, .sessionsRead])
-        let created = try await Self.call(h, .POST, "/v1/sessions", token: token, body: ["aud": "com.example.app", "sub": "001.vouched.1"])
+        let token = try await API.token(h, [.sessionsWrite, .sessionsRead])
+        let created = try await API.call(h, .POST, "/v1/sessions", token: token, body: ["aud": "com.example.app", "sub": "001.vouched.1"])
         #expect(created.status == 201)
         let session = try #require(created.json)
         let id = try #require(session["id"]?.stringValue)
@@ -78,17 +68,17 @@ struct BackendAPITests {
         #expect(session["created_at"]?.stringValue?.hasSuffix("Z") == true)
         #expect(session["expires_at"]?.stringValue != nil)  // SIWA_SESSION_TTL by default
 
-        let read = try await Self.call(h, .GET, "/v1/sessions/\(id)", token: token)
+        let read = try await API.call(h, .GET, "/v1/sessions/\(id)", token: token)
         #expect(read.status == 200 && read.json?["active"] == .bool(true))
-        let logout = try await Self.call(h, .DELETE, "/v1/sessions/\(id)", token: token)
+        let logout = try await API.call(h, .DELETE, "/v1/sessions/\(id)", token: token)
         #expect(logout.status == 200)
         #expect(logout.json?["active"] == .bool(false))
         #expect(logout.json?["revoked_reason"] == .string("logout"))
-        let again = try await Self.call(h, .DELETE, "/v1/sessions/\(id)", token: token)
+        let again = try await API.call(h, .DELETE, "/v1/sessions/\(id)", token: token)
         #expect(again.json?["revoked_at"] == logout.json?["revoked_at"])
 
         func rejected(_ body: JSONValue, _ words: String) async throws {
-            let answer = try await Self.call(h, .POST, "/v1/sessions", token: token, body: body)
+            let answer = try await API.call(h, .POST, "/v1/sessions", token: token, body: body)
             #expect(answer.status == 400, "\(body.jsonText)")
             #expect(answer.json?["error"] == .string("invalid_request"))
             #expect(answer.json?["message"]?.stringValue?.contains(words) == true, "\(answer.body)")
@@ -101,11 +91,11 @@ struct BackendAPITests {
         try await rejected(["identity_token": "x", "sub": "u"], "unexpected field sub")
         let wrongType = try await h.server.request(.POST, "/v1/sessions", body: "aud=x", headers: [("Content-Type", "text/plain"), ("Authorization", "Bearer \(token)")])
         #expect(wrongType.status == 415)
-        let huge = try await Self.call(h, .POST, "/v1/sessions", token: token, body: ["aud": .string(String(repeating: "a", count: 70_000)), "sub": "u"])
+        let huge = try await API.call(h, .POST, "/v1/sessions", token: token, body: ["aud": .string(String(repeating: "a", count: 70_000)), "sub": "u"])
         #expect(huge.status == 413)
-        let badID = try await Self.call(h, .GET, "/v1/sessions/not-a-uuid", token: token)
+        let badID = try await API.call(h, .GET, "/v1/sessions/not-a-uuid", token: token)
         #expect(badID.status == 400 && badID.json?["message"]?.stringValue?.contains("not-a-uuid") == true)
-        #expect(try await Self.call(h, .GET, "/v1/sessions/\(UUID().uuidString)", token: token).status == 404)
+        #expect(try await API.call(h, .GET, "/v1/sessions/\(UUID().uuidString)", token: token).status == 404)
         await h.stop()
     }
 
@@ -128,19 +118,19 @@ struct BackendAPITests {
     func realIdentityToken() async throws {
         let (jws, iat) = try Self.identityToken()
         let h = try await Self.realTokenHarness(at: iat.addingTimeInterval(1))
-        let token = try await Self.token(h, [.sessionsWrite, .accountsRead])
-        let created = try await Self.call(h, .POST, "/v1/sessions", token: token, body: ["identity_token": .string(jws)])
+        let token = try await API.token(h, [.sessionsWrite, .accountsRead])
+        let created = try await API.call(h, .POST, "/v1/sessions", token: token, body: ["identity_token": .string(jws)])
         #expect(created.status == 201, "\(created.body)")
         #expect(created.json?["aud"] == .string("com.example.app"))
         #expect(created.json?["sub"] == .string("000739.90ab72d5c78444a9bdf1a3fb80ff6660.2105"))
-        let account = try await Self.call(h, .GET, "/v1/accounts/com.example.app/000739.90ab72d5c78444a9bdf1a3fb80ff6660.2105", token: token)
+        let account = try await API.call(h, .GET, "/v1/accounts/com.example.app/000739.90ab72d5c78444a9bdf1a3fb80ff6660.2105", token: token)
         #expect(account.status == 200)
         #expect(account.json?["email"] == .string("ugs6qtpehf@privaterelay.appleid.com"))
         #expect(account.json?["is_private_email"] == .bool(true))
         #expect(account.json?["real_user_status"] == .number(0))
 
         func refused(_ body: JSONValue, _ reason: String, harness: Harness? = nil) async throws {
-            let answer = try await Self.call(harness ?? h, .POST, "/v1/sessions", token: token, body: body)
+            let answer = try await API.call(harness ?? h, .POST, "/v1/sessions", token: token, body: body)
             #expect(answer.status == 401, "\(answer.body)")
             #expect(answer.json?["error"] == .string("invalid_token"))
             #expect(answer.json?["reason"] == .string(reason), "\(answer.body)")
@@ -154,14 +144,14 @@ struct BackendAPITests {
         await h.stop()
 
         let unlisted = try await Self.realTokenHarness(at: iat.addingTimeInterval(1), clientIDs: "com.example.app")
-        let token2 = try await Self.token(unlisted, [.sessionsWrite])
-        let answer = try await Self.call(unlisted, .POST, "/v1/sessions", token: token2, body: ["identity_token": .string(jws)])
+        let token2 = try await API.token(unlisted, [.sessionsWrite])
+        let answer = try await API.call(unlisted, .POST, "/v1/sessions", token: token2, body: ["identity_token": .string(jws)])
         #expect(answer.status == 401 && answer.json?["reason"] == .string("wrong_audience"))
         await unlisted.stop()
 
         let late = try await Self.realTokenHarness(at: Date())
-        let token3 = try await Self.token(late, [.sessionsWrite])
-        let expired = try await Self.call(late, .POST, "/v1/sessions", token: token3, body: ["identity_token": .string(jws)])
+        let token3 = try await API.token(late, [.sessionsWrite])
+        let expired = try await API.call(late, .POST, "/v1/sessions", token: token3, body: ["identity_token": .string(jws)])
         #expect(expired.status == 401 && expired.json?["reason"] == .string("expired"))
         await late.stop()
     }
@@ -169,12 +159,12 @@ struct BackendAPITests {
     @Test("a nonce is checked as Apple embeds it: the SHA-256 hex of the raw nonce; a token without exp is 401 missing_expiry")
     func nonce() async throws {
         let h = try await Harness.start()
-        let token = try await Self.token(h, [.sessionsWrite])
+        let token = try await API.token(h, [.sessionsWrite])
         let raw = "n-\(UUID().uuidString)"
         let hashed = SHA256.hash(data: Data(raw.utf8)).map { String(format: "%02x", $0) }.joined()
         let identity = try h.signer.identityToken(aud: Harness.aud, sub: "001.nonce.1", nonce: hashed)
-        #expect(try await Self.call(h, .POST, "/v1/sessions", token: token, body: ["identity_token": .string(identity), "nonce": .string(raw)]).status == 201)
-        let replayed = try await Self.call(h, .POST, "/v1/sessions", token: token, body: ["identity_token": .string(identity), "nonce": .string(hashed)])
+        #expect(try await API.call(h, .POST, "/v1/sessions", token: token, body: ["identity_token": .string(identity), "nonce": .string(raw)]).status == 201)
+        let replayed = try await API.call(h, .POST, "/v1/sessions", token: token, body: ["identity_token": .string(identity), "nonce": .string(hashed)])
         #expect(replayed.json?["reason"] == .string("nonce_mismatch"))
         // An identity token without exp: Apple's always carry one.
         let claims = JSONValue.object([
@@ -182,7 +172,7 @@ struct BackendAPITests {
             "iat": .number(Date().timeIntervalSince1970.rounded(.down)),
         ])
         let noExpiry = try h.signer.sign(header: .object(["kid": .string(h.signer.kid), "alg": .string("RS256")]), claims: claims)
-        let refused = try await Self.call(h, .POST, "/v1/sessions", token: token, body: ["identity_token": .string(noExpiry)])
+        let refused = try await API.call(h, .POST, "/v1/sessions", token: token, body: ["identity_token": .string(noExpiry)])
         #expect(refused.status == 401 && refused.json?["reason"] == .string("missing_expiry"), "\(refused.body)")
         #expect(try await h.count("SELECT count(*) FROM sessions WHERE sub = '001.noexp.1'") == 0)
         await h.stop()
@@ -193,8 +183,8 @@ struct BackendAPITests {
         let e = try await EffectHarness.start()
         try await e.post("account-delete", sub: "001.deleted.1", at: 1_000)
         try await e.drain()
-        let token = try await Self.token(e.h, [.sessionsWrite])
-        let answer = try await Self.call(e.h, .POST, "/v1/sessions", token: token, body: ["aud": "com.example.app", "sub": "001.deleted.1"])
+        let token = try await API.token(e.h, [.sessionsWrite])
+        let answer = try await API.call(e.h, .POST, "/v1/sessions", token: token, body: ["aud": "com.example.app", "sub": "001.deleted.1"])
         #expect(answer.status == 409)
         #expect(answer.json?["error"] == .string("conflict"))
         #expect(answer.json?["reason"] == .string("account_deleted"))
@@ -210,8 +200,8 @@ struct BackendAPITests {
         let revocation = try e.h.signer.notification(aud: Harness.aud, type: "consent-revoked", sub: sub, eventTime: Date(timeIntervalSince1970: revokedAt))
         #expect(try await e.h.server.post(jws: revocation).status == 200)
         try await e.drain()
-        let token = try await Self.token(e.h, [.sessionsWrite, .accountsRead])
-        func create(_ body: JSONValue) async throws -> TestServer.Answer { try await Self.call(e.h, .POST, "/v1/sessions", token: token, body: body) }
+        let token = try await API.token(e.h, [.sessionsWrite, .accountsRead])
+        func create(_ body: JSONValue) async throws -> TestServer.Answer { try await API.call(e.h, .POST, "/v1/sessions", token: token, body: body) }
 
         let plain = try await create(["aud": .string(Harness.aud), "sub": .string(sub)])
         #expect(plain.status == 409 && plain.json?["error"] == .string("conflict") && plain.json?["reason"] == .string("consent_revoked"), "\(plain.body)")
@@ -225,7 +215,7 @@ struct BackendAPITests {
         let signedInAt = Date(timeIntervalSince1970: revokedAt + 30)
         let newer = try e.h.signer.identityToken(aud: Harness.aud, sub: sub, issuedAt: signedInAt)
         #expect(try await create(["identity_token": .string(newer)]).status == 201)
-        let account = try await Self.call(e.h, .GET, "/v1/accounts/\(Harness.aud)/\(sub)", token: token)
+        let account = try await API.call(e.h, .GET, "/v1/accounts/\(Harness.aud)/\(sub)", token: token)
         #expect(account.json?["consent_given_at"] == .string(iso8601(signedInAt)), "\(account.body)")
         #expect(account.json?["consent_revoked_at"] == .string(iso8601(Date(timeIntervalSince1970: revokedAt))))
         // …and consent given again lets the backend vouch for the user as before.
@@ -236,15 +226,15 @@ struct BackendAPITests {
     @Test("a consent revocation being applied while a session is created: the session waits for it and is refused")
     func consentRevokedConcurrently() async throws {
         let h = try await Harness.start()
-        let token = try await Self.token(h, [.sessionsWrite])
+        let token = try await API.token(h, [.sessionsWrite])
         let sub = "001.consent.race"
-        #expect(try await Self.call(h, .POST, "/v1/sessions", token: token, body: ["aud": .string(Harness.aud), "sub": .string(sub)]).status == 201)
+        #expect(try await API.call(h, .POST, "/v1/sessions", token: token, body: ["aud": .string(Harness.aud), "sub": .string(sub)]).status == 201)
         let logger = Logger(label: "effect")
         let answer = try await h.server.client.withConnection { connection in
             // What the effect does, in its own transaction: the account row changed and held.
             try await connection.query("BEGIN", logger: logger)
             try await connection.query("UPDATE accounts SET consent_revoked_at = now() WHERE aud = \(Harness.aud) AND sub = \(sub)", logger: logger)
-            let creating = Task { try await Self.call(h, .POST, "/v1/sessions", token: token, body: ["aud": .string(Harness.aud), "sub": .string(sub)]) }
+            let creating = Task { try await API.call(h, .POST, "/v1/sessions", token: token, body: ["aud": .string(Harness.aud), "sub": .string(sub)]) }
             var waiting = 0
             for _ in 0..<600 where waiting < 1 {
                 try await Task.sleep(for: .milliseconds(20))
@@ -262,30 +252,30 @@ struct BackendAPITests {
     @Test("an account's sessions page by cursor; bad limit and cursor name the parameter")
     func accountSessions() async throws {
         let h = try await Harness.start()
-        let token = try await Self.token(h, [.sessionsWrite, .sessionsRead])
+        let token = try await API.token(h, [.sessionsWrite, .sessionsRead])
         var ids: [String] = []
         for _ in 0..<3 {
-            let created = try await Self.call(h, .POST, "/v1/sessions", token: token, body: ["aud": "com.example.app", "sub": "001.pages.1"])
+            let created = try await API.call(h, .POST, "/v1/sessions", token: token, body: ["aud": "com.example.app", "sub": "001.pages.1"])
             ids.append(try #require(created.json?["id"]?.stringValue))
         }
-        let first = try await Self.call(h, .GET, "/v1/accounts/com.example.app/001.pages.1/sessions?limit=2", token: token)
+        let first = try await API.call(h, .GET, "/v1/accounts/com.example.app/001.pages.1/sessions?limit=2", token: token)
         let firstItems = first.json?["items"]?.arrayValue ?? []
         #expect(firstItems.compactMap { $0["id"]?.stringValue } == [ids[2], ids[1]])
         let cursor = try #require(first.json?["next_cursor"]?.stringValue)
-        let second = try await Self.call(h, .GET, "/v1/accounts/com.example.app/001.pages.1/sessions?limit=2&cursor=\(cursor)", token: token)
+        let second = try await API.call(h, .GET, "/v1/accounts/com.example.app/001.pages.1/sessions?limit=2&cursor=\(cursor)", token: token)
         let secondItems = second.json?["items"]?.arrayValue ?? []
         #expect(secondItems.compactMap { $0["id"]?.stringValue } == [ids[0]])
         #expect(second.json?["next_cursor"] == .null)
-        let badLimit = try await Self.call(h, .GET, "/v1/accounts/com.example.app/001.pages.1/sessions?limit=0", token: token)
+        let badLimit = try await API.call(h, .GET, "/v1/accounts/com.example.app/001.pages.1/sessions?limit=0", token: token)
         #expect(badLimit.status == 400 && badLimit.json?["message"]?.stringValue?.hasPrefix("limit") == true)
-        let badCursor = try await Self.call(h, .GET, "/v1/accounts/com.example.app/001.pages.1/sessions?cursor=zz", token: token)
+        let badCursor = try await API.call(h, .GET, "/v1/accounts/com.example.app/001.pages.1/sessions?cursor=zz", token: token)
         #expect(badCursor.status == 400 && badCursor.json?["message"]?.stringValue?.hasPrefix("cursor") == true)
-        let accountReader = try await Self.token(h, [.accountsRead])
-        let account = try await Self.call(h, .GET, "/v1/accounts/com.example.app/001.pages.1", token: accountReader)
+        let accountReader = try await API.token(h, [.accountsRead])
+        let account = try await API.call(h, .GET, "/v1/accounts/com.example.app/001.pages.1", token: accountReader)
         #expect(account.status == 200 && account.json?["email"] == .null && account.json?["deleted_at"] == .null)
-        let unknown = try await Self.call(h, .GET, "/v1/accounts/com.example.app/001.nobody", token: accountReader)
+        let unknown = try await API.call(h, .GET, "/v1/accounts/com.example.app/001.nobody", token: accountReader)
         #expect(unknown.status == 404 && unknown.json?["error"] == .string("not_found"))
-        #expect(try await Self.call(h, .GET, "/v1/accounts/com.example.app/001.pages.1/sessions", token: accountReader).status == 403)
+        #expect(try await API.call(h, .GET, "/v1/accounts/com.example.app/001.pages.1/sessions", token: accountReader).status == 403)
         await h.stop()
     }
 
@@ -295,18 +285,18 @@ struct BackendAPITests {
         let email = "erase-on-request-5k@privaterelay.appleid.com"
         try await e.post("email-disabled", sub: "001.erase.1", at: 1_000, email: email)
         try await e.drain()
-        let token = try await Self.token(e.h, [.sessionsWrite, .accountsRead, .accountsErase])
-        _ = try await Self.call(e.h, .POST, "/v1/sessions", token: token, body: ["aud": "com.example.app", "sub": "001.erase.1"])
-        #expect(try await EffectTests.occurrences(of: email, in: e.client) > 0)
+        let token = try await API.token(e.h, [.sessionsWrite, .accountsRead, .accountsErase])
+        _ = try await API.call(e.h, .POST, "/v1/sessions", token: token, body: ["aud": "com.example.app", "sub": "001.erase.1"])
+        #expect(try await DatabaseSearch.occurrences(of: email, in: e.client) > 0)
 
-        let reader = try await Self.token(e.h, [.accountsRead])
-        #expect(try await Self.call(e.h, .DELETE, "/v1/accounts/com.example.app/001.erase.1", token: reader).status == 403)
-        let erased = try await Self.call(e.h, .DELETE, "/v1/accounts/com.example.app/001.erase.1", token: token)
+        let reader = try await API.token(e.h, [.accountsRead])
+        #expect(try await API.call(e.h, .DELETE, "/v1/accounts/com.example.app/001.erase.1", token: reader).status == 403)
+        let erased = try await API.call(e.h, .DELETE, "/v1/accounts/com.example.app/001.erase.1", token: token)
         #expect(erased.status == 200)
         #expect(erased.json?["revoked_sessions"] == .number(1))
-        #expect(try await EffectTests.occurrences(of: email, in: e.client) == 0)
+        #expect(try await DatabaseSearch.occurrences(of: email, in: e.client) == 0)
         #expect(try await e.h.count("SELECT count(*) FROM sessions WHERE sub = '001.erase.1' AND revoked_reason = 'erased'") == 1)
-        let account = try await Self.call(e.h, .GET, "/v1/accounts/com.example.app/001.erase.1", token: token)
+        let account = try await API.call(e.h, .GET, "/v1/accounts/com.example.app/001.erase.1", token: token)
         #expect(account.json?["email"] == .null)
         #expect(account.json?["erased_at"]?.stringValue != nil)
         #expect(account.json?["email_forwarding"] == .string("disabled"))
@@ -316,7 +306,7 @@ struct BackendAPITests {
         // Apple delivers an older email event late: its address is not stored, and it is redacted.
         try await e.post("email-enabled", sub: "001.erase.1", at: 500, email: email)
         try await e.drain()
-        #expect(try await EffectTests.occurrences(of: email, in: e.client) == 0)
+        #expect(try await DatabaseSearch.occurrences(of: email, in: e.client) == 0)
         await e.stop()
     }
 

@@ -58,7 +58,7 @@ import Testing
         // Same text after the timestamp (both print the local time to the second) while no value
         // needs quoting; one that does is quoted (LogSafetyTests), where StreamLogHandler writes it raw.
         #expect(written.prefix(2).map { $0.drop { $0 != " " } } == expected.prefix(2).map { $0.drop { $0 != " " } })
-        #expect(written[0].hasSuffix(" info siwa-events: jti=abc latency_ms=1.5 outcome=accepted worker=2 [SiwaIntegrationTests] delivery"))
+        #expect(written[0].hasSuffix(" info siwa-events: jti=abc latency_ms=1.5 outcome=accepted worker=2 [SiwaAppTests] delivery"))
         let timestamp = String(written[0].prefix { $0 != " " })
         #expect(timestamp.wholeMatch(of: /\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d[+-]\d{4}/) != nil, "timestamp \(timestamp)")
         #expect(written[2].contains(#"error.message="the database refused the batch""#))
@@ -80,7 +80,7 @@ import Testing
         #expect(lines.count == 2_000)
         var seen = Set<String>()
         for line in lines {
-            let match = line.firstMatch(of: /: n=(\d+) pad=x{300} task=(\d) \[SiwaIntegrationTests\] line$/)
+            let match = line.firstMatch(of: /: n=(\d+) pad=x{300} task=(\d) \[SiwaAppTests\] line$/)
             #expect(match != nil, "torn or malformed line: \(line.prefix(120))")
             if let match { seen.insert("\(match.2)/\(match.1)") }
         }

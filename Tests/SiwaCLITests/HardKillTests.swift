@@ -18,7 +18,7 @@ struct HardKillTests {
         let directory = "/tmp/siwa-kill-\(UUID().uuidString.prefix(6).lowercased())"
         try FileManager.default.createDirectory(atPath: directory, withIntermediateDirectories: true, attributes: [.posixPermissions: 0o755])
         defer { try? FileManager.default.removeItem(atPath: directory) }
-        #expect(try await CLITests.run(["keys", "generate", "--dir", "keys"], directory: directory).status == 0)
+        #expect(try await TestBinary.run(["keys", "generate", "--dir", "keys"], directory: directory).status == 0)
         let signer = try AppleStyleSigner(pem: String(contentsOfFile: "\(directory)/keys/private-key.pem", encoding: .utf8))
         let aud = "com.example.kill"
         let types = ["email-disabled", "email-enabled", "consent-revoked", "account-delete"]
@@ -34,16 +34,16 @@ struct HardKillTests {
 
         // The real binary, role all (receiver and workers commit concurrently), durable embedded
         // PostgreSQL under ./.siwa as a user runs it.
-        let port = CLITests.freePort()
+        let port = TestBinary.freePort()
         let environment = [
-            "SIWA_APPLE_BUNDLE_IDS": aud, "SIWA_APPLE_JWKS_URL": "file://\(directory)/keys/jwks.json", "SIWA_PORT": "\(port)", "SIWA_ADMIN_PORT": "\(CLITests.freePort())",
+            "SIWA_APPLE_BUNDLE_IDS": aud, "SIWA_APPLE_JWKS_URL": "file://\(directory)/keys/jwks.json", "SIWA_PORT": "\(port)", "SIWA_ADMIN_PORT": "\(TestBinary.freePort())",
         ]
         let server = try Subprocess.start(
-            CLITests.binary.path, ["serve"], environment: ProcessInfo.processInfo.environment.merging(environment) { $1 },
+            TestBinary.url.path, ["serve"], environment: ProcessInfo.processInfo.environment.merging(environment) { $1 },
             workingDirectory: directory)
         let http = HTTPClient(eventLoopGroupProvider: .singleton)
         let url = "http://127.0.0.1:\(port)/apple/notifications"
-        #expect(await DeployTests.waitReady(port: port))
+        #expect(await TestBinary.waitReady(port: port))
 
         // 32 concurrent senders; the server is killed once 600 answers have come back.
         let load = Load()

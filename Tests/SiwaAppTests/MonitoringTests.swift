@@ -12,7 +12,6 @@ import Testing
 /// deploy/, checked with Prometheus' own promtool.
 @Suite("Monitoring: /metrics, deploy/prometheus/alerts.yml, deploy/grafana/siwa-events.json")
 struct MonitoringTests {
-    static let repository = URL(fileURLWithPath: #filePath).deletingLastPathComponent().deletingLastPathComponent().deletingLastPathComponent()
 
     static func promtool() throws -> String {
         try #require(
@@ -71,7 +70,7 @@ struct MonitoringTests {
 
     @Test("promtool check rules and test rules pass on the shipped rules; rules and dashboard use only metrics the service exposes")
     func rulesAndDashboard() async throws {
-        let rules = Self.repository.appendingPathComponent("deploy/prometheus/alerts.yml")
+        let rules = Repository.root.appendingPathComponent("deploy/prometheus/alerts.yml")
         let check = try await Subprocess.run(try Self.promtool(), ["check", "rules", rules.path], environment: [:])
         #expect(check.succeeded, "\(check.standardOutput)\(check.standardError)")
         #expect(check.standardOutput.contains("SUCCESS"))
@@ -79,10 +78,10 @@ struct MonitoringTests {
         // steady high traffic does not, queue lag fires after its `for`.
         let unit = try await Subprocess.run(
             try Self.promtool(), ["test", "rules", "alerts.test.yml"], environment: [:],
-            workingDirectory: Self.repository.appendingPathComponent("deploy/prometheus").path)
+            workingDirectory: Repository.root.appendingPathComponent("deploy/prometheus").path)
         #expect(unit.succeeded, "\(unit.standardOutput)\(unit.standardError)")
 
-        let dashboard = try Data(contentsOf: Self.repository.appendingPathComponent("deploy/grafana/siwa-events.json"))
+        let dashboard = try Data(contentsOf: Repository.root.appendingPathComponent("deploy/grafana/siwa-events.json"))
         let json = try #require(JSONValue.parse(dashboard), "the dashboard is JSON")
         let panels = json["panels"]?.arrayValue ?? []
         #expect(panels.count >= 6)

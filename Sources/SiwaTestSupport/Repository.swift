@@ -1,0 +1,7 @@
+import Foundation
+
+/// The checkout's files the tests read: deploy/, docs, fixtures.
+package enum Repository {
+    package static let root = URL(fileURLWithPath: #filePath).deletingLastPathComponent().deletingLastPathComponent().deletingLastPathComponent()
+    package static let deploy = root.appendingPathComponent("deploy")
+}

@@ -1,0 +1,141 @@
+import AsyncHTTPClient
+import Foundation
+import NIOCore
+import NIOHTTP1
+import PostgresNIO
+import SiwaDomain
+import SiwaEmbeddedPostgres
+import Synchronization
+import Testing
+
+/// The real `siwa-events` binary (built next to the test bundle by `swift build --build-tests`),
+/// with what tests that run it need: ports, databases, signing keys, readiness.
+package enum TestBinary {
+    package static let url: URL = URL(fileURLWithPath: CommandLine.arguments[0]).deletingLastPathComponent().appendingPathComponent("siwa-events")
+
+    package struct Run {
+        package var status: Int32
+        package var stdout: String
+        package var stderr: String
+    }
+
+    /// Runs the binary to completion. Spawned with the embedded module's posix_spawn helper, not
+    /// Foundation's Process: Process's pipes and termination socket are inherited by children
+    /// that other tests spawn at the same moment (a postmaster lives until the run ends), so a
+    /// reader could wait for an EOF that never comes.
+    package static func run(_ arguments: [String], environment: [String: String] = [:], directory: String) async throws -> Run {
+        let result = try await Subprocess.run(
+            url.path, arguments, environment: ProcessInfo.processInfo.environment.merging(environment) { $1 },
+            workingDirectory: directory)
+        return Run(status: result.terminatedBySignal ? 128 + result.status : result.status, stdout: result.standardOutput, stderr: result.standardError)
+    }
+
+    /// A port nothing listens on right now, chosen by the kernel (bound to 0 and released) and
+    /// never handed out twice in one run: a random pick could land on another test's server,
+    /// which then answered `/health/ready` for a replica that had failed to bind.
+    package static func freePort() -> Int {
+        while true {
+            let descriptor = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
+            precondition(descriptor >= 0, "socket: \(String(cString: strerror(errno)))")
+            defer { close(descriptor) }
+            var address = sockaddr_in()
+            address.sin_family = sa_family_t(AF_INET)
+            address.sin_addr.s_addr = inet_addr("127.0.0.1")
+            var length = socklen_t(MemoryLayout<sockaddr_in>.size)
+            let bound = withUnsafeMutablePointer(to: &address) {
+                $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { bind(descriptor, $0, length) == 0 && getsockname(descriptor, $0, &length) == 0 }
+            }
+            precondition(bound, "bind: \(String(cString: strerror(errno)))")
+            let port = Int(UInt16(bigEndian: address.sin_port))
+            if handedOut.withLock({ $0.insert(port).inserted }) { return port }
+        }
+    }
+
+    private static let handedOut = Mutex(Set<Int>())
+
+    /// A DATABASE_URL for a fresh migrated test database (unix socket).
+    package static func databaseURL() async throws -> String {
+        let database = try await TestCluster.shared.makeDatabase()
+        let socketDirectory = ((database.unixSocketPath ?? "") as NSString).deletingLastPathComponent
+        return "postgres://\(database.username)@/\(database.database ?? "")?host=\(socketDirectory)"
+    }
+
+
+    /// A signing key of our own (Apple's format), its JWKS as a file:// URL, and bodies signed with it.
+    package struct Keys {
+        package let directory: String
+        package let signer: AppleStyleSigner
+        package let aud = "com.example.deploy"
+        package var jwksURL: String { "file://\(directory)/keys/jwks.json" }
+
+        package static func make() async throws -> Keys {
+            let directory = "/tmp/siwa-deploy-\(UUID().uuidString.prefix(6).lowercased())"
+            try FileManager.default.createDirectory(atPath: directory, withIntermediateDirectories: true, attributes: [.posixPermissions: 0o755])
+            let generated = try await TestBinary.run(["keys", "generate", "--dir", "keys"], directory: directory)
+            #expect(generated.status == 0)
+            return Keys(directory: directory, signer: try AppleStyleSigner(pem: String(contentsOfFile: "\(directory)/keys/private-key.pem", encoding: .utf8)))
+        }
+
+        package func remove() { try? FileManager.default.removeItem(atPath: directory) }
+
+        package func bodies(count: Int, prefix: String, users: Int = 100) throws -> [(jti: String, body: String)] {
+            let types = ["email-disabled", "email-enabled", "consent-revoked", "account-delete"]
+            return try (0..<count).map { index in
+                let type = types[index % types.count]
+                let jti = "\(prefix)-\(index)"
+                let token = try signer.notification(
+                    aud: aud, type: type, sub: "001.\(prefix).\(index % users)", eventTime: Date().addingTimeInterval(Double(index) / 1000),
+                    email: type.hasPrefix("email") ? "\(prefix)\(index)@privaterelay.appleid.com" : nil, isPrivateEmail: type.hasPrefix("email") ? true : nil,
+                    jti: jti)
+                return (jti, AppleStyleSigner.body(token))
+            }
+        }
+    }
+
+    package static func waitReady(port: Int, seconds: Int = 60) async -> Bool {
+        let http = HTTPClient(eventLoopGroupProvider: .singleton)
+        defer { Task { try? await http.shutdown() } }
+        return await poll(http, "http://127.0.0.1:\(port)/health/ready", until: { $0 == 200 }, seconds: seconds) != nil
+    }
+
+    package static func status(_ http: HTTPClient, _ url: String) async -> Int? {
+        guard let response = try? await http.execute(HTTPClientRequest(url: url), timeout: .seconds(3)) else { return nil }
+        _ = try? await response.body.collect(upTo: 1 << 16)
+        return Int(response.status.code)
+    }
+
+    /// GETs `url` every 100 ms until its status satisfies `until`; returns that answer's body.
+    package static func poll(_ http: HTTPClient, _ url: String, until: (Int) -> Bool, seconds: Int = 15) async -> String? {
+        let deadline = ContinuousClock.now + .seconds(seconds)
+        while ContinuousClock.now < deadline {
+            if let response = try? await http.execute(HTTPClientRequest(url: url), timeout: .seconds(3)),
+                let body = try? await response.body.collect(upTo: 1 << 16), until(Int(response.status.code))
+            {
+                return String(buffer: body)
+            }
+            try? await Task.sleep(for: .milliseconds(100))
+        }
+        return nil
+    }
+
+    /// A client on the database a `TestBinary.databaseURL()` names (same cluster, same user).
+    @discardableResult
+    package static func withDatabase<T: Sendable>(_ url: String, _ body: (PostgresClient) async throws -> T) async throws -> T {
+        let components = try #require(URLComponents(string: url))
+        let socketDirectory = try #require(components.queryItems?.first { $0.name == "host" }?.value)
+        let configuration = PostgresClient.Configuration(
+            unixSocketPath: "\(socketDirectory)/.s.PGSQL.5432", username: components.user ?? "", password: nil,
+            database: String(components.path.dropFirst()))
+        let client = PostgresClient(configuration: configuration)
+        return try await withThrowingTaskGroup(of: Void.self) { group in
+            group.addTask { await client.run() }
+            defer { group.cancelAll() }
+            return try await body(client)
+        }
+    }
+
+    package static func count(_ client: PostgresClient, _ query: PostgresQuery) async throws -> Int {
+        for try await (n,) in try await client.query(query).decode((Int,).self) { return n }
+        return 0
+    }
+}
