@@ -35,7 +35,7 @@ package struct Database: Sendable {
             throw ConfigurationError(variable: "DATABASE_URL", message: "is not set and SIWA_EMBEDDED_DATABASE=off: set DATABASE_URL=postgres://user:password@host:5432/db (a deployment never starts a private database)")
         }
         let embedded = EmbeddedPostgres(
-            options: .init(dataDirectory: config.dataDirectory, durable: true, extraSettings: ["max_connections": "\(max(100, config.databasePoolSize * 2 + 10))"]),
+            options: .init(dataDirectory: config.dataDirectory, durable: true, binDirectory: config.postgresBinaries, extraSettings: ["max_connections": "\(max(100, config.databasePoolSize * 2 + 10))"]),
             logger: logger)
         let connection = try await embedded.start()
         logger.notice(

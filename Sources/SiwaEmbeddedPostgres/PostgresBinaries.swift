@@ -19,7 +19,7 @@ struct PostgresBinaries: Sendable {
     /// An explicit choice is never silently replaced by another installation.
     static func locate(explicit: String?, environment: [String: String]) throws -> PostgresBinaries {
         if let explicit {
-            return try verified(explicit, searched: ["binDirectory \(explicit)"])
+            return try verified(explicit, searched: ["SIWA_POSTGRES_BIN=\(explicit)"])
         }
         if let fromEnvironment = environment["SIWA_POSTGRES_BIN"], !fromEnvironment.isEmpty {
             return try verified(fromEnvironment, searched: ["SIWA_POSTGRES_BIN=\(fromEnvironment)"])
