@@ -11,73 +11,27 @@ package struct ConfigurationError: Error, CustomStringConvertible {
     package var description: String { "\(variable): \(message)" }
 }
 
-/// Every setting of the service, validated once at the edge. Each comes from an environment
-/// variable, overridden by the matching flag; a bad value stops start-up with a message naming it.
+/// Every setting of the service, validated once at the edge: one value per group of settings
+/// (`config.http.port`, `config.jobs.lease`, …), each read from its flag or environment variable
+/// (`Settings.swift`); a bad value stops start-up with a message naming it.
 package struct Configuration: Sendable {
     package static let appleJWKSURL = URL(string: "https://appleid.apple.com/auth/keys")!
 
-    package var databaseURL: String?
-    package var bundleIDs: [String]
-    package var jwksURL = Settings.jwksURL.defaultValue
-    package var host = Settings.host.defaultValue
-    package var port = Settings.port.defaultValue
-    /// The admin listener: the API, the dashboard, /openapi.yaml and /metrics.
-    package var adminHost = Settings.adminHost.defaultValue
-    package var adminPort = Settings.adminPort.defaultValue
-    package var connectionLimits = ConnectionLimits()
-    package var dataDirectory = Settings.dataDirectory.defaultValue
-    /// The embedded cluster's PostgreSQL binaries (nil: the newest installed).
-    package var postgresBinaries: String?
-    package var embeddedDatabase = Settings.embeddedDatabase.defaultValue
-    package var migrateOnStart = Settings.migrateOnStart.defaultValue
-    package var trustedProxies = Settings.trustedProxies.defaultValue
-    package var jwksRefreshInterval = Settings.jwksRefreshInterval.defaultValue
-    package var unknownKidCooldown = Settings.unknownKidCooldown.defaultValue
-    package var clockSkew = Settings.clockSkew.defaultValue
-    package var rejectionsPerMinute = Settings.rejectionsPerMinute.defaultValue
-    /// Genuine tokens for another bundle ID kept whole, per `aud` per hour.
-    package var otherAppTokensPerHour = Settings.otherAppTokensPerHour.defaultValue
-    /// How long such a kept token stays (enough to replay after fixing a bundle-ID typo).
-    package var otherAppTokenRetention = Settings.otherAppTokenRetention.defaultValue
-    package var databasePoolSize = Settings.databasePoolSize.defaultValue
-    package var databaseTimeout = Settings.databaseTimeout.defaultValue
-    package var commitQueueLimit = Settings.commitQueueLimit.defaultValue
+    package enum Role: String, Sendable, CaseIterable { case all, receiver, worker }
+    /// What this process runs.
+    package var role = Settings.role.defaultValue
     /// SIGTERM/SIGINT: how long in-flight requests and the workers' batches get to finish before
     /// what is left is cancelled (a second signal cancels at once).
     package var shutdownGrace = Settings.shutdownGrace.defaultValue
-    package enum Role: String, Sendable, CaseIterable { case all, receiver, worker }
-    package var role = Settings.role.defaultValue
-    package var workers = Settings.workers.defaultValue
-    package var jobLease = Settings.jobLease.defaultValue
-    package var jobMaxAttempts = Settings.jobMaxAttempts.defaultValue
-    package var jobRetention = Settings.jobRetention.defaultValue
-    package var jobPollInterval = Settings.jobPollInterval.defaultValue
-    package var jobNotify = Settings.jobNotify.defaultValue
-    package var eraseOnDelete = Settings.eraseOnDelete.defaultValue
-    /// Identity-token client IDs → the bundle ID whose accounts they sign in to.
-    package var clientIDs: [String: String] = [:]
-    package var sessionTTL = Settings.sessionTTL.defaultValue
-    package var historyRetention = Settings.historyRetention.defaultValue
-    package var metricsToken: String?
-    /// Serve HTTPS directly (PEM files: the certificate chain, leaf first, and its private key).
-    /// Without them: plain HTTP behind a TLS-terminating proxy.
-    package var tlsCertificateFile: String?
-    package var tlsKeyFile: String?
-    package var callbackURL: URL?
-    package var callbackSigner: WebhookSigner?
-    /// Signs alert webhooks: a secret of its own, so whoever verifies alerts cannot forge callbacks.
-    package var alertSigner: WebhookSigner?
-    package var callbackTimeout = Settings.callbackTimeout.defaultValue
-    package var callbackConcurrency = Settings.callbackConcurrency.defaultValue
-    package var spike = SpikeSettings()
-    package var alertWebhooks: [URL] = []
-    package var alertSlackURL: URL?
-    package var alertQueueLag = Settings.alertQueueLag.defaultValue
-    package var alertBadSignatures = Settings.alertBadSignatures.defaultValue
-    package var alertDiscardedJobs = Settings.alertDiscardedJobs.defaultValue
-    /// nil: the command's own default (`info` for `serve`, `warning` for one-shot commands).
-    package var logLevel: Logger.Level?
-    package var logFormat = Settings.logFormat.defaultValue
+    package var database = DatabaseSettings()
+    package var apple: AppleSettings
+    package var http = HTTPSettings()
+    package var history = HistorySettings()
+    package var jobs = JobSettings()
+    package var accounts = AccountSettings()
+    package var callbacks = CallbackSettings()
+    package var alerts = AlertSettings()
+    package var logging = LogSettings()
 
     /// The receiving process's HTTP routes and key cache are needed (roles all, receiver).
     package var receives: Bool { role != .worker }
@@ -85,13 +39,109 @@ package struct Configuration: Sendable {
     package var works: Bool { role != .receiver }
 
     package init(bundleIDs: [String]) {
-        self.bundleIDs = bundleIDs
-        self.clientIDs = Dictionary(bundleIDs.map { ($0, $0) }, uniquingKeysWith: { first, _ in first })
+        self.apple = AppleSettings(bundleIDs: bundleIDs)
+    }
+
+    /// `DATABASE_URL` or the embedded cluster, and the pool.
+    package struct DatabaseSettings: Sendable {
+        package var url: String?
+        package var embedded = Settings.embeddedDatabase.defaultValue
+        package var dataDirectory = Settings.dataDirectory.defaultValue
+        /// The embedded cluster's PostgreSQL binaries (nil: the newest installed).
+        package var postgresBinaries: String?
+        package var poolSize = Settings.databasePoolSize.defaultValue
+        package var timeout = Settings.databaseTimeout.defaultValue
+        package var migrateOnStart = Settings.migrateOnStart.defaultValue
+    }
+
+    /// What Apple's notifications and identity tokens are checked against.
+    package struct AppleSettings: Sendable {
+        package var bundleIDs: [String]
+        package var jwksURL = Settings.jwksURL.defaultValue
+        package var jwksRefreshInterval = Settings.jwksRefreshInterval.defaultValue
+        package var unknownKidCooldown = Settings.unknownKidCooldown.defaultValue
+        package var clockSkew = Settings.clockSkew.defaultValue
+        /// Identity-token client IDs → the bundle ID whose accounts they sign in to.
+        package var clientIDs: [String: String]
+
+        package init(bundleIDs: [String]) {
+            self.bundleIDs = bundleIDs
+            self.clientIDs = Dictionary(bundleIDs.map { ($0, $0) }, uniquingKeysWith: { first, _ in first })
+        }
+    }
+
+    /// The two listeners: the public one (`host`, `port`) and the admin one (API, dashboard,
+    /// /openapi.yaml, /metrics).
+    package struct HTTPSettings: Sendable {
+        package var host = Settings.host.defaultValue
+        package var port = Settings.port.defaultValue
+        package var adminHost = Settings.adminHost.defaultValue
+        package var adminPort = Settings.adminPort.defaultValue
+        package var limits = ConnectionLimits()
+        /// Serve HTTPS directly (PEM files: the certificate chain, leaf first, and its private key).
+        /// Without them: plain HTTP behind a TLS-terminating proxy.
+        package var tlsCertificateFile: String?
+        package var tlsKeyFile: String?
+        package var trustedProxies = Settings.trustedProxies.defaultValue
+        package var metricsToken: String?
+        package var commitQueueLimit = Settings.commitQueueLimit.defaultValue
+    }
+
+    /// Rejections kept, and how long history stays.
+    package struct HistorySettings: Sendable {
+        package var rejectionsPerMinute = Settings.rejectionsPerMinute.defaultValue
+        /// Genuine tokens for another bundle ID kept whole, per `aud` per hour.
+        package var otherAppTokensPerHour = Settings.otherAppTokensPerHour.defaultValue
+        /// How long such a kept token stays (enough to replay after fixing a bundle-ID typo).
+        package var otherAppTokenRetention = Settings.otherAppTokenRetention.defaultValue
+        package var retention = Settings.historyRetention.defaultValue
+    }
+
+    /// The job queue and the effect workers.
+    package struct JobSettings: Sendable {
+        package var workers = Settings.workers.defaultValue
+        package var lease = Settings.jobLease.defaultValue
+        package var maxAttempts = Settings.jobMaxAttempts.defaultValue
+        package var retention = Settings.jobRetention.defaultValue
+        package var pollInterval = Settings.jobPollInterval.defaultValue
+        package var notify = Settings.jobNotify.defaultValue
+    }
+
+    /// What effects do to accounts, and sessions' lifetime.
+    package struct AccountSettings: Sendable {
+        package var eraseOnDelete = Settings.eraseOnDelete.defaultValue
+        package var sessionTTL = Settings.sessionTTL.defaultValue
+    }
+
+    /// Callbacks to the backend: none without a URL.
+    package struct CallbackSettings: Sendable {
+        package var url: URL?
+        package var signer: WebhookSigner?
+        package var timeout = Settings.callbackTimeout.defaultValue
+        package var concurrency = Settings.callbackConcurrency.defaultValue
+    }
+
+    /// The alert rules and where alerts go.
+    package struct AlertSettings: Sendable {
+        package var spike = SpikeSettings()
+        package var webhooks: [URL] = []
+        /// Signs alert webhooks: a secret of its own, so whoever verifies alerts cannot forge callbacks.
+        package var signer: WebhookSigner?
+        package var slackURL: URL?
+        package var queueLag = Settings.alertQueueLag.defaultValue
+        package var badSignatures = Settings.alertBadSignatures.defaultValue
+        package var discardedJobs = Settings.alertDiscardedJobs.defaultValue
+    }
+
+    package struct LogSettings: Sendable {
+        /// nil: the command's own default (`info` for `serve`, `warning` for one-shot commands).
+        package var level: Logger.Level?
+        package var format = Settings.logFormat.defaultValue
     }
 
     /// The logging settings alone (every command reads them, also those that read nothing else).
-    package static func logging(_ source: SettingSource) throws(ConfigurationError) -> (level: Logger.Level?, format: LogFormat) {
-        (try source.value(Settings.logLevel), try source.value(Settings.logFormat))
+    package static func logging(_ source: SettingSource) throws(ConfigurationError) -> LogSettings {
+        LogSettings(level: try source.value(Settings.logLevel), format: try source.value(Settings.logFormat))
     }
 
     /// Builds the configuration from `environment`, with `overrides` (values keyed by variable
@@ -115,44 +165,44 @@ package struct Configuration: Sendable {
                 message: "is required: the comma-separated bundle IDs of your apps (Apple's aud), e.g. SIWA_APPLE_BUNDLE_IDS=com.example.app")
         }
         var config = Configuration(bundleIDs: bundleIDs)
-        (config.logLevel, config.logFormat) = try logging(source)
-        config.databaseURL = try value(Settings.databaseURL)
-        config.jwksURL = try value(Settings.jwksURL)
-        config.host = try value(Settings.host)
-        config.port = try value(Settings.port)
-        config.adminHost = try value(Settings.adminHost)
-        config.adminPort = try value(Settings.adminPort)
-        if config.adminPort == config.port && config.port != 0 && config.adminHost == config.host {
+        config.logging = try logging(source)
+        config.database.url = try value(Settings.databaseURL)
+        config.apple.jwksURL = try value(Settings.jwksURL)
+        config.http.host = try value(Settings.host)
+        config.http.port = try value(Settings.port)
+        config.http.adminHost = try value(Settings.adminHost)
+        config.http.adminPort = try value(Settings.adminPort)
+        if config.http.adminPort == config.http.port && config.http.port != 0 && config.http.adminHost == config.http.host {
             throw ConfigurationError(
-                variable: name(Settings.adminPort), message: "must differ from SIWA_PORT (\(config.port)): the admin listener is a second one")
+                variable: name(Settings.adminPort), message: "must differ from SIWA_PORT (\(config.http.port)): the admin listener is a second one")
         }
-        config.connectionLimits.requestTimeout = try value(Settings.httpRequestTimeout)
-        config.connectionLimits.idleTimeout = try value(Settings.httpIdleTimeout)
-        config.connectionLimits.tlsHandshakeTimeout = try value(Settings.tlsHandshakeTimeout)
-        config.connectionLimits.maximumConnections = try value(Settings.httpMaxConnections)
-        config.dataDirectory = try value(Settings.dataDirectory)
-        config.postgresBinaries = try value(Settings.postgresBinaries)
-        config.embeddedDatabase = try value(Settings.embeddedDatabase)
-        config.migrateOnStart = try value(Settings.migrateOnStart)
-        config.trustedProxies = try value(Settings.trustedProxies)
-        config.jwksRefreshInterval = try value(Settings.jwksRefreshInterval)
-        config.unknownKidCooldown = try value(Settings.unknownKidCooldown)
-        config.clockSkew = try value(Settings.clockSkew)
-        config.rejectionsPerMinute = try value(Settings.rejectionsPerMinute)
-        config.otherAppTokensPerHour = try value(Settings.otherAppTokensPerHour)
-        config.otherAppTokenRetention = try value(Settings.otherAppTokenRetention)
-        config.databasePoolSize = try value(Settings.databasePoolSize)
-        config.databaseTimeout = try value(Settings.databaseTimeout)
-        config.commitQueueLimit = try value(Settings.commitQueueLimit)
+        config.http.limits.requestTimeout = try value(Settings.httpRequestTimeout)
+        config.http.limits.idleTimeout = try value(Settings.httpIdleTimeout)
+        config.http.limits.tlsHandshakeTimeout = try value(Settings.tlsHandshakeTimeout)
+        config.http.limits.maximumConnections = try value(Settings.httpMaxConnections)
+        config.database.dataDirectory = try value(Settings.dataDirectory)
+        config.database.postgresBinaries = try value(Settings.postgresBinaries)
+        config.database.embedded = try value(Settings.embeddedDatabase)
+        config.database.migrateOnStart = try value(Settings.migrateOnStart)
+        config.http.trustedProxies = try value(Settings.trustedProxies)
+        config.apple.jwksRefreshInterval = try value(Settings.jwksRefreshInterval)
+        config.apple.unknownKidCooldown = try value(Settings.unknownKidCooldown)
+        config.apple.clockSkew = try value(Settings.clockSkew)
+        config.history.rejectionsPerMinute = try value(Settings.rejectionsPerMinute)
+        config.history.otherAppTokensPerHour = try value(Settings.otherAppTokensPerHour)
+        config.history.otherAppTokenRetention = try value(Settings.otherAppTokenRetention)
+        config.database.poolSize = try value(Settings.databasePoolSize)
+        config.database.timeout = try value(Settings.databaseTimeout)
+        config.http.commitQueueLimit = try value(Settings.commitQueueLimit)
         config.shutdownGrace = try value(Settings.shutdownGrace)
         config.role = try value(Settings.role)
-        config.workers = try value(Settings.workers)
-        config.jobLease = try value(Settings.jobLease)
-        config.jobMaxAttempts = try value(Settings.jobMaxAttempts)
-        config.jobRetention = try value(Settings.jobRetention)
-        config.jobPollInterval = try value(Settings.jobPollInterval)
-        config.jobNotify = try value(Settings.jobNotify)
-        config.eraseOnDelete = try value(Settings.eraseOnDelete)
+        config.jobs.workers = try value(Settings.workers)
+        config.jobs.lease = try value(Settings.jobLease)
+        config.jobs.maxAttempts = try value(Settings.jobMaxAttempts)
+        config.jobs.retention = try value(Settings.jobRetention)
+        config.jobs.pollInterval = try value(Settings.jobPollInterval)
+        config.jobs.notify = try value(Settings.jobNotify)
+        config.accounts.eraseOnDelete = try value(Settings.eraseOnDelete)
         func secretList<Value>(_ setting: Setting<Value>) -> [Substring] {
             (text(setting) ?? "").split(whereSeparator: { $0 == " " || $0 == "\t" || $0 == "\n" })
         }
@@ -177,8 +227,8 @@ package struct Configuration: Sendable {
         }
         if let text = text(Settings.callbackURL) {
             let url = try httpURL(Settings.callbackURL, text)
-            config.callbackSigner = try signer(Settings.callbackSecret, for: "SIWA_CALLBACK_URL", "callbacks are always signed")
-            config.callbackURL = url
+            config.callbacks.signer = try signer(Settings.callbackSecret, for: "SIWA_CALLBACK_URL", "callbacks are always signed")
+            config.callbacks.url = url
         } else if text(Settings.callbackSecret) != nil {
             throw ConfigurationError(
                 variable: name(Settings.callbackURL),
@@ -186,9 +236,9 @@ package struct Configuration: Sendable {
         }
         if let text = text(Settings.alertWebhookURLs) {
             for part in text.split(separator: ",").map({ $0.trimmingCharacters(in: .whitespaces) }).filter({ !$0.isEmpty }) {
-                config.alertWebhooks.append(try httpURL(Settings.alertWebhookURLs, part))
+                config.alerts.webhooks.append(try httpURL(Settings.alertWebhookURLs, part))
             }
-            config.alertSigner = try signer(
+            config.alerts.signer = try signer(
                 Settings.alertSecret, for: "SIWA_ALERT_WEBHOOK_URLS",
                 "alert webhooks are signed with a secret of their own, never the callback secret")
             let shared = Set(secretList(Settings.alertSecret)).intersection(secretList(Settings.callbackSecret))
@@ -201,16 +251,16 @@ package struct Configuration: Sendable {
             throw ConfigurationError(
                 variable: name(Settings.alertWebhookURLs), message: "is not set, but SIWA_ALERT_SECRET is: set the alert webhook URLs, or unset the secret")
         }
-        if let text = text(Settings.alertSlackURL) { config.alertSlackURL = try httpURL(Settings.alertSlackURL, text) }
-        config.spike.interval = try value(Settings.spikeInterval)
-        config.spike.window = try value(Settings.spikeWindow)
-        config.spike.resolveAfter = try value(Settings.spikeResolveAfter)
-        config.spike.minCount = try value(Settings.spikeMinCount)
-        config.spike.newAppCount = try value(Settings.spikeNewAppCount)
-        config.spike.factor = try value(Settings.spikeFactor)
-        config.alertQueueLag = try value(Settings.alertQueueLag)
-        config.alertBadSignatures = try value(Settings.alertBadSignatures)
-        config.alertDiscardedJobs = try value(Settings.alertDiscardedJobs)
+        if let text = text(Settings.alertSlackURL) { config.alerts.slackURL = try httpURL(Settings.alertSlackURL, text) }
+        config.alerts.spike.interval = try value(Settings.spikeInterval)
+        config.alerts.spike.window = try value(Settings.spikeWindow)
+        config.alerts.spike.resolveAfter = try value(Settings.spikeResolveAfter)
+        config.alerts.spike.minCount = try value(Settings.spikeMinCount)
+        config.alerts.spike.newAppCount = try value(Settings.spikeNewAppCount)
+        config.alerts.spike.factor = try value(Settings.spikeFactor)
+        config.alerts.queueLag = try value(Settings.alertQueueLag)
+        config.alerts.badSignatures = try value(Settings.alertBadSignatures)
+        config.alerts.discardedJobs = try value(Settings.alertDiscardedJobs)
         if let text = text(Settings.clientIDs) {
             var map: [String: String] = [:]
             for entry in text.split(separator: ",").map({ $0.trimmingCharacters(in: .whitespaces) }).filter({ !$0.isEmpty }) {
@@ -223,27 +273,27 @@ package struct Configuration: Sendable {
                 }
                 map[parts[0]] = bundleID
             }
-            config.clientIDs = map
+            config.apple.clientIDs = map
         }
-        config.sessionTTL = try value(Settings.sessionTTL)
-        config.historyRetention = try value(Settings.historyRetention)
-        config.metricsToken = try value(Settings.metricsToken)
+        config.accounts.sessionTTL = try value(Settings.sessionTTL)
+        config.history.retention = try value(Settings.historyRetention)
+        config.http.metricsToken = try value(Settings.metricsToken)
         switch (text(Settings.tlsCertificateFile), text(Settings.tlsKeyFile)) {
         case (nil, nil): break
         case (let certificate?, let key?):
             for (setting, path) in [(Settings.tlsCertificateFile, certificate), (Settings.tlsKeyFile, key)] where !FileManager.default.isReadableFile(atPath: path) {
                 throw ConfigurationError(variable: name(setting), message: "cannot read \(path)")
             }
-            config.tlsCertificateFile = certificate
-            config.tlsKeyFile = key
+            config.http.tlsCertificateFile = certificate
+            config.http.tlsKeyFile = key
         case (nil, _):
             throw ConfigurationError(variable: name(Settings.tlsCertificateFile), message: "is required with SIWA_TLS_KEY_FILE (serving HTTPS needs both)")
         case (_, nil):
             throw ConfigurationError(variable: name(Settings.tlsKeyFile), message: "is required with SIWA_TLS_CERT_FILE (serving HTTPS needs both)")
         }
-        config.callbackTimeout = try value(Settings.callbackTimeout)
-        config.callbackConcurrency = try value(Settings.callbackConcurrency)
-        if config.databaseURL == nil && !config.embeddedDatabase {
+        config.callbacks.timeout = try value(Settings.callbackTimeout)
+        config.callbacks.concurrency = try value(Settings.callbackConcurrency)
+        if config.database.url == nil && !config.database.embedded {
             throw ConfigurationError(
                 variable: "DATABASE_URL",
                 message: "is not set and SIWA_EMBEDDED_DATABASE=off: set DATABASE_URL to your PostgreSQL server, e.g. postgres://siwa:secret@db.internal:5432/siwa")

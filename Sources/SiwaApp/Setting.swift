@@ -4,7 +4,7 @@ import SiwaDomain
 /// The settings a command can read, one group per part of the service. A command lists the groups
 /// it reads; its `--help` shows those and no others.
 package enum SettingGroup: String, CaseIterable, Sendable {
-    case database, apple, listeners, history, workers, accounts, callbacks, alerts, logging
+    case database, apple, listeners, process, history, jobs, accounts, callbacks, alerts, logging
 
     package var title: String {
         switch self {
@@ -12,7 +12,8 @@ package enum SettingGroup: String, CaseIterable, Sendable {
         case .apple: "Apple notifications and identity tokens"
         case .listeners: "Listeners"
         case .history: "History and rejections"
-        case .workers: "Roles, jobs and workers"
+        case .process: "Process"
+        case .jobs: "Jobs and workers"
         case .accounts: "Accounts and sessions"
         case .callbacks: "Callbacks"
         case .alerts: "Alerts"

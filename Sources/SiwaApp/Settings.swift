@@ -133,8 +133,14 @@ package enum Settings {
         "SIWA_COMMIT_QUEUE_LIMIT", flag: "commit-queue-limit", .listeners, default: GroupCommitter.defaultMaximumQueued, 1...1_000_000,
         help: "notifications waiting for a commit at most; more are answered 503 at once",
         docs: "Notifications waiting for a commit at most (each commit takes every notification waiting, up to 512). One more is answered 503 at once, so while PostgreSQL is slower than the arrivals the receiver's memory stays bounded and Apple hears \"retry\" without waiting out the timeout.")
+
+    // MARK: Process
+    package static let role = Setting<Configuration.Role>.choice(
+        "SIWA_ROLE", flag: "role", .process, default: .all, shown: "`all`", expected: "all, receiver or worker",
+        help: "all|receiver|worker: what this process runs",
+        docs: "`all`, `receiver` or `worker`: what this process runs.")
     package static let shutdownGrace = Setting<Duration>.duration(
-        "SIWA_SHUTDOWN_GRACE", flag: "shutdown-grace", .listeners, default: .seconds(20),
+        "SIWA_SHUTDOWN_GRACE", flag: "shutdown-grace", .process, default: .seconds(20),
         help: "on SIGTERM, how long in-flight requests and deliveries get to finish",
         docs: "On SIGTERM/SIGINT: stop accepting connections, let in-flight requests and deliveries finish this long, hand back held deliveries, exit 0 (an effect batch still running is abandoned: it commits or rolls back whole, and a rolled-back one is applied after the restart); what is still running then is cancelled (exit 1). Keep it under your orchestrator's kill timeout.")
 
@@ -156,33 +162,29 @@ package enum Settings {
         help: "notifications and rejections older than this are pruned",
         docs: "Notifications (with their jobs and attempts) and rejections older than this are pruned in the background, 1,000 rows per statement.")
 
-    // MARK: Roles, jobs and workers
-    package static let role = Setting<Configuration.Role>.choice(
-        "SIWA_ROLE", flag: "role", .workers, default: .all, shown: "`all`", expected: "all, receiver or worker",
-        help: "all|receiver|worker: what this process runs",
-        docs: "`all`, `receiver` or `worker`: what this process runs.")
+    // MARK: Jobs and workers
     package static let workers = Setting<Int>.integer(
-        "SIWA_WORKERS", flag: "workers", .workers, default: 4, 1...64,
+        "SIWA_WORKERS", flag: "workers", .jobs, default: 4, 1...64,
         help: "effect worker loops in this process",
         docs: "Effect worker loops in this process.")
     package static let jobLease = Setting<Duration>.duration(
-        "SIWA_JOB_LEASE", flag: "job-lease", .workers, default: EffectStore.defaultStall,
+        "SIWA_JOB_LEASE", flag: "job-lease", .jobs, default: EffectStore.defaultStall,
         help: "how long a claimed delivery stays held without a heartbeat, and an effect batch may sit idle",
         docs: "How long a claimed callback or alert delivery stays held without a heartbeat; and how long an effect batch's transaction may sit idle before PostgreSQL ends it (a stalled worker frees its jobs).")
     package static let jobMaxAttempts = Setting<Int>.integer(
-        "SIWA_JOB_MAX_ATTEMPTS", flag: "job-max-attempts", .workers, default: 25, 1...1000,
+        "SIWA_JOB_MAX_ATTEMPTS", flag: "job-max-attempts", .jobs, default: 25, 1...1000,
         help: "attempts before a job is discarded",
         docs: "Attempts before a job is `discarded`.")
     package static let jobRetention = Setting<Duration>.duration(
-        "SIWA_JOB_RETENTION", flag: "job-retention", .workers, default: .seconds(7 * 86_400),
+        "SIWA_JOB_RETENTION", flag: "job-retention", .jobs, default: .seconds(7 * 86_400),
         help: "how long finished jobs are kept",
         docs: "How long finished jobs are kept (attempts are kept in `job_attempts`).")
     package static let jobPollInterval = Setting<Duration>.duration(
-        "SIWA_JOB_POLL_INTERVAL", flag: "job-poll-interval", .workers, default: .milliseconds(100),
+        "SIWA_JOB_POLL_INTERVAL", flag: "job-poll-interval", .jobs, default: .milliseconds(100),
         help: "idle workers look for jobs this often (NOTIFY wakes them sooner)",
         docs: "Idle workers look for jobs this often; NOTIFY wakes them sooner.")
     package static let jobNotify = Setting<Bool>.boolean(
-        "SIWA_JOB_NOTIFY", flag: "job-notify", .workers, default: true, shownAs: ("on", "off"),
+        "SIWA_JOB_NOTIFY", flag: "job-notify", .jobs, default: true, shownAs: ("on", "off"),
         help: "on|off: LISTEN for enqueue notifications",
         docs: "`off`: poll only (e.g. behind a transaction-mode pooler).")
 
@@ -300,9 +302,9 @@ package enum Settings {
         bundleIDs.info, jwksURL.info, jwksRefreshInterval.info, unknownKidCooldown.info, clockSkew.info, clientIDs.info,
         host.info, port.info, adminHost.info, adminPort.info, httpRequestTimeout.info, httpIdleTimeout.info, tlsHandshakeTimeout.info,
         httpMaxConnections.info, tlsCertificateFile.info, tlsKeyFile.info, trustedProxies.info, metricsToken.info, commitQueueLimit.info,
-        shutdownGrace.info,
+        role.info, shutdownGrace.info,
         rejectionsPerMinute.info, otherAppTokensPerHour.info, otherAppTokenRetention.info, historyRetention.info,
-        role.info, workers.info, jobLease.info, jobMaxAttempts.info, jobRetention.info, jobPollInterval.info, jobNotify.info,
+        workers.info, jobLease.info, jobMaxAttempts.info, jobRetention.info, jobPollInterval.info, jobNotify.info,
         eraseOnDelete.info, sessionTTL.info,
         callbackURL.info, callbackSecret.info, callbackTimeout.info, callbackConcurrency.info,
         spikeInterval.info, spikeWindow.info, spikeMinCount.info, spikeFactor.info, spikeNewAppCount.info, spikeResolveAfter.info,

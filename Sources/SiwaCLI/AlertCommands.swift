@@ -58,7 +58,7 @@ struct AlertsCommand: AsyncParsableCommand {
 
         func run() async throws {
             let config = try options.load(requireBundleIDs: false)
-            let sinks = config.alertSinks
+            let sinks = config.alerts.sinks
             if sinks.isEmpty {
                 printError("siwa-events: no alert sink is configured (SIWA_ALERT_WEBHOOK_URLS, SIWA_ALERT_SLACK_URL); alerts go to the log only")
                 throw ExitCode(78)
@@ -67,7 +67,7 @@ struct AlertsCommand: AsyncParsableCommand {
             let limit = try DurationSyntax.parse(wait)
             let failed = try await Database.with(config, logger: logger) { database -> Bool in
                 let store = AlertStore(client: database.client, logger: logger)
-                let id = try await store.test(window: config.spike.window, sinks: sinks.messages)
+                let id = try await store.test(window: config.alerts.spike.window, sinks: sinks.messages)
                 printError("queued test alert \(id) for \(sinks.webhooks.count + (sinks.slack == nil ? 0 : 1)) sink(s); waiting up to \(wait)…")
                 let deadline = ContinuousClock.now + limit
                 var outcomes: [AlertDelivery] = []

@@ -299,7 +299,7 @@ struct RejectionsCommand: AsyncParsableCommand {
                 try await RejectionReplay(
                     notifications: NotificationStore(client: database.client, logger: logger),
                     rejections: RejectionStore(client: database.client, logger: logger),
-                    verifier: NotificationVerifier(audiences: Set(config.bundleIDs), clockSkew: config.clockSkew)
+                    verifier: NotificationVerifier(audiences: Set(config.apple.bundleIDs), clockSkew: config.apple.clockSkew)
                 ).run(reason: reason) { done, total in printError("replayed \(done)/\(total)") }
             }
             let still = summary.stillRejected.sorted { $0.key < $1.key }.map { "\($0.value) still \($0.key)" }

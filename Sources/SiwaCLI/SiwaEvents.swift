@@ -34,7 +34,7 @@ struct ConfigOptions: ParsableArguments {
 /// SIWA_LOG_FORMAT (default level `info` for `serve`, `warning` for one-shot commands, whose output
 /// is their result). A bad value stops the command (exit 78) naming the variable.
 func makeLogger(_ label: String = "siwa-events", defaultLevel: Logger.Level = .warning) throws -> Logger {
-    let settings: (level: Logger.Level?, format: LogFormat)
+    let settings: Configuration.LogSettings
     do {
         settings = try Configuration.logging(CommandLineSettings.source())
     } catch {

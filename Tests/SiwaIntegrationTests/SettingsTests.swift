@@ -34,8 +34,8 @@ struct SettingsTests {
     func flagOverVariable() throws {
         let source = SettingSource(environment: ["SIWA_PORT": "9000", "SIWA_TRUSTED_PROXIES": "10.0.0.0/8"], arguments: ["--port=9001", "--bundle-ids=a.b,c.d"])
         let config = try Configuration.load(source, requireBundleIDs: true)
-        #expect(config.port == 9001 && config.bundleIDs == ["a.b", "c.d"])
-        #expect(config.trustedProxies == (try TrustedProxies(parsing: "10.0.0.0/8")))
+        #expect(config.http.port == 9001 && config.apple.bundleIDs == ["a.b", "c.d"])
+        #expect(config.http.trustedProxies == (try TrustedProxies(parsing: "10.0.0.0/8")))
         #expect(throws: ConfigurationError.self) {
             try Configuration.load(SettingSource(environment: [:], arguments: ["--workers=0"]), requireBundleIDs: false)
         }
