@@ -20,7 +20,7 @@ enum CommandLineSettings {
     }
 
     /// The command the words name (`notifications list`), and whether help was asked for.
-    static func command(_ arguments: [String]) -> (command: any ParsableCommand.Type, help: Bool) {
+    static func command(_ arguments: [String]) -> (command: any ParsableCommand.Type, path: [String], help: Bool) {
         var words = arguments[...]
         var help = false
         if words.first == "help" {
@@ -28,16 +28,18 @@ enum CommandLineSettings {
             words = words.dropFirst()
         }
         var command: any ParsableCommand.Type = SiwaEvents.self
+        var path = [SiwaEvents._commandName]
         for word in words {
             guard let next = command.configuration.subcommands.first(where: { $0._commandName == word }) else { break }
             command = next
+            path.append(word)
         }
         let beforeTerminator = arguments.prefix { $0 != "--" }
-        return (command, help || beforeTerminator.contains("--help") || beforeTerminator.contains("-h"))
+        return (command, path, help || beforeTerminator.contains("--help") || beforeTerminator.contains("-h"))
     }
 
     /// Splits `arguments` into the settings' flags (as `--flag=value`) and the rest.
-    static func split(_ arguments: [String]) throws -> (settings: [String], rest: [String]) {
+    static func split(_ arguments: [String]) throws(MissingValue) -> (settings: [String], rest: [String]) {
         var values: [(flag: String, value: String)] = []
         var rest: [String] = []
         var index = arguments.startIndex
@@ -64,12 +66,17 @@ enum CommandLineSettings {
                 values.append((flag, arguments[index]))
                 index += 1
             } else {
-                throw ValidationError("Missing value for '--\(flag) <\(flag)>'")
+                throw MissingValue(flag: flag)
             }
         }
         var seen = Set<String>()
         let last = values.reversed().filter { seen.insert($0.flag).inserted }.reversed()
         return (last.map { "--\($0.flag)=\($0.value)" }, rest)
+    }
+
+    /// A setting's flag last on the command line, with no value after it.
+    struct MissingValue: Error {
+        let flag: String
     }
 
     /// The settings part of a command's `--help`: its groups, each setting with its flag, what it
@@ -117,7 +124,7 @@ extension SiwaEvents {
     /// the command's groups added to its `--help`.
     static func main() async {
         let arguments = Array(CommandLine.arguments.dropFirst())
-        let (command, help) = CommandLineSettings.command(arguments)
+        let (command, path, help) = CommandLineSettings.command(arguments)
         guard let reader = command as? any ReadsSettings.Type else {
             await runParsed(arguments)
         }
@@ -131,7 +138,9 @@ extension SiwaEvents {
             CommandLineSettings.arguments = settings
             await runParsed(rest)
         } catch {
-            exit(withError: error)
+            // Worded and numbered as ArgumentParser's own usage errors.
+            printError("Error: Missing value for '--\(error.flag) <value>'\n  See '\(path.joined(separator: " ")) --help' for more information.")
+            Foundation.exit(ExitCode.validationFailure.rawValue)
         }
     }
 
