@@ -18,36 +18,36 @@ package struct Database: Sendable {
     /// `serving`: a long-running `serve` process, whose pool runs without keep-alive timers (see
     /// `tuneForServing`); one-shot commands open connections as they need them.
     package static func open(_ config: Configuration, logger: Logger, serving: Bool = false) async throws -> Database {
-        if let url = config.databaseURL {
+        if let url = config.database.url {
             var configuration: PostgresClient.Configuration
             do {
                 configuration = try DatabaseURL.configuration(url)
             } catch {
                 throw ConfigurationError(variable: "DATABASE_URL", message: error.description)
             }
-            configuration.options.maximumConnections = config.databasePoolSize
+            configuration.options.maximumConnections = config.database.poolSize
             if serving { configuration.options.tuneForServing() }
             return Database(
                 client: PostgresClient(configuration: configuration, backgroundLogger: logger), embedded: nil, startedEmbedded: false,
                 description: DatabaseURL.redacted(url))
         }
-        guard config.embeddedDatabase else {
+        guard config.database.embedded else {
             throw ConfigurationError(variable: "DATABASE_URL", message: "is not set and SIWA_EMBEDDED_DATABASE=off: set DATABASE_URL=postgres://user:password@host:5432/db (a deployment never starts a private database)")
         }
         let embedded = EmbeddedPostgres(
-            options: .init(dataDirectory: config.dataDirectory, durable: true, extraSettings: ["max_connections": "\(max(100, config.databasePoolSize * 2 + 10))"]),
+            options: .init(dataDirectory: config.database.dataDirectory, durable: true, binDirectory: config.database.postgresBinaries, extraSettings: ["max_connections": "\(max(100, config.database.poolSize * 2 + 10))"]),
             logger: logger)
         let connection = try await embedded.start()
         logger.notice(
-            "EMBEDDED POSTGRESQL IN USE — data in \(config.dataDirectory); set DATABASE_URL for production",
-            metadata: ["data_dir": "\(config.dataDirectory)", "socket": "\(connection.socketPath)", "started": "\(connection.startedByUs)"])
+            "EMBEDDED POSTGRESQL IN USE — data in \(config.database.dataDirectory); set DATABASE_URL for production",
+            metadata: ["data_dir": "\(config.database.dataDirectory)", "socket": "\(connection.socketPath)", "started": "\(connection.startedByUs)"])
         var configuration = PostgresClient.Configuration(
             unixSocketPath: connection.socketPath, username: connection.username, password: nil, database: connection.database)
-        configuration.options.maximumConnections = config.databasePoolSize
+        configuration.options.maximumConnections = config.database.poolSize
         if serving { configuration.options.tuneForServing() }
         return Database(
             client: PostgresClient(configuration: configuration, backgroundLogger: logger), embedded: embedded,
-            startedEmbedded: connection.startedByUs, description: "embedded PostgreSQL in \(config.dataDirectory)")
+            startedEmbedded: connection.startedByUs, description: "embedded PostgreSQL in \(config.database.dataDirectory)")
     }
 
     /// Stops the embedded cluster if this process started it.

@@ -44,46 +44,46 @@ package struct Receiver: Sendable {
         clock: @escaping @Sendable () -> Date = { Date() }
     ) {
         let registry = PrometheusCollectorRegistry()
-        let metrics = ReceiverMetrics(registry: registry, audiences: config.bundleIDs)
+        let metrics = ReceiverMetrics(registry: registry, audiences: config.apple.bundleIDs)
         let store = NotificationStore(client: client, logger: logger)
         let rejectionStore = RejectionStore(client: client, logger: logger)
         let keys = AppleKeyCache(
-            configuration: .init(sourceURL: config.jwksURL, refreshInterval: config.jwksRefreshInterval, unknownKidCooldown: config.unknownKidCooldown),
+            configuration: .init(sourceURL: config.apple.jwksURL, refreshInterval: config.apple.jwksRefreshInterval, unknownKidCooldown: config.apple.unknownKidCooldown),
             fetcher: keyFetcher, persistence: store, logger: logger, onRefresh: { metrics.count(keyRefresh: $0) })
         self.metrics = metrics
         let rejections = RejectionRecorder(
-            store: rejectionStore, limitPerMinute: config.rejectionsPerMinute, tokensPerAudiencePerHour: config.otherAppTokensPerHour, metrics: metrics,
+            store: rejectionStore, limitPerMinute: config.history.rejectionsPerMinute, tokensPerAudiencePerHour: config.history.otherAppTokensPerHour, metrics: metrics,
             logger: logger)
-        let committer = GroupCommitter(store: store, maximumQueued: config.commitQueueLimit, timeout: config.databaseTimeout, logger: logger) {
+        let committer = GroupCommitter(store: store, maximumQueued: config.http.commitQueueLimit, timeout: config.database.timeout, logger: logger) {
             metrics.batchSize.record(Double($0))
         }
         self.committer = committer
         self.notifications = !config.receives ? nil : NotificationsController(
-            verifier: NotificationVerifier(audiences: Set(config.bundleIDs), clockSkew: config.clockSkew), keys: keys,
+            verifier: NotificationVerifier(audiences: Set(config.apple.bundleIDs), clockSkew: config.apple.clockSkew), keys: keys,
             committer: committer,
-            rejections: rejections, metrics: metrics, trustedProxies: config.trustedProxies, logger: logger)
-        self.health = HealthController(store: store, keys: config.receives ? keys : nil, databaseTimeout: config.databaseTimeout)
+            rejections: rejections, metrics: metrics, trustedProxies: config.http.trustedProxies, logger: logger)
+        self.health = HealthController(store: store, keys: config.receives ? keys : nil, databaseTimeout: config.database.timeout)
         let effects = EffectStore(client: client, logger: logger)
         self.effects = effects
         self.tokens = TokenStore(client: client, logger: logger)
         self.backend = !config.receives ? nil : BackendController(
             accounts: AccountStore(client: client, logger: logger), keys: keys,
             settings: .init(
-                bundleIDs: Set(config.bundleIDs), clientIDs: config.clientIDs, sessionTTL: config.sessionTTL, clockSkew: config.clockSkew,
-                databaseTimeout: config.databaseTimeout), clock: clock)
+                bundleIDs: Set(config.apple.bundleIDs), clientIDs: config.apple.clientIDs, sessionTTL: config.accounts.sessionTTL, clockSkew: config.apple.clockSkew,
+                databaseTimeout: config.database.timeout), clock: clock)
         self.history = !config.receives ? nil : HistoryController(
             history: HistoryStore(client: client, logger: logger), rejections: rejectionStore)
         self.alertsAPI = !config.receives ? nil : AlertsController(alerts: AlertStore(client: client, logger: logger))
-        self.databaseTimeout = config.databaseTimeout
-        self.metricsToken = config.metricsToken
-        self.listeners = ListenerCounters(maximum: config.connectionLimits.maximumConnections)
+        self.databaseTimeout = config.database.timeout
+        self.metricsToken = config.http.metricsToken
+        self.listeners = ListenerCounters(maximum: config.http.limits.maximumConnections)
         let workers = !config.works ? nil : EffectWorkers(
             configuration: config.workerConfiguration, store: effects, logger: logger, metrics: WorkerMetrics(registry: registry))
         self.workers = workers
         if let workers { store.jobsNotifier.addLocalWaker { workers.wake() } }
         self.alerts = workers.map {
             AlertMonitor(
-                configuration: config.alertConfiguration, store: AlertStore(client: client, logger: logger), logger: logger, identity: $0.identity,
+                configuration: config.alerts.monitorConfiguration, store: AlertStore(client: client, logger: logger), logger: logger, identity: $0.identity,
                 metrics: AlertMetrics(registry: registry))
         }
         self.store = store
@@ -134,8 +134,8 @@ package struct Receiver: Sendable {
     /// The two listeners' HTTP servers: HTTP/1.1 (HTTPS on the public one with SIWA_TLS_*), each
     /// behind the connection guard (`ConnectionLimits`) with a count of its own.
     package func httpServers(config: Configuration) throws -> (public: HTTPServerBuilder, admin: HTTPServerBuilder) {
-        let tls = try config.tlsConfiguration()
-        let (limits, metrics, listeners) = (config.connectionLimits, self.metrics, self.listeners)
+        let tls = try config.http.tlsConfiguration()
+        let (limits, metrics, listeners) = (config.http.limits, self.metrics, self.listeners)
         func server(_ listener: Listener, tls: TLSConfiguration?) -> HTTPServerBuilder {
             HTTPServerBuilder { responder in
                 let http = HTTP1Channel(
@@ -165,7 +165,7 @@ package struct Receiver: Sendable {
         var publicApp = Application(
             router: publicRouter(),
             server: servers.public,
-            configuration: .init(address: .hostname(config.host, port: config.port), serverName: nil),
+            configuration: .init(address: .hostname(config.http.host, port: config.http.port), serverName: nil),
             services: [client] + (config.receives ? [keys, rejections] : [])
                 + ([workers, alerts] as [(any Service)?]).compactMap { $0.map { GatedService(gate: migrated, service: $0) } },
             onServerRunning: onPublicRunning,
@@ -173,7 +173,7 @@ package struct Receiver: Sendable {
         let keys = self.keys
         publicApp.beforeServerStarts {
             let migrator = Migrator(client: client, logger: logger)
-            if config.migrateOnStart {
+            if config.database.migrateOnStart {
                 try await migrator.migrate()
             } else {
                 try await migrator.checkUpToDate()
@@ -184,7 +184,7 @@ package struct Receiver: Sendable {
         var adminApp = Application(
             router: adminRouter(),
             server: servers.admin,
-            configuration: .init(address: .hostname(config.adminHost, port: config.adminPort), serverName: nil),
+            configuration: .init(address: .hostname(config.http.adminHost, port: config.http.adminPort), serverName: nil),
             onServerRunning: onAdminRunning,
             logger: logger)
         adminApp.beforeServerStarts { await migrated.wait() }
@@ -210,7 +210,7 @@ struct ListenerCounters: Sendable {
 /// `siwa-events serve`: the receiver on the configured database, until SIGTERM/SIGINT.
 package enum Server {
     package static func serve(_ config: Configuration, logger: Logger) async throws {
-        _ = try config.tlsConfiguration()  // a bad certificate stops start-up before the database opens
+        _ = try config.http.tlsConfiguration()  // a bad certificate stops start-up before the database opens
         let database = try await Database.open(config, logger: logger, serving: true)
         let receiver = Receiver(config: config, client: database.client, logger: logger)
         let services = try receiver.services(
@@ -219,14 +219,14 @@ package enum Server {
                 logger.notice(
                     "siwa-events listening",
                     metadata: [
-                        "address": "\(channel.localAddress?.ipAddress ?? config.host):\(channel.localAddress?.port ?? config.port)", "database": "\(database.description)",
-                        "bundle_ids": "\(config.bundleIDs.joined(separator: ","))", "tls": "\(config.tlsCertificateFile == nil ? "off (behind a TLS proxy)" : "on")", "jwks_url": "\(config.jwksURL.absoluteString)",
+                        "address": "\(channel.localAddress?.ipAddress ?? config.http.host):\(channel.localAddress?.port ?? config.http.port)", "database": "\(database.description)",
+                        "bundle_ids": "\(config.apple.bundleIDs.joined(separator: ","))", "tls": "\(config.http.tlsCertificateFile == nil ? "off (behind a TLS proxy)" : "on")", "jwks_url": "\(config.apple.jwksURL.absoluteString)",
                     ])
             },
             onAdminRunning: { channel in
                 logger.notice(
                     "admin listener (API, dashboard, metrics)",
-                    metadata: ["address": "\(channel.localAddress?.ipAddress ?? config.adminHost):\(channel.localAddress?.port ?? config.adminPort)"])
+                    metadata: ["address": "\(channel.localAddress?.ipAddress ?? config.http.adminHost):\(channel.localAddress?.port ?? config.http.adminPort)"])
             })
         // SIGTERM/SIGINT: Hummingbird stops accepting and finishes in-flight requests, the workers
         // abandon their batch (it commits or rolls back whole) and hand back the deliveries they
@@ -247,43 +247,43 @@ package enum Server {
 extension Configuration {
     package var workerConfiguration: EffectWorkers.Configuration {
         var workers = EffectWorkers.Configuration()
-        workers.workers = self.workers
-        workers.lease = jobLease
-        workers.maxAttempts = jobMaxAttempts
-        workers.retention = jobRetention
-        workers.pollInterval = jobPollInterval
-        workers.listen = jobNotify
-        workers.eraseOnDelete = eraseOnDelete
-        workers.historyRetention = historyRetention
-        workers.otherAppTokenRetention = otherAppTokenRetention
-        workers.alertSinks = alertSinks
-        if let callbackURL, let callbackSigner {
-            var callbacks = EffectWorkers.Callbacks(url: callbackURL, signer: callbackSigner)
-            callbacks.timeout = callbackTimeout
-            callbacks.concurrency = callbackConcurrency
-            workers.callbacks = callbacks
+        workers.workers = jobs.workers
+        workers.lease = jobs.lease
+        workers.maxAttempts = jobs.maxAttempts
+        workers.retention = jobs.retention
+        workers.pollInterval = jobs.pollInterval
+        workers.listen = jobs.notify
+        workers.eraseOnDelete = accounts.eraseOnDelete
+        workers.historyRetention = history.retention
+        workers.otherAppTokenRetention = history.otherAppTokenRetention
+        workers.alertSinks = alerts.sinks
+        if let url = callbacks.url, let signer = callbacks.signer {
+            var deliveries = EffectWorkers.Callbacks(url: url, signer: signer)
+            deliveries.timeout = callbacks.timeout
+            deliveries.concurrency = callbacks.concurrency
+            workers.callbacks = deliveries
         }
         return workers
     }
 }
 
-extension Configuration {
-    package var alertSinks: AlertSinks {
-        AlertSinks(webhooks: alertWebhooks, slack: alertSlackURL, signer: alertSigner)
+extension Configuration.AlertSettings {
+    package var sinks: AlertSinks {
+        AlertSinks(webhooks: webhooks, slack: slackURL, signer: signer)
     }
 
-    package var alertConfiguration: AlertMonitor.Configuration {
-        var alerts = AlertMonitor.Configuration()
-        alerts.spike = spike
-        alerts.queueLag = alertQueueLag
-        alerts.badSignatures = alertBadSignatures
-        alerts.discardedJobs = alertDiscardedJobs
-        alerts.sinks = alertSinks
-        return alerts
+    package var monitorConfiguration: AlertMonitor.Configuration {
+        var monitor = AlertMonitor.Configuration()
+        monitor.spike = spike
+        monitor.queueLag = queueLag
+        monitor.badSignatures = badSignatures
+        monitor.discardedJobs = discardedJobs
+        monitor.sinks = sinks
+        return monitor
     }
 }
 
-extension Configuration {
+extension Configuration.HTTPSettings {
     /// HTTPS (TLS 1.2+) with SIWA_TLS_CERT_FILE / SIWA_TLS_KEY_FILE, or nil for plain HTTP.
     package func tlsConfiguration() throws -> TLSConfiguration? {
         guard let tlsCertificateFile, let tlsKeyFile else { return nil }

@@ -13,8 +13,9 @@ struct TokensCommand: AsyncParsableCommand {
     static let configuration = CommandConfiguration(
         commandName: "tokens", abstract: "Bearer tokens for the backend API (stored as hashes only).", subcommands: [Create.self, List.self, Revoke.self])
 
-    struct Create: AsyncParsableCommand {
+    struct Create: AsyncParsableCommand, ReadsSettings {
         static let configuration = CommandConfiguration(abstract: "Create a token; prints it once, on stdout.")
+        static let settingGroups: [SettingGroup] = [.database, .logging]
         @OptionGroup var options: ConfigOptions
         @Option(help: "A name for it (letters, digits, . _ -), unique among live tokens.") var name: String
         @Option(name: .customLong("scope"), help: "A scope it grants (repeat for several): \(APIScope.list).") var scopes: [String] = []
@@ -60,8 +61,9 @@ struct TokensCommand: AsyncParsableCommand {
         }
     }
 
-    struct List: AsyncParsableCommand {
+    struct List: AsyncParsableCommand, ReadsSettings {
         static let configuration = CommandConfiguration(abstract: "List tokens (never the tokens themselves).")
+        static let settingGroups: [SettingGroup] = [.database, .logging]
         @OptionGroup var options: ConfigOptions
         @Flag(help: "Include revoked tokens.") var all = false
         @Flag(help: "One JSON object per line.") var json = false
@@ -94,8 +96,9 @@ struct TokensCommand: AsyncParsableCommand {
         }
     }
 
-    struct Revoke: AsyncParsableCommand {
+    struct Revoke: AsyncParsableCommand, ReadsSettings {
         static let configuration = CommandConfiguration(abstract: "Revoke a token by name or id: it answers 401 from now on.")
+        static let settingGroups: [SettingGroup] = [.database, .logging]
         @OptionGroup var options: ConfigOptions
         @Argument(help: "The token's name or id.") var token: String
 
@@ -118,8 +121,9 @@ struct AuditCommand: AsyncParsableCommand {
     static let configuration = CommandConfiguration(
         commandName: "audit", abstract: "The audit log: token creation and revocation, privacy erasures.", subcommands: [List.self])
 
-    struct List: AsyncParsableCommand {
+    struct List: AsyncParsableCommand, ReadsSettings {
         static let configuration = CommandConfiguration(abstract: "List audit entries, newest first.")
+        static let settingGroups: [SettingGroup] = [.database, .logging]
         @OptionGroup var options: ConfigOptions
         @Option(help: "At most this many (1-10000).") var limit: Int = 50
         @Flag(help: "One JSON object per line.") var json = false
@@ -150,9 +154,10 @@ struct AccountsCommand: AsyncParsableCommand {
     static let configuration = CommandConfiguration(
         commandName: "accounts", abstract: "Sign in with Apple users' accounts.", subcommands: [Erase.self])
 
-    struct Erase: AsyncParsableCommand {
+    struct Erase: AsyncParsableCommand, ReadsSettings {
         static let configuration = CommandConfiguration(
             abstract: "A privacy request: erase the user's email everywhere and revoke their sessions (audited).")
+        static let settingGroups: [SettingGroup] = [.database, .logging]
         @OptionGroup var options: ConfigOptions
         @Option(help: "The app's bundle ID.") var aud: String
         @Option(help: "Apple's user identifier.") var sub: String
@@ -172,10 +177,11 @@ struct DatabaseCommand: AsyncParsableCommand {
     static let configuration = CommandConfiguration(
         commandName: "db", abstract: "Database administration.", subcommands: [GrantBackend.self])
 
-    struct GrantBackend: AsyncParsableCommand {
+    struct GrantBackend: AsyncParsableCommand, ReadsSettings {
         static let configuration = CommandConfiguration(
             commandName: "grant-backend",
             abstract: "Grant an existing role exactly what the README's session SQL needs (sessions, accounts), nothing else.")
+        static let settingGroups: [SettingGroup] = [.database, .logging]
         @OptionGroup var options: ConfigOptions
         @Option(help: "The PostgreSQL role your backend connects as (must exist).") var role: String
 

@@ -9,8 +9,9 @@ struct AlertsCommand: AsyncParsableCommand {
         commandName: "alerts", abstract: "Alerts on revocation spikes and operational trouble: list, test the sinks, silence.",
         subcommands: [List.self, Test.self, Silence.self, Silences.self])
 
-    struct List: AsyncParsableCommand {
+    struct List: AsyncParsableCommand, ReadsSettings {
         static let configuration = CommandConfiguration(abstract: "List alerts, newest first.")
+        static let settingGroups: [SettingGroup] = [.database, .logging]
         @OptionGroup var options: ConfigOptions
         @Option(help: "firing or resolved (default: both).") var state: String?
         @Option(help: "At most this many (1-10000).") var limit: Int = 50
@@ -44,9 +45,10 @@ struct AlertsCommand: AsyncParsableCommand {
         }
     }
 
-    struct Test: AsyncParsableCommand {
+    struct Test: AsyncParsableCommand, ReadsSettings {
         static let configuration = CommandConfiguration(
             abstract: "Send a test alert through every configured sink and wait for each outcome (a running worker process delivers it).")
+        static let settingGroups: [SettingGroup] = [.database, .alerts, .logging]
         @OptionGroup var options: ConfigOptions
         @Option(help: "How long to wait for the deliveries, e.g. 30s.") var wait: String = "30s"
 
@@ -56,7 +58,7 @@ struct AlertsCommand: AsyncParsableCommand {
 
         func run() async throws {
             let config = try options.load(requireBundleIDs: false)
-            let sinks = config.alertSinks
+            let sinks = config.alerts.sinks
             if sinks.isEmpty {
                 printError("siwa-events: no alert sink is configured (SIWA_ALERT_WEBHOOK_URLS, SIWA_ALERT_SLACK_URL); alerts go to the log only")
                 throw ExitCode(78)
@@ -65,7 +67,7 @@ struct AlertsCommand: AsyncParsableCommand {
             let limit = try DurationSyntax.parse(wait)
             let failed = try await Database.with(config, logger: logger) { database -> Bool in
                 let store = AlertStore(client: database.client, logger: logger)
-                let id = try await store.test(window: config.spike.window, sinks: sinks.messages)
+                let id = try await store.test(window: config.alerts.spike.window, sinks: sinks.messages)
                 printError("queued test alert \(id) for \(sinks.webhooks.count + (sinks.slack == nil ? 0 : 1)) sink(s); waiting up to \(wait)…")
                 let deadline = ContinuousClock.now + limit
                 var outcomes: [AlertDelivery] = []
@@ -89,9 +91,10 @@ struct AlertsCommand: AsyncParsableCommand {
         }
     }
 
-    struct Silence: AsyncParsableCommand {
+    struct Silence: AsyncParsableCommand, ReadsSettings {
         static let configuration = CommandConfiguration(
             abstract: "Silence an alert kind (for one app or all) for a while: alerts are still recorded, sinks are not told.")
+        static let settingGroups: [SettingGroup] = [.database, .logging]
         @OptionGroup var options: ConfigOptions
         @Option(help: "revocation_spike, jobs_discarded, queue_lag or bad_signatures.") var kind: String
         @Option(help: "Only this app (bundle ID); default every app.") var aud: String?
@@ -118,8 +121,9 @@ struct AlertsCommand: AsyncParsableCommand {
         }
     }
 
-    struct Silences: AsyncParsableCommand {
+    struct Silences: AsyncParsableCommand, ReadsSettings {
         static let configuration = CommandConfiguration(abstract: "List silences still running (with --expired, also those ended in the last day).")
+        static let settingGroups: [SettingGroup] = [.database, .logging]
         @OptionGroup var options: ConfigOptions
         @Flag(help: "Include silences that ended in the last day.") var expired = false
         @Flag(help: "One JSON object per line.") var json = false

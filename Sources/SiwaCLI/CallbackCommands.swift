@@ -9,8 +9,9 @@ struct CallbacksCommand: AsyncParsableCommand {
         commandName: "callbacks", abstract: "Callbacks to your backend (SIWA_CALLBACK_URL): inspect, redeliver, make a secret.",
         subcommands: [List.self, Redeliver.self, Secret.self])
 
-    struct List: AsyncParsableCommand {
+    struct List: AsyncParsableCommand, ReadsSettings {
         static let configuration = CommandConfiguration(abstract: "List callbacks, newest first.")
+        static let settingGroups: [SettingGroup] = [.database, .logging]
         @OptionGroup var options: ConfigOptions
         @Flag(help: "Only callbacks not delivered after an attempt (retrying or discarded).") var failed = false
         @Option(help: "At most this many (1-10000).") var limit: Int = 50
@@ -47,9 +48,10 @@ struct CallbacksCommand: AsyncParsableCommand {
         }
     }
 
-    struct Redeliver: AsyncParsableCommand {
+    struct Redeliver: AsyncParsableCommand, ReadsSettings {
         static let configuration = CommandConfiguration(
             abstract: "Send a callback again (same webhook-id), or every callback created since a time.")
+        static let settingGroups: [SettingGroup] = [.database, .logging]
         @OptionGroup var options: ConfigOptions
         @Argument(help: "The callback's id (see `callbacks list`).") var id: Int?
         @Option(help: "Every callback created since this time: ISO-8601 (2026-11-21T08:00:00Z) or a duration ago (2h).")

@@ -9,8 +9,9 @@ struct NotificationsCommand: AsyncParsableCommand {
         commandName: "notifications", abstract: "Query recorded notifications.",
         subcommands: [List.self, Show.self, Timeline.self, Export.self, Stats.self])
 
-    struct List: AsyncParsableCommand {
+    struct List: AsyncParsableCommand, ReadsSettings {
         static let configuration = CommandConfiguration(abstract: "List notifications, newest first.")
+        static let settingGroups: [SettingGroup] = [.database, .logging]
         @OptionGroup var options: ConfigOptions
         @Option(help: "Only this user (Apple's team-scoped sub).") var sub: String?
         @Option(help: "Only this bundle ID.") var aud: String?
@@ -50,8 +51,9 @@ struct NotificationsCommand: AsyncParsableCommand {
 }
 
 extension NotificationsCommand {
-    struct Show: AsyncParsableCommand {
+    struct Show: AsyncParsableCommand, ReadsSettings {
         static let configuration = CommandConfiguration(abstract: "One notification: verification facts, deliveries and every attempt.")
+        static let settingGroups: [SettingGroup] = [.database, .logging]
         @OptionGroup var options: ConfigOptions
         @Argument(help: "The notification's jti.") var jti: String
         @Flag(help: "JSON, as GET /v1/notifications/{jti} answers.") var json = false
@@ -87,8 +89,9 @@ extension NotificationsCommand {
         }
     }
 
-    struct Timeline: AsyncParsableCommand {
+    struct Timeline: AsyncParsableCommand, ReadsSettings {
         static let configuration = CommandConfiguration(abstract: "A user's notifications in event_time order, with what each changed.")
+        static let settingGroups: [SettingGroup] = [.database, .logging]
         @OptionGroup var options: ConfigOptions
         @Option(help: "The app's bundle ID.") var aud: String
         @Option(help: "Apple's user identifier.") var sub: String
@@ -115,8 +118,9 @@ extension NotificationsCommand {
         }
     }
 
-    struct Export: AsyncParsableCommand {
+    struct Export: AsyncParsableCommand, ReadsSettings {
         static let configuration = CommandConfiguration(abstract: "Stream notifications as NDJSON (newest first), with progress on stderr.")
+        static let settingGroups: [SettingGroup] = [.database, .logging]
         @OptionGroup var options: ConfigOptions
         @Option(help: "Only this bundle ID.") var aud: String?
         @Option(help: "Only this user.") var sub: String?
@@ -191,8 +195,9 @@ extension NotificationsCommand {
         }
     }
 
-    struct Stats: AsyncParsableCommand {
+    struct Stats: AsyncParsableCommand, ReadsSettings {
         static let configuration = CommandConfiguration(abstract: "Notifications per time bucket and type.")
+        static let settingGroups: [SettingGroup] = [.database, .logging]
         @OptionGroup var options: ConfigOptions
         @Option(help: "minute, hour (default) or day.") var bucket: String = "hour"
         @Option(help: "From this time: ISO-8601 or a duration ago (default: 1h, 7d or 90d before --to).") var from: String?
@@ -232,8 +237,9 @@ struct RejectionsCommand: AsyncParsableCommand {
     static let configuration = CommandConfiguration(
         commandName: "rejections", abstract: "Refused deliveries: why a notification didn't arrive.", subcommands: [List.self, Replay.self])
 
-    struct List: AsyncParsableCommand {
+    struct List: AsyncParsableCommand, ReadsSettings {
         static let configuration = CommandConfiguration(abstract: "List recorded rejections, newest first, with per-reason totals.")
+        static let settingGroups: [SettingGroup] = [.database, .logging]
         @OptionGroup var options: ConfigOptions
         @Option(help: "Only this reason (e.g. wrong_audience, bad_signature, unknown_key).") var reason: String?
         @Option(help: "At most this many (1-10000).") var limit: Int = 50
@@ -278,10 +284,11 @@ struct RejectionsCommand: AsyncParsableCommand {
         }
     }
 
-    struct Replay: AsyncParsableCommand {
+    struct Replay: AsyncParsableCommand, ReadsSettings {
         static let configuration = CommandConfiguration(
             abstract: "Re-check kept tokens with the current configuration and record those that now pass.",
             discussion: "Use after fixing SIWA_APPLE_BUNDLE_IDS: genuine notifications refused as wrong_audience are recorded as if they had been accepted when they arrived.")
+        static let settingGroups: [SettingGroup] = [.database, .apple, .logging]
         @OptionGroup var options: ConfigOptions
         @Option(help: "The reason to replay; only wrong_audience rejections keep their token.") var reason: String = "wrong_audience"
 
@@ -292,7 +299,7 @@ struct RejectionsCommand: AsyncParsableCommand {
                 try await RejectionReplay(
                     notifications: NotificationStore(client: database.client, logger: logger),
                     rejections: RejectionStore(client: database.client, logger: logger),
-                    verifier: NotificationVerifier(audiences: Set(config.bundleIDs), clockSkew: config.clockSkew)
+                    verifier: NotificationVerifier(audiences: Set(config.apple.bundleIDs), clockSkew: config.apple.clockSkew)
                 ).run(reason: reason) { done, total in printError("replayed \(done)/\(total)") }
             }
             let still = summary.stillRejected.sorted { $0.key < $1.key }.map { "\($0.value) still \($0.key)" }

@@ -8,8 +8,9 @@ struct JobsCommand: AsyncParsableCommand {
     static let configuration = CommandConfiguration(
         commandName: "jobs", abstract: "The effect queue: inspect and retry jobs.", subcommands: [List.self, Retry.self])
 
-    struct List: AsyncParsableCommand {
+    struct List: AsyncParsableCommand, ReadsSettings {
         static let configuration = CommandConfiguration(abstract: "List jobs, newest first.")
+        static let settingGroups: [SettingGroup] = [.database, .logging]
         @OptionGroup var options: ConfigOptions
         @Option(help: "Only this state: available, running, retryable, completed, discarded.") var state: String?
         @Option(help: "At most this many (1-10000).") var limit: Int = 50
@@ -48,8 +49,9 @@ struct JobsCommand: AsyncParsableCommand {
         }
     }
 
-    struct Retry: AsyncParsableCommand {
+    struct Retry: AsyncParsableCommand, ReadsSettings {
         static let configuration = CommandConfiguration(abstract: "Put a job, or every discarded job, back in the queue.")
+        static let settingGroups: [SettingGroup] = [.database, .logging]
         @OptionGroup var options: ConfigOptions
         @Argument(help: "The job id (see `jobs list`).") var id: Int?
         @Flag(help: "Retry every discarded job.") var discarded = false
@@ -77,9 +79,10 @@ struct JobsCommand: AsyncParsableCommand {
     }
 }
 
-struct ReplayCommand: AsyncParsableCommand {
+struct ReplayCommand: AsyncParsableCommand, ReadsSettings {
     static let configuration = CommandConfiguration(
         commandName: "replay", abstract: "Re-run a stored notification's effect (idempotent).")
+    static let settingGroups: [SettingGroup] = [.database, .logging]
     @OptionGroup var options: ConfigOptions
     @Argument(help: "The notification's jti.") var jti: String
 

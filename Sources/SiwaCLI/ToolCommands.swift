@@ -58,7 +58,7 @@ struct Verify: AsyncParsableCommand {
             throw ExitCode(ExitStatus.couldNotCheck)
         }
         let jws = try? CompactJWS(text)
-        var audiences = Set((aud ?? ProcessInfo.processInfo.environment["SIWA_APPLE_BUNDLE_IDS"] ?? "").split(separator: ",").map {
+        var audiences = Set((aud ?? CommandLineSettings.source().text(Settings.bundleIDs.info) ?? "").split(separator: ",").map {
             $0.trimmingCharacters(in: .whitespaces)
         }.filter { !$0.isEmpty })
         let audChecked = !audiences.isEmpty

@@ -14,12 +14,13 @@ struct PostgresBinaries: Sendable {
 
     func path(_ tool: Tool) -> String { "\(directory)/\(tool.rawValue)" }
 
-    /// Finds the bin directory: the explicit option, else `SIWA_POSTGRES_BIN`, else the newest
+    /// Finds the bin directory: the explicit option (the app's `SIWA_POSTGRES_BIN` setting), else
+    /// the variable itself (test clusters, which have no Configuration), else the newest
     /// `/usr/lib/postgresql/*/bin` (Debian's layout), else wherever `initdb` is on `PATH`.
     /// An explicit choice is never silently replaced by another installation.
     static func locate(explicit: String?, environment: [String: String]) throws -> PostgresBinaries {
         if let explicit {
-            return try verified(explicit, searched: ["binDirectory \(explicit)"])
+            return try verified(explicit, searched: ["SIWA_POSTGRES_BIN=\(explicit)"])
         }
         if let fromEnvironment = environment["SIWA_POSTGRES_BIN"], !fromEnvironment.isEmpty {
             return try verified(fromEnvironment, searched: ["SIWA_POSTGRES_BIN=\(fromEnvironment)"])

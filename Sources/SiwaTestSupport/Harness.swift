@@ -39,19 +39,19 @@ package struct Harness {
     ) async throws -> Harness {
         let signer = try signer ?? AppleStyleSigner.generate()
         var config = Configuration(bundleIDs: [aud])
-        config.port = 0
+        config.http.port = 0
         config.role = .receiver  // the effect tests run workers themselves
         // A bound against a hang, not a speed check: with a dozen tests, their servers and
         // clusters on two cores, a token check or a commit batch sometimes took over the 5 s
         // default and answered 503 (the group-commit test, schemathesis). The 503 on a database
         // deadline itself is tested with its own short timeout (DatabaseTests).
-        config.databaseTimeout = .seconds(30)
+        config.database.timeout = .seconds(30)
         if let jwksURL {
-            config.jwksURL = jwksURL
+            config.apple.jwksURL = jwksURL
         } else {
             let file = URL(fileURLWithPath: NSTemporaryDirectory()).appendingPathComponent("jwks-\(UUID().uuidString).json")
             try signer.jwksDocument().write(to: file)
-            config.jwksURL = file
+            config.apple.jwksURL = file
         }
         configure(&config)
         let logs = LogCapture()

@@ -39,9 +39,9 @@ package final class TestServer: Sendable {
         keyFetcher: any KeySetFetcher = DefaultKeySetFetcher(), clock: @escaping @Sendable () -> Date = { Date() }
     ) async throws -> TestServer {
         var config = config
-        config.host = "127.0.0.1"
-        config.adminHost = "127.0.0.1"
-        config.adminPort = 0
+        config.http.host = "127.0.0.1"
+        config.http.adminHost = "127.0.0.1"
+        config.http.adminPort = 0
         let client = PostgresClient(configuration: database, backgroundLogger: logger)
         let receiver = Receiver(config: config, client: client, logger: logger, keyFetcher: keyFetcher, clock: clock)
         let started = (public: OnceContinuation<Int>(), admin: OnceContinuation<Int>())

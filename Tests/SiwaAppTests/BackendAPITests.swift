@@ -47,7 +47,7 @@ struct BackendAPITests {
     @Test("with SIWA_METRICS_TOKEN, /metrics needs it")
     func metricsToken() async throws {
         let secret = "metrics-secret-0123456789"
-        let h = try await Harness.start { $0.metricsToken = secret }
+        let h = try await Harness.start { $0.http.metricsToken = secret }
         #expect(try await h.server.request(.GET, "/metrics").status == 401)
         #expect(try await h.server.request(.GET, "/metrics", headers: [("Authorization", "Bearer wrong-secret-0123456789")]).status == 401)
         #expect(try await h.server.request(.GET, "/metrics", headers: [("Authorization", "Bearer \(secret)")]).status == 200)
@@ -103,8 +103,8 @@ struct BackendAPITests {
     /// and checks identity tokens at `at`.
     static func realTokenHarness(at: Date, clientIDs: String = "com.example.app,de.lunaone.sign-in-with-apple-example=com.example.app") async throws -> Harness {
         try await Harness.start(jwksURL: try Harness.appleFixture("jwks.json"), fixedTime: at) { config in
-            config.clientIDs = (try? Configuration.load(
-                environment: ["SIWA_APPLE_BUNDLE_IDS": "com.example.app", "SIWA_APPLE_CLIENT_IDS": clientIDs], requireBundleIDs: true))?.clientIDs ?? [:]
+            config.apple.clientIDs = (try? Configuration.load(
+                environment: ["SIWA_APPLE_BUNDLE_IDS": "com.example.app", "SIWA_APPLE_CLIENT_IDS": clientIDs], requireBundleIDs: true))?.apple.clientIDs ?? [:]
         }
     }
 

@@ -176,7 +176,7 @@ struct ConnectionLimitTests {
 
     @Test("Over the cap a new connection is closed at once and counted; once one closes, a new one is served")
     func connectionCap() async throws {
-        let h = try await Harness.start { $0.connectionLimits.maximumConnections = 2 }
+        let h = try await Harness.start { $0.http.limits.maximumConnections = 2 }
         let first = try RawConnection(port: h.server.port)
         let second = try RawConnection(port: h.server.port)
         #expect(second.send("GET /health/live HTTP/1.1\r\nHost: t\r\n\r\n"))
@@ -207,8 +207,8 @@ struct ConnectionLimitTests {
     @Test("On the real server: a trickled request is cut at its deadline and stores nothing; keep-alive requests are served")
     func realServerDeadlines() async throws {
         let h = try await Harness.start {
-            $0.connectionLimits.requestTimeout = .seconds(1)
-            $0.connectionLimits.idleTimeout = .seconds(30)
+            $0.http.limits.requestTimeout = .seconds(1)
+            $0.http.limits.idleTimeout = .seconds(30)
         }
         let body = AppleStyleSigner.body(try h.notification())
         let slow = try RawConnection(port: h.server.port)
@@ -250,9 +250,9 @@ struct ConnectionLimitTests {
             environment: ProcessInfo.processInfo.environment)
         #expect(generated.succeeded, "\(generated.combinedOutput)")
         let h = try await Harness.start {
-            $0.tlsCertificateFile = "\(directory)/tls.pem"
-            $0.tlsKeyFile = "\(directory)/tls.key"
-            $0.connectionLimits.tlsHandshakeTimeout = .seconds(1)
+            $0.http.tlsCertificateFile = "\(directory)/tls.pem"
+            $0.http.tlsKeyFile = "\(directory)/tls.key"
+            $0.http.limits.tlsHandshakeTimeout = .seconds(1)
         }
         let stalled = try RawConnection(port: h.server.port)
         stalled.send("\u{16}\u{03}\u{01}")  // the start of a ClientHello, then nothing

@@ -52,7 +52,7 @@ struct ReceiverTests {
 
     @Test("A commit blocked past the database timeout answers 503 by that timeout, not later; the commit that lands afterwards makes Apple's retry a duplicate")
     func commitPastDeadline() async throws {
-        let h = try await Harness.start { $0.databaseTimeout = .seconds(2) }
+        let h = try await Harness.start { $0.database.timeout = .seconds(2) }
         #expect(try await h.deliver(try h.notification()).status == 200)  // connections open, statements prepared
         let jws = try h.notification(jti: "blocked")
         try await h.withInsertsBlocked {
@@ -80,7 +80,7 @@ struct ReceiverTests {
 
     @Test("While both commit slots hang, deliveries still queued get 503 at the timeout and are dropped, not committed once the database is back")
     func queuedPastDeadlineDropped() async throws {
-        let h = try await Harness.start { $0.databaseTimeout = .seconds(2) }
+        let h = try await Harness.start { $0.database.timeout = .seconds(2) }
         #expect(try await h.deliver(try h.notification()).status == 200)
         // Ten distinct events (one user each): tokens signed back to back can share a millisecond
         // of event_time, and the same user's same event under another jti is a duplicate.
@@ -112,7 +112,7 @@ struct ReceiverTests {
 
     @Test("With both commit slots busy and the commit queue full, one more delivery is answered 503 at once, nothing of it is written, and Apple's retry is accepted")
     func commitQueueFull() async throws {
-        let h = try await Harness.start { $0.commitQueueLimit = 3 }  // the harness's 30 s database timeout
+        let h = try await Harness.start { $0.http.commitQueueLimit = 3 }  // the harness's 30 s database timeout
         #expect(try await h.deliver(try h.notification()).status == 200)  // connections open, statements prepared
         let tokens = try (0..<8).map { try h.notification(sub: "001.full.\($0)", jti: "full-\($0)") }
         let (answers, answered) = AsyncStream.makeStream(of: (jti: String, answer: TestServer.Answer?).self)
@@ -359,7 +359,7 @@ struct ReceiverTests {
         _ = try await untrusted.server.request(body: AppleStyleSigner.body(try untrusted.notification(jti: "u")), headers: [("X-Forwarded-For", "203.0.113.7")])
         #expect(try await untrusted.count("SELECT count(*) FROM notifications WHERE remote_addr = '127.0.0.1'") == 1)
         await untrusted.stop()
-        let trusted = try await Harness.start { $0.trustedProxies = try! TrustedProxies(parsing: "127.0.0.1/32") }
+        let trusted = try await Harness.start { $0.http.trustedProxies = try! TrustedProxies(parsing: "127.0.0.1/32") }
         _ = try await trusted.server.request(body: AppleStyleSigner.body(try trusted.notification(jti: "t")), headers: [("X-Forwarded-For", "203.0.113.7")])
         #expect(try await trusted.count("SELECT count(*) FROM notifications WHERE remote_addr = '203.0.113.7'") == 1)
         await trusted.stop()
@@ -384,7 +384,7 @@ struct ReceiverTests {
 
     @Test("A forged-token flood leaves at most the configured rejection rows per minute; the rest are counted")
     func floodSampling() async throws {
-        let h = try await Harness.start { $0.rejectionsPerMinute = 5 }
+        let h = try await Harness.start { $0.history.rejectionsPerMinute = 5 }
         let impostor = try AppleStyleSigner.generate()
         let forged = try impostor.sign(
             header: .object(["kid": .string(h.signer.kid), "alg": .string("RS256")]),
@@ -487,7 +487,7 @@ struct HostileInputTests {
 
     @Test("Another app's genuine notifications: at most N kept whole per aud per hour, the rest recorded without the token; kept ones deleted after their retention")
     func otherAppTokensBounded() async throws {
-        let h = try await Harness.start { $0.otherAppTokensPerHour = 2 }
+        let h = try await Harness.start { $0.history.otherAppTokensPerHour = 2 }
         for index in 0..<4 {
             let token = try h.signer.notification(aud: "com.attacker.app", type: "email-disabled", sub: "001.other.\(index)", email: "u\(index)@privaterelay.appleid.com", jti: "other-\(index)")
             #expect(try await h.server.post(jws: token).json?["reason"] == .string("wrong_audience"))

@@ -34,7 +34,7 @@ struct DatabaseTests {
             try await Migrator(client: client, logger: Logger(label: "m")).migrate()
             group.cancelAll()
         }
-        let h = try await Harness.start(database: database) { $0.databaseTimeout = .seconds(2) }
+        let h = try await Harness.start(database: database) { $0.database.timeout = .seconds(2) }
         #expect(try await h.server.post(jws: try h.notification(jti: "before")).status == 200)
 
         try await cluster.stop()
@@ -70,10 +70,10 @@ struct DatabaseTests {
         try signer.jwksDocument().write(to: jwks)
         defer { try? FileManager.default.removeItem(at: jwks) }
         var config = Configuration(bundleIDs: [Harness.aud])
-        config.dataDirectory = directory
-        config.jwksURL = jwks
-        config.port = 0
-        config.adminPort = 0
+        config.database.dataDirectory = directory
+        config.apple.jwksURL = jwks
+        config.http.port = 0
+        config.http.adminPort = 0
         let logger = Logger(label: "restart")
 
         for round in 1...2 {
@@ -124,7 +124,7 @@ struct DatabaseTests {
     func refusesToStartBehind() async throws {
         let database = try await TestCluster.shared.makeEmptyDatabase()
         do {
-            let h = try await Harness.start(database: database) { $0.migrateOnStart = false }
+            let h = try await Harness.start(database: database) { $0.database.migrateOnStart = false }
             await h.stop()
             Issue.record("the server started on an unmigrated database")
         } catch let error as MigrationError {

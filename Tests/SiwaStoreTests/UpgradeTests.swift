@@ -45,7 +45,7 @@ struct UpgradeTests {
         #expect(again.status == 0 && !again.stderr.contains("migration applied"), "a second migrate applies nothing: \(again.stderr)")
 
         // The service over it: an old user's consent revoked now revokes the session made before.
-        let h = try await Harness.start(database: database) { $0.bundleIDs = [Self.aud] }
+        let h = try await Harness.start(database: database) { $0.apple.bundleIDs = [Self.aud] }
         let workers = EffectWorkers(configuration: .init(), store: EffectStore(client: h.server.client, logger: h.logs.logger()), logger: h.logs.logger())
         let jws = try h.signer.notification(aud: Self.aud, type: "consent-revoked", sub: "001.up.1", eventTime: Date(), jti: "after-upgrade")
         let answer = try await h.server.post(jws: jws)

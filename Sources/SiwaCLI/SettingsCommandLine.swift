@@ -1,0 +1,160 @@
+import ArgumentParser
+import Foundation
+import SiwaApp
+
+/// A command that reads settings: the groups it declares are the ones its `--help` lists. It
+/// accepts every setting's flag, as all of them are read and checked.
+protocol ReadsSettings {
+    static var settingGroups: [SettingGroup] { get }
+}
+
+/// The settings' flags of this run, taken off the command line before ArgumentParser parses the
+/// rest (ArgumentParser cannot declare options from a list; swift-configuration reads them).
+enum CommandLineSettings {
+    /// `--flag=value` for each setting flag given (the last one when repeated).
+    nonisolated(unsafe) static var arguments: [String] = []
+
+    /// Flags first, then the environment.
+    static func source() -> SettingSource {
+        SettingSource(environment: ProcessInfo.processInfo.environment, arguments: arguments)
+    }
+
+    /// The command the words name (`notifications list`), and whether help was asked for.
+    static func command(_ arguments: [String]) -> (command: any ParsableCommand.Type, path: [String], help: Bool) {
+        var words = arguments[...]
+        var help = false
+        if words.first == "help" {
+            help = true
+            words = words.dropFirst()
+        }
+        var command: any ParsableCommand.Type = SiwaEvents.self
+        var path = [SiwaEvents._commandName]
+        for word in words {
+            guard let next = command.configuration.subcommands.first(where: { $0._commandName == word }) else { break }
+            command = next
+            path.append(word)
+        }
+        let beforeTerminator = arguments.prefix { $0 != "--" }
+        return (command, path, help || beforeTerminator.contains("--help") || beforeTerminator.contains("-h"))
+    }
+
+    /// Splits `arguments` into the settings' flags (as `--flag=value`) and the rest.
+    static func split(_ arguments: [String]) throws(MissingValue) -> (settings: [String], rest: [String]) {
+        var values: [(flag: String, value: String)] = []
+        var rest: [String] = []
+        var index = arguments.startIndex
+        while index < arguments.endIndex {
+            let argument = arguments[index]
+            index += 1
+            if argument == "--" {
+                rest.append(contentsOf: arguments[(index - 1)...])
+                break
+            }
+            guard argument.hasPrefix("--") else {
+                rest.append(argument)
+                continue
+            }
+            let body = argument.dropFirst(2)
+            let flag = String(body.prefix { $0 != "=" })
+            guard Settings.named(flag: flag) != nil else {
+                rest.append(argument)
+                continue
+            }
+            if let equals = body.firstIndex(of: "=") {
+                values.append((flag, String(body[body.index(after: equals)...])))
+            } else if index < arguments.endIndex {
+                values.append((flag, arguments[index]))
+                index += 1
+            } else {
+                throw MissingValue(flag: flag)
+            }
+        }
+        var seen = Set<String>()
+        let last = values.reversed().filter { seen.insert($0.flag).inserted }.reversed()
+        return (last.map { "--\($0.flag)=\($0.value)" }, rest)
+    }
+
+    /// A setting's flag last on the command line, with no value after it.
+    struct MissingValue: Error {
+        let flag: String
+    }
+
+    /// The settings part of a command's `--help`: its groups, each setting with its flag, what it
+    /// does, its variable and its default.
+    static func help(for groups: [SettingGroup], width: Int = 80) -> String {
+        var lines: [String] = []
+        for group in groups {
+            let settings = Settings.all.filter { $0.group == group }
+            guard !settings.isEmpty else { continue }
+            lines.append("")
+            lines.append("\(group.title.uppercased()) SETTINGS (environment variable, or the flag):")
+            for setting in settings {
+                let label = "  --\(setting.flag) <value>"
+                let shownDefault = setting.shownDefault.replacingOccurrences(of: "`", with: "")
+                let text = "\(setting.help.prefix(1).uppercased())\(setting.help.dropFirst()) (\(setting.variable); default: \(shownDefault))"
+                let wrapped = wrap(text, width: width - 26)
+                if label.count <= 24 {
+                    lines.append(label.padding(toLength: 26, withPad: " ", startingAt: 0) + wrapped[0])
+                    lines.append(contentsOf: wrapped.dropFirst().map { String(repeating: " ", count: 26) + $0 })
+                } else {
+                    lines.append(label)
+                    lines.append(contentsOf: wrapped.map { String(repeating: " ", count: 26) + $0 })
+                }
+            }
+        }
+        return lines.joined(separator: "\n")
+    }
+
+    private static func wrap(_ text: String, width: Int) -> [String] {
+        var lines: [String] = []
+        var line = ""
+        for word in text.split(separator: " ") {
+            if !line.isEmpty && line.count + 1 + word.count > width {
+                lines.append(line)
+                line = ""
+            }
+            line += line.isEmpty ? String(word) : " " + word
+        }
+        return lines + [line]
+    }
+}
+
+extension SiwaEvents {
+    /// ArgumentParser's entry point, with the settings' flags taken off first and the settings of
+    /// the command's groups added to its `--help`.
+    static func main() async {
+        let arguments = Array(CommandLine.arguments.dropFirst())
+        let (command, path, help) = CommandLineSettings.command(arguments)
+        guard let reader = command as? any ReadsSettings.Type else {
+            await runParsed(arguments)
+        }
+        if help {
+            print(helpMessage(for: command).trimmingCharacters(in: .newlines))
+            print(CommandLineSettings.help(for: reader.settingGroups))
+            return
+        }
+        do {
+            let (settings, rest) = try CommandLineSettings.split(arguments)
+            CommandLineSettings.arguments = settings
+            await runParsed(rest)
+        } catch {
+            // Worded and numbered as ArgumentParser's own usage errors.
+            printError("Error: Missing value for '--\(error.flag) <value>'\n  See '\(path.joined(separator: " ")) --help' for more information.")
+            Foundation.exit(ExitCode.validationFailure.rawValue)
+        }
+    }
+
+    private static func runParsed(_ arguments: [String]) async -> Never {
+        do {
+            var command = try parseAsRoot(arguments)
+            if var asyncCommand = command as? any AsyncParsableCommand {
+                try await asyncCommand.run()
+            } else {
+                try command.run()
+            }
+            exit(withError: nil)
+        } catch {
+            exit(withError: error)
+        }
+    }
+}

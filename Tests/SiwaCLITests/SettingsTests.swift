@@ -1,0 +1,84 @@
+import Foundation
+import SiwaApp
+import SiwaDomain
+import SiwaTestSupport
+import Testing
+
+/// The settings' single definition: the README's table, `--help` and the flags all come from it.
+@Suite("Settings: one definition each")
+struct SettingsTests {
+    static let packageRoot = URL(fileURLWithPath: #filePath).deletingLastPathComponent().deletingLastPathComponent().deletingLastPathComponent()
+
+    @Test("The README's configuration table is the one the settings' definitions make")
+    func readmeTable() throws {
+        let readme = try String(contentsOf: Self.packageRoot.appendingPathComponent("README.md"), encoding: .utf8)
+        let (begin, end) = Settings.tableMarkers
+        let start = try #require(readme.range(of: begin), "README.md lacks \(begin)")
+        let stop = try #require(readme.range(of: end, range: start.upperBound..<readme.endIndex), "README.md lacks \(end)")
+        let table = readme[start.upperBound..<stop.lowerBound].trimmingCharacters(in: .whitespacesAndNewlines)
+        let expected = Settings.markdownTable()
+        if table != expected {
+            let file = Self.packageRoot.appendingPathComponent(".build/settings-table.md")
+            try? expected.write(to: file, atomically: true, encoding: .utf8)
+            Issue.record("README.md's settings table differs from Sources/SiwaApp/Settings.swift; the table they make is in \(file.path)")
+        }
+    }
+
+    @Test("Each setting has a variable and a flag of its own, and every group has settings")
+    func unique() {
+        #expect(Set(Settings.all.map(\.variable)).count == Settings.all.count)
+        #expect(Set(Settings.all.map(\.flag)).count == Settings.all.count)
+        #expect(Set(Settings.all.map(\.group)) == Set(SettingGroup.allCases))
+    }
+
+    @Test("A flag wins over its variable; a bad flag value names the variable and the flag")
+    func flagOverVariable() throws {
+        let source = SettingSource(environment: ["SIWA_PORT": "9000", "SIWA_TRUSTED_PROXIES": "10.0.0.0/8"], arguments: ["--port=9001", "--bundle-ids=a.b,c.d"])
+        let config = try Configuration.load(source, requireBundleIDs: true)
+        #expect(config.http.port == 9001 && config.apple.bundleIDs == ["a.b", "c.d"])
+        #expect(config.http.trustedProxies == (try TrustedProxies(parsing: "10.0.0.0/8")))
+        #expect(throws: ConfigurationError.self) {
+            try Configuration.load(SettingSource(environment: [:], arguments: ["--workers=0"]), requireBundleIDs: false)
+        }
+        do {
+            _ = try Configuration.load(SettingSource(environment: [:], arguments: ["--workers=0"]), requireBundleIDs: false)
+        } catch {
+            #expect(error.description == "SIWA_WORKERS (--workers): must be an integer between 1 and 64 (got \"0\")")
+        }
+    }
+
+    @Test("`notifications list --help` lists its own options first, then only the database and logging settings")
+    func helpPerCommand() async throws {
+        let help = try await TestBinary.run(["notifications", "list", "--help"], directory: "/tmp")
+        #expect(help.status == 0)
+        let text = help.stdout
+        let own = try #require(text.range(of: "--limit"))
+        let database = try #require(text.range(of: "--database-url"))
+        #expect(own.lowerBound < database.lowerBound, "\(text)")
+        for flag in ["--data-dir", "--postgres-bin", "--log-level", "--log-format", "DATABASE_URL", "SIWA_LOG_LEVEL"] {
+            #expect(text.contains(flag), "\(flag) missing from\n\(text)")
+        }
+        for flag in ["--callback-url", "--port", "--spike-window", "--workers"] {
+            #expect(!text.contains(flag), "\(flag) listed in\n\(text)")
+        }
+        #expect(text.split(separator: "\n", omittingEmptySubsequences: false).count < 60, "\(text)")
+
+        let serve = try await TestBinary.run(["help", "serve"], directory: "/tmp")
+        #expect(serve.status == 0)
+        for setting in Settings.all {
+            #expect(serve.stdout.contains("--\(setting.flag) ") && serve.stdout.contains(setting.variable), "\(setting.variable) missing from serve --help")
+        }
+    }
+
+    @Test("A setting's flag is accepted where the command reads settings; elsewhere, and without a value, it is a usage error")
+    func flagsOnTheCommandLine() async throws {
+        let badFlag = try await TestBinary.run(["notifications", "list", "--log-level", "loud"], directory: "/tmp")
+        #expect(badFlag.status == 78 && badFlag.stderr.contains("SIWA_LOG_LEVEL (--log-level)"), "\(badFlag.stderr)")
+        let missing = try await TestBinary.run(["notifications", "list", "--database-url"], directory: "/tmp")
+        #expect(missing.status == 64 && missing.stderr.contains("--database-url"), "\(missing.stderr)")
+        let unknown = try await TestBinary.run(["notifications", "list", "--no-such-flag", "1"], directory: "/tmp")
+        #expect(unknown.status == 64, "\(unknown.stderr)")
+        let notHere = try await TestBinary.run(["callbacks", "secret", "--port", "1"], directory: "/tmp")
+        #expect(notHere.status == 64, "\(notHere.stderr)")
+    }
+}
