@@ -2,6 +2,7 @@ import ArgumentParser
 import Foundation
 import SiwaApp
 import SiwaDomain
+import SiwaHTTP
 import SiwaStore
 
 struct NotificationsCommand: AsyncParsableCommand {
