@@ -429,8 +429,8 @@ package struct EffectStore: Sendable {
         try await queue.rescueExpiredLeases(maxAttempts: maxAttempts, now: now)
     }
 
-    package func heartbeat(worker: String, jobs: [Int], lease: Duration) async throws {
-        try await queue.heartbeat(worker: worker, jobs: jobs, lease: lease)
+    package func heartbeat(worker: String, jobs: [Int], lease: Duration, now: Date? = nil) async throws {
+        try await queue.heartbeat(worker: worker, jobs: jobs, lease: lease, now: now)
     }
 
     @discardableResult
