@@ -138,6 +138,14 @@ package struct AppliedEffect: Sendable, Equatable {
         self.revokedSessions = revokedSessions
     }
 
+    /// The `siwa_effects` NOTIFY payload: small, no email address.
+    package var noticeJSON: String {
+        JSONValue.object([
+            "type": .string(type), "aud": .string(aud), "sub": .string(sub), "jti": .string(jti), "effect": .string(effect),
+            "revoked_sessions": .number(Double(revokedSessions)),
+        ]).jsonText
+    }
+
     /// The callback that tells the backend about this effect.
     package var callback: EffectCallback {
         EffectCallback(

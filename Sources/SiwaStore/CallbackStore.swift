@@ -21,14 +21,14 @@ package struct CallbackStore: Sendable {
     package static func webhookID(notificationID: Int) -> String { JobQueue.webhookID(notificationID: notificationID) }
 
     /// Claims up to `limit` ready deliveries of `lane`, oldest first, leased for `lease`.
-    package func claim(lane: DeliveryLane, worker: String, limit: Int, lease: Duration) async throws -> [ClaimedCallback] {
+    package func claim(lane: DeliveryLane, worker: String, limit: Int, lease: Duration) async throws -> [ClaimedDelivery] {
         try await queue.claimDeliveries(lane: lane, worker: worker, limit: limit, lease: lease)
     }
 
     /// Records one attempt; returns the state the job is in now (nil: no longer held).
     @discardableResult
     package func record(
-        _ callback: ClaimedCallback, worker: String, outcome: DeliveryOutcome, maxAttempts: Int, delay: Duration
+        _ callback: ClaimedDelivery, worker: String, outcome: DeliveryOutcome, maxAttempts: Int, delay: Duration
     ) async throws -> JobState? {
         try await queue.recordDelivery(callback, worker: worker, outcome: outcome, maxAttempts: maxAttempts, delay: delay)
     }

@@ -372,7 +372,7 @@ package struct EffectStore: Sendable {
             bindings.append(applied.map {
                 JSONValue.object(["effect": .string($0.effect), "revoked_sessions": .number(Double($0.revokedSessions))]).jsonText
             })
-            bindings.append(applied.map(EffectStore.notifyPayload))
+            bindings.append(applied.map(\.noticeJSON))
             bindings.append(applied.map(\.aud))
             bindings.append(applied.map(\.sub))
             bindings.append(applied.map(\.eventTimeMillis))
@@ -412,14 +412,6 @@ package struct EffectStore: Sendable {
             UPDATE rejections SET token = NULL, key_jwk = NULL, body_prefix = ''::bytea
             WHERE sub = ANY(\(subs)::text[]) AND (token IS NOT NULL OR length(body_prefix) > 0)
             """, logger: logger)
-    }
-
-    /// The `siwa_effects` NOTIFY payload: small, no email.
-    static func notifyPayload(_ effect: AppliedEffect) -> String {
-        JSONValue.object([
-            "type": .string(effect.type), "aud": .string(effect.aud), "sub": .string(effect.sub), "jti": .string(effect.jti),
-            "effect": .string(effect.effect), "revoked_sessions": .number(Double(effect.revokedSessions)),
-        ]).jsonText
     }
 
     // MARK: The queue's maintenance and admin, as the workers and commands call them

@@ -121,7 +121,7 @@ struct EffectBatchPlanTests {
         #expect(plan.revocations.map(\.user.sub) == ["a"])
     }
 
-    @Test("the applied effects carry the sessions each revoking event revoked, and their callbacks say so (no address)")
+    @Test("the applied effects carry the sessions each revoking event revoked, and their callbacks and notices say so (no address)")
     func appliedAndCallback() throws {
         let plan = EffectBatchPlan.plan(
             [job(4, "consent-revoked", 1_735_689_600_000), job(5, "email-disabled", 1_735_689_600_500, email: "a@x")], accounts: [:],
@@ -138,5 +138,9 @@ struct EffectBatchPlanTests {
         let decoded = try JSONDecoder().decode(EffectCallback.self, from: Data(callback.jsonText.utf8))
         #expect(decoded == callback)
         #expect(!applied[1].callback.jsonText.contains("a@x"))
+        #expect(
+            applied[0].noticeJSON
+                == #"{"aud":"com.example.app","effect":"consent_revoked","jti":"jti-4","revoked_sessions":2,"sub":"user","type":"consent-revoked"}"#)
+        #expect(!applied[1].noticeJSON.contains("a@x"))
     }
 }

@@ -4,7 +4,7 @@ import PostgresNIO
 import SiwaDomain
 
 /// A delivery job held by a deliverer: what to send, where, and under which message id.
-package struct ClaimedCallback: Sendable {
+package struct ClaimedDelivery: Sendable {
     package var id: Int
     package var attempt: Int
     package var lane: DeliveryLane
@@ -27,6 +27,9 @@ package struct ClaimedCallback: Sendable {
         }
     }
 }
+
+/// The name the deliverers used when only callbacks were delivered.
+package typealias ClaimedCallback = ClaimedDelivery
 
 /// One delivery attempt's result.
 package enum DeliveryOutcome: Sendable {
@@ -54,7 +57,7 @@ extension JobQueue {
     /// Claims up to `limit` ready deliveries of `lane` (ready at `now`), oldest first, leased for
     /// `lease`. No per-user gate: a callback carries its event_time, and a receiver orders by it
     /// if it needs to.
-    package func claimDeliveries(lane: DeliveryLane, worker: String, limit: Int, lease: Duration, now: Date? = nil) async throws -> [ClaimedCallback] {
+    package func claimDeliveries(lane: DeliveryLane, worker: String, limit: Int, lease: Duration, now: Date? = nil) async throws -> [ClaimedDelivery] {
         let rows = try await client.bounded.query(
             """
             WITH candidates AS (
@@ -71,10 +74,10 @@ extension JobQueue {
             RETURNING jobs.id, jobs.attempt, jobs.notification_id, (SELECT n.jti FROM notifications n WHERE n.id = jobs.notification_id),
                 jobs.alert_id, jobs.target, jobs.kind, jobs.payload, jobs.attempted_at
             """, logger: logger)
-        var claimed: [ClaimedCallback] = []
+        var claimed: [ClaimedDelivery] = []
         for try await row in rows.decode((Int, Int, Int?, String?, Int?, String?, String, String, Date).self) {
             claimed.append(
-                ClaimedCallback(
+                ClaimedDelivery(
                     id: row.0, attempt: row.1, lane: lane, notificationID: row.2, jti: row.3 ?? "", alertID: row.4, target: row.5, kind: row.6,
                     body: row.7, claimedAt: row.8))
         }
@@ -88,7 +91,7 @@ extension JobQueue {
     /// Returns the state the job is in now (nil: no longer held — its lease ran out).
     @discardableResult
     package func recordDelivery(
-        _ callback: ClaimedCallback, worker: String, outcome: DeliveryOutcome, maxAttempts: Int, delay: Duration
+        _ callback: ClaimedDelivery, worker: String, outcome: DeliveryOutcome, maxAttempts: Int, delay: Duration
     ) async throws -> JobState? {
         let status: Int?
         let error: String?
