@@ -128,8 +128,8 @@ struct QueueTests {
                         '{}'::jsonb, '{}'::jsonb
                     FROM generate_series(0, 9) AS k, generate_series(1, 2000) AS u
                     ORDER BY k, u
-                    RETURNING id, aud, sub, event_time)
-                INSERT INTO jobs (notification_id, aud, sub, event_time, run_at) SELECT id, aud, sub, event_time, now() FROM n ORDER BY id
+                    RETURNING id, aud, sub, event_time, status)
+                \(unescaped: JobQueue.Effects.enqueueSQL(from: "n", order: "id"))
                 """, logger: logger)
             let store = EffectStore(client: one, logger: logger)
             let before = try await Self.rowsRead(one)

@@ -123,11 +123,11 @@ extension JobQueue {
         // MARK: JobsEnqueue, JobsComplete, JobAttemptsInsert (CTEs of the callers' statements)
 
         /// Enqueues an effect job for each row of `relation` (id, aud, sub, event_time, status) whose
-        /// notification is pending.
-        package static func enqueueSQL(from relation: String) -> String {
+        /// notification is pending, in `order` (an ORDER BY list; nil: as the rows come).
+        package static func enqueueSQL(from relation: String, order: String? = nil) -> String {
             """
             INSERT INTO jobs (notification_id, run_at, aud, sub, event_time)
-            SELECT id, now(), aud, sub, event_time FROM \(relation) WHERE status = 'pending'
+            SELECT id, now(), aud, sub, event_time FROM \(relation) WHERE status = 'pending'\(order.map { " ORDER BY \($0)" } ?? "")
             """
         }
 
