@@ -137,7 +137,7 @@ let package = Package(
         .executableTarget(
             name: "SiwaCLI",
             dependencies: [
-                "SiwaApp", "SiwaDomain", "SiwaKeys", "SiwaStore", "SiwaWorkers",
+                "SiwaApp", "SiwaDomain", "SiwaHTTP", "SiwaKeys", "SiwaStore", "SiwaWorkers",
                 .product(name: "AsyncHTTPClient", package: "async-http-client"),
                 .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "NIOHTTP1", package: "swift-nio"),

@@ -73,19 +73,19 @@ struct AlertsCommand: AsyncParsableCommand {
                 var outcomes: [AlertDelivery] = []
                 repeat {
                     outcomes = try await store.deliveries(alertID: id)
-                    if outcomes.allSatisfy({ $0.state == "completed" || $0.state == "discarded" }) { break }
+                    if outcomes.allSatisfy({ $0.state == .completed || $0.state == .discarded }) { break }
                     try await Task.sleep(for: .milliseconds(250))
                 } while ContinuousClock.now < deadline
                 for outcome in outcomes {
                     let result = switch outcome.state {
-                    case "completed": "delivered (HTTP \(outcome.lastStatus.map(String.init) ?? "?"))"
-                    case "discarded": "failed: \(outcome.lastError ?? "discarded")"
-                    case "retryable": "retrying: \(outcome.lastError ?? "")"
+                    case .completed: "delivered (HTTP \(outcome.lastStatus.map(String.init) ?? "?"))"
+                    case .discarded: "failed: \(outcome.lastError ?? "discarded")"
+                    case .retryable: "retrying: \(outcome.lastError ?? "")"
                     default: "not delivered yet (is a worker running? `siwa-events serve` with SIWA_ROLE all or worker)"
                     }
                     print("\(outcome.target): \(result)")
                 }
-                return !outcomes.allSatisfy { $0.state == "completed" }
+                return !outcomes.allSatisfy { $0.state == .completed }
             }
             if failed { throw ExitCode(1) }
         }

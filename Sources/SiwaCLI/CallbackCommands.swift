@@ -26,10 +26,10 @@ struct CallbacksCommand: AsyncParsableCommand {
             if json {
                 for item in callbacks {
                     print(JSONValue.object([
-                        "id": .number(Double(item.id)), "webhook_id": .string(item.webhookID), "state": .string(item.state),
+                        "id": .number(Double(item.id)), "webhook_id": .string(item.webhookID), "state": .string(item.state.rawValue),
                         "attempt": .number(Double(item.attempt)), "jti": .string(item.jti), "aud": item.aud.map(JSONValue.string) ?? .null,
                         "type": item.type.map(JSONValue.string) ?? .null, "created_at": .string(iso8601(item.createdAt)),
-                        "next_attempt_at": item.state == "retryable" ? .string(iso8601(item.runAt)) : .null,
+                        "next_attempt_at": item.state == .retryable ? .string(iso8601(item.runAt)) : .null,
                         "finished_at": item.finishedAt.map { .string(iso8601($0)) } ?? .null,
                         "last_status": item.lastStatus.map { .number(Double($0)) } ?? .null,
                         "last_error": item.lastError.map(JSONValue.string) ?? .null,
@@ -41,7 +41,7 @@ struct CallbacksCommand: AsyncParsableCommand {
                 print(table(
                     ["ID", "WEBHOOK ID", "STATE", "ATTEMPT", "TYPE", "CREATED", "LAST STATUS", "LAST ERROR"],
                     callbacks.map {
-                        ["\($0.id)", $0.webhookID, $0.state, "\($0.attempt)", $0.type ?? "-", iso8601($0.createdAt),
+                        ["\($0.id)", $0.webhookID, $0.state.rawValue, "\($0.attempt)", $0.type ?? "-", iso8601($0.createdAt),
                          $0.lastStatus.map(String.init) ?? "-", $0.lastError ?? "-"]
                     }))
             }

@@ -2,6 +2,7 @@ import ArgumentParser
 import Foundation
 import SiwaApp
 import SiwaDomain
+import SiwaHTTP
 import SiwaStore
 
 struct NotificationsCommand: AsyncParsableCommand {
@@ -83,7 +84,7 @@ extension NotificationsCommand {
             print(detail.attempts.isEmpty ? "no attempts yet" : table(
                 ["LANE", "ATTEMPT", "OUTCOME", "EFFECT", "FINISHED", "WORKER", "ERROR"],
                 detail.attempts.map {
-                    [$0.lane, "\($0.attempt)", $0.outcome + ($0.httpStatus.map { " (HTTP \($0))" } ?? ""), $0.effect ?? "-",
+                    [$0.lane.rawValue, "\($0.attempt)", $0.outcome.rawValue + ($0.httpStatus.map { " (HTTP \($0))" } ?? ""), $0.effect ?? "-",
                      iso8601($0.finishedAt), $0.worker, $0.error ?? "-"]
                 }))
         }

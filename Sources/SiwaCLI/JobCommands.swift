@@ -17,8 +17,8 @@ struct JobsCommand: AsyncParsableCommand {
         @Flag(help: "One JSON object per line.") var json = false
 
         func validate() throws {
-            let states = ["available", "running", "retryable", "completed", "discarded"]
-            if let state, !states.contains(state) {
+            let states = JobState.allCases.map(\.rawValue)
+            if let state, JobState(rawValue: state) == nil {
                 throw ValidationError("--state must be one of \(states.joined(separator: ", ")) (got \"\(state)\")")
             }
         }
@@ -27,12 +27,12 @@ struct JobsCommand: AsyncParsableCommand {
             let config = try options.load(requireBundleIDs: false)
             let logger = try makeLogger()
             let jobs = try await Database.with(config, logger: logger) { database in
-                try await EffectStore(client: database.client, logger: logger).list(state: state, limit: limit)
+                try await EffectStore(client: database.client, logger: logger).list(state: state.flatMap(JobState.init(rawValue:)), limit: limit)
             }
             if json {
                 for job in jobs {
                     print(JSONValue.object([
-                        "id": .number(Double(job.id)), "state": .string(job.state), "attempt": .number(Double(job.attempt)), "jti": .string(job.jti),
+                        "id": .number(Double(job.id)), "state": .string(job.state.rawValue), "attempt": .number(Double(job.attempt)), "jti": .string(job.jti),
                         "aud": .string(job.aud), "sub": job.sub.map(JSONValue.string) ?? .null, "type": job.type.map(JSONValue.string) ?? .null,
                         "run_at": .string(iso8601(job.runAt)), "created_at": .string(iso8601(job.createdAt)),
                         "finished_at": job.finishedAt.map { .string(iso8601($0)) } ?? .null,
@@ -44,7 +44,7 @@ struct JobsCommand: AsyncParsableCommand {
             } else {
                 print(table(
                     ["ID", "STATE", "ATTEMPT", "TYPE", "SUB", "RUN AT", "JTI", "LAST ERROR"],
-                    jobs.map { ["\($0.id)", $0.state, "\($0.attempt)", $0.type ?? "-", $0.sub ?? "-", iso8601($0.runAt), $0.jti, $0.lastError ?? "-"] }))
+                    jobs.map { ["\($0.id)", $0.state.rawValue, "\($0.attempt)", $0.type ?? "-", $0.sub ?? "-", iso8601($0.runAt), $0.jti, $0.lastError ?? "-"] }))
             }
         }
     }

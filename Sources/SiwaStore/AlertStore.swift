@@ -42,9 +42,8 @@ package struct SpikeCounts: Sendable {
     }
 }
 
-/// Every SQL statement of alerting: the evaluator's lease, the counts it reads, episodes,
-/// silences, and sink messages enqueued in the `alerts` lane (delivered by `CallbackStore`'s
-/// claim and record, shared with callbacks).
+/// Every SQL statement of alerting: the evaluator's lease, the counts it reads, episodes and
+/// silences. Sink messages go to the queue's `alerts` lane (`JobQueue`), in the same transaction.
 package struct AlertStore: Sendable {
     package let client: PostgresClient
     let logger: Logger
@@ -132,59 +131,25 @@ package struct AlertStore: Sendable {
     // MARK: OperationalSignals
 
     /// The operational alerts' inputs: seconds the oldest ready job (any lane) has waited, jobs
-    /// discarded and deliveries refused for a bad signature (recorded or sampled out) since `since`.
-    ///
-    /// The oldest ready job is looked for lane by lane and state by state, each through its own
-    /// partial index, so that it reads the ready jobs, not the table: one condition over all
-    /// lanes matched no partial index and scanned every job kept (`SIWA_JOB_RETENTION`) at each
-    /// evaluation. Available effect jobs are indexed in event order (sql/010), so their oldest is
-    /// a walk of that index: as long as the effect backlog, not the table.
+    /// discarded (both from the queue) and deliveries refused for a bad signature (recorded or
+    /// sampled out) since `since`.
     package func operationalSignals(since: Date) async throws -> (queueLag: Int, discarded: Int, badSignatures: Int) {
-        var result = (0, 0, 0)
-        for try await row in try await client.bounded.query(
+        let queue = try await JobQueue(client: client, logger: logger).signals(since: since)
+        var badSignatures = 0
+        for try await (n,) in try await client.bounded.query(
             """
-            SELECT
-                coalesce(extract(epoch FROM now() - least(
-                    (SELECT min(run_at) FROM jobs WHERE lane = 'effects' AND state = 'available' AND run_at <= now()),
-                    (SELECT min(run_at) FROM jobs WHERE lane = 'effects' AND state = 'retryable' AND run_at <= now()),
-                    (SELECT min(run_at) FROM jobs WHERE lane = 'callbacks' AND state IN ('available', 'retryable') AND run_at <= now()),
-                    (SELECT min(run_at) FROM jobs WHERE lane = 'alerts' AND state IN ('available', 'retryable') AND run_at <= now())
-                ))::bigint, 0),
-                (SELECT count(*) FROM jobs WHERE state = 'discarded' AND finished_at >= \(since))::bigint,
-                coalesce((SELECT sum(recorded + sampled_out) FROM rejection_counts
-                          WHERE reason = 'bad_signature' AND minute >= date_trunc('minute', \(since))), 0)::bigint
+            SELECT coalesce((SELECT sum(recorded + sampled_out) FROM rejection_counts
+                             WHERE reason = 'bad_signature' AND minute >= date_trunc('minute', \(since))), 0)::bigint
             """, logger: logger
-        ).decode((Int, Int, Int).self) {
-            result = row
+        ).decode((Int,).self) {
+            badSignatures = n
         }
-        return result
+        return (queue.queueLag, queue.discarded, badSignatures)
     }
 
-    // MARK: JobsDepth
-
-    /// Jobs not completed, per lane and state. Each branch matches one partial index (available and
-    /// retryable effect jobs, ready jobs of the other lanes, running, discarded), so completed
-    /// jobs — most of the table — are never read.
-    package func queueDepth() async throws -> [(lane: String, state: String, count: Int)] {
-        var result: [(lane: String, state: String, count: Int)] = []
-        for try await row in try await client.bounded.query(
-            """
-            SELECT lane, state::text, count(*)::bigint FROM jobs WHERE lane = 'effects' AND state = 'available' GROUP BY 1, 2
-            UNION ALL
-            SELECT lane, state::text, count(*)::bigint FROM jobs WHERE lane = 'effects' AND state = 'retryable' GROUP BY 1, 2
-            UNION ALL
-            SELECT lane, state::text, count(*)::bigint FROM jobs WHERE lane = 'callbacks' AND state IN ('available', 'retryable') GROUP BY 1, 2
-            UNION ALL
-            SELECT lane, state::text, count(*)::bigint FROM jobs WHERE lane = 'alerts' AND state IN ('available', 'retryable') GROUP BY 1, 2
-            UNION ALL
-            SELECT lane, 'running', count(*)::bigint FROM jobs WHERE state = 'running' GROUP BY 1
-            UNION ALL
-            SELECT lane, 'discarded', count(*)::bigint FROM jobs WHERE state = 'discarded' GROUP BY 1
-            """, logger: logger
-        ).decode((String, String, Int).self) {
-            result.append((lane: row.0, state: row.1, count: row.2))
-        }
-        return result
+    /// Jobs not completed, per lane and state (`JobQueue.depth`).
+    package func queueDepth() async throws -> [JobQueue.Depth] {
+        try await JobQueue(client: client, logger: logger).depth()
     }
 
     // MARK: AlertsOpen, AlertsRecord
@@ -217,7 +182,7 @@ package struct AlertStore: Sendable {
             }
             guard let (id, silencedBy) = inserted else { return nil }
             let record = AlertRecord(id: id, state: "firing", window: window, resolvedAt: nil, episode: episode, silencedBy: silencedBy)
-            if silencedBy == nil { try await Self.enqueue(sinks(record.message), alertID: id, on: connection, logger: logger) }
+            if silencedBy == nil { try await JobQueue.enqueueAlerts(sinks(record.message), alertID: id, on: connection, logger: logger) }
             return record
         }
     }
@@ -266,7 +231,7 @@ package struct AlertStore: Sendable {
             guard let silenced else { return .alreadyJoined }
             if silenced { return .silenced }
             let message = AlertMessage(id: record.id, episode: episode, window: record.window, resolvedAt: nil, joined: joined)
-            try await Self.enqueue(sinks(message), alertID: record.id, on: connection, logger: logger)
+            try await JobQueue.enqueueAlerts(sinks(message), alertID: record.id, on: connection, logger: logger)
             return .told
         }
     }
@@ -286,7 +251,7 @@ package struct AlertStore: Sendable {
             guard resolved, record.silencedBy == nil else { return }
             var message = record.message
             message.resolvedAt = at
-            try await Self.enqueue(sinks(message), alertID: record.id, on: connection, logger: logger)
+            try await JobQueue.enqueueAlerts(sinks(message), alertID: record.id, on: connection, logger: logger)
         }
     }
 
@@ -305,27 +270,10 @@ package struct AlertStore: Sendable {
                 id = n
                 let episode = AlertEpisode(key: AlertKey(kind: .test), startedAt: started, value: 1, peak: 1, baseline: nil, threshold: 1)
                 let messages = sinks(AlertMessage(id: n, episode: episode, window: window, resolvedAt: nil))
-                try await Self.enqueue(messages, alertID: n, on: connection, logger: logger)
+                try await JobQueue.enqueueAlerts(messages, alertID: n, on: connection, logger: logger)
             }
             return id
         }
-    }
-
-    private static func enqueue(_ messages: [SinkMessage], alertID: Int, on connection: PostgresConnection, logger: Logger) async throws {
-        guard !messages.isEmpty else { return }
-        // Rows read to the end: unread, a failed insert's error would surface nowhere and the
-        // transaction's COMMIT would quietly roll back.
-        for try await _ in try await connection.query(
-            """
-            WITH queued AS (
-                INSERT INTO jobs (lane, kind, alert_id, target, payload, run_at)
-                SELECT 'alerts', m.kind, \(alertID), m.target, m.body, now()
-                FROM unnest(\(messages.map(\.target))::text[], \(messages.map(\.kind))::text[], \(messages.map(\.body))::text[]) AS m(target, kind, body)
-                ON CONFLICT DO NOTHING
-                RETURNING id
-            )
-            SELECT pg_notify('siwa_jobs', 'alerts') FROM (SELECT 1 FROM queued LIMIT 1) q
-            """, logger: logger) {}
     }
 
     // MARK: AlertsList
@@ -408,25 +356,9 @@ extension AlertSilence {
     }
 }
 
-/// One sink message of an alert and how its delivery went.
-package struct AlertDelivery: Sendable {
-    package var target: String
-    package var state: String
-    package var lastStatus: Int?
-    package var lastError: String?
-}
-
 extension AlertStore {
-    // MARK: AlertDeliveriesList
-
+    /// The deliveries of alert `alertID`, one per sink (`JobQueue.alertDeliveries`).
     package func deliveries(alertID: Int) async throws -> [AlertDelivery] {
-        var result: [AlertDelivery] = []
-        for try await row in try await client.bounded.query(
-            "SELECT target, state::text, last_status, last_error FROM jobs WHERE lane = 'alerts' AND alert_id = \(alertID) ORDER BY id",
-            logger: logger
-        ).decode((String, String, Int?, String?).self) {
-            result.append(AlertDelivery(target: row.0, state: row.1, lastStatus: row.2, lastError: row.3))
-        }
-        return result
+        try await JobQueue(client: client, logger: logger).alertDeliveries(alertID: alertID)
     }
 }

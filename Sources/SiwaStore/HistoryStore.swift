@@ -42,19 +42,6 @@ package struct NotificationRecord: Sendable {
     package var sortMicros: Int64
 }
 
-package struct AttemptRecord: Sendable {
-    package var lane: String
-    package var attempt: Int
-    package var worker: String
-    package var startedAt: Date
-    package var finishedAt: Date
-    package var outcome: String
-    package var error: String?
-    package var effect: String?
-    package var revokedSessions: Int?
-    package var httpStatus: Int?
-}
-
 package struct NotificationDetail: Sendable {
     package var record: NotificationRecord
     package var kid: String
@@ -145,17 +132,7 @@ package struct HistoryStore: Sendable {
                 record: record, kid: row.15, issuedAt: row.16, expiresAt: row.17, lastDeliveryAt: row.18, jtiDerived: row.19, attempts: [])
         }
         guard var found = detail else { return nil }
-        for try await row in try await client.bounded.query(
-            """
-            SELECT lane, attempt, worker, started_at, finished_at, outcome, error, effect->>'effect', (effect->>'revoked_sessions')::int, http_status
-            FROM job_attempts WHERE notification_id = \(found.record.id) ORDER BY id
-            """, logger: logger
-        ).decode((String, Int, String, Date, Date, String, String?, String?, Int?, Int?).self) {
-            found.attempts.append(
-                AttemptRecord(
-                    lane: row.0, attempt: row.1, worker: row.2, startedAt: row.3, finishedAt: row.4, outcome: row.5, error: row.6, effect: row.7,
-                    revokedSessions: row.8, httpStatus: row.9))
-        }
+        found.attempts = try await JobQueue(client: client, logger: logger).attempts(notificationID: found.record.id)
         return found
     }
 
@@ -168,20 +145,21 @@ package struct HistoryStore: Sendable {
         for try await row in try await client.bounded.query(
             """
             SELECT n.id, n.jti, n.aud, n.sub, n.type, n.raw_type, n.status::text, n.skip_reason, n.event_time, n.received_at, n.deliveries,
-                n.email, n.is_private_email, n.erased_at, 0::bigint,
-                a.effect->>'effect', (a.effect->>'revoked_sessions')::int, a.finished_at
+                n.email, n.is_private_email, n.erased_at, 0::bigint
             FROM notifications n
-            LEFT JOIN LATERAL (
-                SELECT effect, finished_at FROM job_attempts
-                WHERE notification_id = n.id AND lane = 'effects' AND outcome = 'applied' ORDER BY id DESC LIMIT 1
-            ) a ON true
             WHERE n.aud = \(aud) AND n.sub = \(sub)
             ORDER BY n.event_time, n.id
             LIMIT \(limit)
             """, logger: logger
-        ).decode((Int, String, String, String?, String?, String?, String, String?, Date?, Date, Int, String?, Bool?, Date?, Int64, String?, Int?, Date?).self) {
-            let record = Self.record((row.0, row.1, row.2, row.3, row.4, row.5, row.6, row.7, row.8, row.9, row.10, row.11, row.12, row.13, row.14))
-            entries.append(TimelineEntry(record: record, effect: row.15, revokedSessions: row.16, appliedAt: row.17))
+        ).decode(Row.self) {
+            entries.append(TimelineEntry(record: Self.record(row), effect: nil, revokedSessions: nil, appliedAt: nil))
+        }
+        let applied = try await JobQueue(client: client, logger: logger).appliedEffects(notificationIDs: entries.map(\.record.id))
+        for index in entries.indices {
+            guard let attempt = applied[entries[index].record.id] else { continue }
+            entries[index].effect = attempt.effect
+            entries[index].revokedSessions = attempt.revokedSessions
+            entries[index].appliedAt = attempt.finishedAt
         }
         return entries
     }
@@ -312,68 +290,5 @@ package struct HistoryStore: Sendable {
             folded = n
         }
         return folded
-    }
-}
-
-// MARK: Wire shapes (the API's and the CLI's --json)
-
-private func time(_ date: Date?) -> JSONValue { date.map { .string(iso8601($0)) } ?? .null }
-
-extension NotificationRecord {
-    /// With the address (the CLI, and API tokens with `accounts:read`).
-    package var json: JSONValue { json(email: .shown) }
-
-    /// `email: .withheld` answers `"email": null, "email_withheld": true`: the address is personal
-    /// data, for tokens allowed to read accounts only.
-    package func json(email visibility: EmailVisibility) -> JSONValue {
-        [
-            "jti": .string(jti), "aud": .string(aud), "sub": sub.map(JSONValue.string) ?? .null, "type": type.map(JSONValue.string) ?? .null,
-            "raw_type": rawType.map(JSONValue.string) ?? .null, "status": .string(status), "skip_reason": skipReason.map(JSONValue.string) ?? .null,
-            "event_time": time(eventTime), "received_at": .string(iso8601(receivedAt)), "deliveries": .number(Double(deliveries)),
-            "email": visibility == .shown ? email.map(JSONValue.string) ?? .null : .null,
-            "email_withheld": .bool(visibility == .withheld),
-            "is_private_email": isPrivateEmail.map(JSONValue.bool) ?? .null, "erased_at": time(erasedAt),
-        ]
-    }
-}
-
-/// Whether a history answer carries email addresses.
-package enum EmailVisibility: Sendable {
-    case shown
-    case withheld
-}
-
-extension AttemptRecord {
-    package var json: JSONValue {
-        [
-            "lane": .string(lane), "attempt": .number(Double(attempt)), "worker": .string(worker), "started_at": .string(iso8601(startedAt)),
-            "finished_at": .string(iso8601(finishedAt)), "outcome": .string(outcome), "error": error.map(JSONValue.string) ?? .null,
-            "effect": effect.map(JSONValue.string) ?? .null, "revoked_sessions": revokedSessions.map { .number(Double($0)) } ?? .null,
-            "http_status": httpStatus.map { .number(Double($0)) } ?? .null,
-        ]
-    }
-}
-
-extension NotificationDetail {
-    package var json: JSONValue { json(email: .shown) }
-
-    package func json(email visibility: EmailVisibility) -> JSONValue {
-        var object = record.json(email: visibility).objectValue ?? [:]
-        object["verification"] = ["kid": .string(kid), "iat": .string(iso8601(issuedAt)), "exp": time(expiresAt), "jti_derived": .bool(jtiDerived)]
-        object["last_delivery_at"] = .string(iso8601(lastDeliveryAt))
-        object["attempts"] = .array(attempts.map(\.json))
-        return .object(object)
-    }
-}
-
-extension TimelineEntry {
-    package var json: JSONValue { json(email: .shown) }
-
-    package func json(email visibility: EmailVisibility) -> JSONValue {
-        var object = record.json(email: visibility).objectValue ?? [:]
-        object["effect"] = effect.map(JSONValue.string) ?? .null
-        object["revoked_sessions"] = revokedSessions.map { .number(Double($0)) } ?? .null
-        object["applied_at"] = time(appliedAt)
-        return .object(object)
     }
 }

@@ -40,7 +40,8 @@ package struct NotificationFilter: Sendable {
     }
 }
 
-/// Every SQL statement about notifications, their jobs, rejections and the persisted key set.
+/// Every SQL statement about notifications (their effect jobs enqueued through `JobQueue`),
+/// rejections and the persisted key set.
 package struct NotificationStore: Sendable {
     package let client: PostgresClient
     let logger: Logger
@@ -146,8 +147,7 @@ package struct NotificationStore: Sendable {
                 ON CONFLICT DO NOTHING
                 RETURNING id, jti, status, aud, sub, event_time
             ), job AS (
-                INSERT INTO jobs (notification_id, run_at, aud, sub, event_time)
-                SELECT id, now(), aud, sub, event_time FROM ins WHERE status = 'pending'
+                \(JobQueue.Effects.enqueueSQL(from: "ins"))
             )
             SELECT jti, status::text FROM ins WHERE (SELECT count(*) FROM durable) >= 0
             """

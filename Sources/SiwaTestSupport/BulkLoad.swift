@@ -1,5 +1,6 @@
 import Foundation
 import PostgresNIO
+import SiwaStore
 
 /// Loads `count` recorded notifications with their effect jobs straight into the database, spread
 /// over `users` users (distinct event times, all four types): a backlog for queue tests and the
@@ -18,9 +19,9 @@ package enum BulkLoad {
                     'pending', 'bulk', now(), 'bulk', '{}'::jsonb, '{}'::jsonb, '127.0.0.1'
                 FROM generate_series(1, \(count)) AS i,
                     LATERAL (SELECT (ARRAY['email-disabled', 'email-enabled', 'consent-revoked', 'account-delete'])[1 + (i / \(users)) % 4] AS type) t
-                RETURNING id, aud, sub, event_time
+                RETURNING id, aud, sub, event_time, status
             )
-            INSERT INTO jobs (notification_id, aud, sub, event_time, run_at) SELECT id, aud, sub, event_time, now() FROM n
+            \(unescaped: JobQueue.Effects.enqueueSQL(from: "n"))
             """)
     }
 }

@@ -1,5 +1,6 @@
 import Prometheus
 import SiwaDomain
+import SiwaStore
 
 /// The alert evaluator's gauges, set each round by the process holding the `alerts` lease (the
 /// others keep their last values: aggregate with max() across replicas).
@@ -45,9 +46,9 @@ package struct AlertMetrics: Sendable {
         badSignatures.set(Double(signals.badSignatures))
     }
 
-    func record(depth rows: [(lane: String, state: String, count: Int)]) {
+    func record(depth rows: [JobQueue.Depth]) {
         for gauge in depth.values { gauge.set(0.0) }
-        for row in rows { depth[row.lane + "/" + row.state]?.set(Double(row.count)) }
+        for row in rows { depth[row.lane.rawValue + "/" + row.state.rawValue]?.set(Double(row.count)) }
     }
 
     func record(firing keys: [AlertKey]) {

@@ -375,7 +375,7 @@ package final class EffectWorkers: Service, Sendable {
             let state = try await callbackStore.record(callback, worker: worker, outcome: outcome, maxAttempts: maxAttempts, delay: delay)
             let result = switch (outcome, state) {
             case (.delivered, _): "delivered"
-            case (.failed, "discarded"): "discarded"
+            case (.failed, .discarded?): "discarded"
             case (.failed, nil): "lease_lost"
             case (.failed, _): "retrying"
             }
@@ -388,7 +388,7 @@ package final class EffectWorkers: Service, Sendable {
                 metadata["status"] = "\(status.map(String.init) ?? "none")"
                 metadata["error"] = "\(error)"
                 metadata["outcome"] = "\(result)"
-                if state == "retryable" { metadata["retry_in_ms"] = "\(delay.milliseconds)" }
+                if state == .retryable { metadata["retry_in_ms"] = "\(delay.milliseconds)" }
                 logger.warning("\(event)", metadata: metadata)
             }
         } catch {

@@ -128,8 +128,8 @@ struct QueueTests {
                         '{}'::jsonb, '{}'::jsonb
                     FROM generate_series(0, 9) AS k, generate_series(1, 2000) AS u
                     ORDER BY k, u
-                    RETURNING id, aud, sub, event_time)
-                INSERT INTO jobs (notification_id, aud, sub, event_time, run_at) SELECT id, aud, sub, event_time, now() FROM n ORDER BY id
+                    RETURNING id, aud, sub, event_time, status)
+                \(unescaped: JobQueue.Effects.enqueueSQL(from: "n", order: "id"))
                 """, logger: logger)
             let store = EffectStore(client: one, logger: logger)
             let before = try await Self.rowsRead(one)
@@ -246,14 +246,14 @@ struct QueueTests {
         try await client.withConnection { connection in
             try await connection.query("BEGIN", logger: logger)
             var jobs: [ClaimedJob] = []
-            for try await job in try await connection.execute(EffectStore.Claim(limit: limit), logger: logger) { jobs.append(job) }
+            for try await job in try await connection.execute(JobQueue.Effects.Claim(limit: limit), logger: logger) { jobs.append(job) }
             try await connection.query("ROLLBACK", logger: logger)
             return jobs
         }
     }
 
-    @Test("a failed batch's job retried on its own passes the same per-user gate as the claim, case by case (the gate is written twice: sql/010 and runOne's re-lock)")
-    func runOneKeepsTheClaimsGate() async throws {
+    @Test("a job waits only behind its own user's earlier unfinished effect job, in a batch claim and when retried on its own, case by case")
+    func perUserGate() async throws {
         struct Case {
             var name: String
             var aud = "com.example.app"

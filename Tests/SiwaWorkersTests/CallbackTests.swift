@@ -81,7 +81,7 @@ struct CallbackTests {
         try await e.workers.runCallbacksOnce(http: .shared)
         let store = CallbackStore(client: e.client, logger: e.h.logs.logger())
         let failed = try await store.list(failed: true, limit: 10)
-        #expect(failed.map(\.state) == ["discarded"])
+        #expect(failed.map(\.state) == [.discarded])
         #expect(failed.first?.lastStatus == 503)
         #expect(failed.first?.lastError == "HTTP 503")
         #expect(try await e.workers.runCallbacksOnce(http: .shared) == 0)  // discarded: not sent again by itself

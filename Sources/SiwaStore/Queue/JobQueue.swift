@@ -1,0 +1,176 @@
+import Foundation
+import Logging
+import PostgresNIO
+import SiwaDomain
+
+/// The job queue: the one owner of the `jobs` and `job_attempts` tables. Each lane's statements
+/// live beside this file (`EffectLane.swift`, `DeliveryLanes.swift`); this file holds what every
+/// lane shares — lease rescue, heartbeat, release, pruning — and the depth reads of monitoring.
+/// `history` reads the attempt log through `AttemptLog.swift`.
+///
+/// Rules that compare with the clock take `now` (nil: PostgreSQL's `now()`), so tests can drive
+/// them without waiting.
+package struct JobQueue: Sendable {
+    package let client: PostgresClient
+    let logger: Logger
+
+    package init(client: PostgresClient, logger: Logger) {
+        self.client = client
+        self.logger = logger
+    }
+
+    // MARK: JobsRescue, JobsHeartbeat, JobsRelease, JobsPrune
+
+    /// Jobs whose lease ran out (their deliverer was killed, not stopped) go back to the queue, or
+    /// are discarded once out of attempts; in every lane (an older release may have left effect
+    /// jobs `running`; only an effect job's notification changes status). Safe to run from every
+    /// process at once.
+    @discardableResult
+    package func rescueExpiredLeases(maxAttempts: Int, now: Date? = nil) async throws -> Int {
+        var count = 0
+        for try await (n,) in try await client.bounded.query(
+            """
+            WITH clock AS (SELECT coalesce(\(now)::timestamptz, now()) AS now
+            ), expired AS (
+                SELECT id, locked_by FROM jobs WHERE state = 'running' AND lease_expires_at < (SELECT now FROM clock)
+                FOR UPDATE SKIP LOCKED
+            ), rescued AS (
+                UPDATE jobs j SET
+                    state = CASE WHEN j.attempt >= \(maxAttempts) THEN 'discarded'::job_state ELSE 'retryable'::job_state END,
+                    finished_at = CASE WHEN j.attempt >= \(maxAttempts) THEN (SELECT now FROM clock) END,
+                    run_at = (SELECT now FROM clock), locked_by = NULL, lease_expires_at = NULL,
+                    last_error = 'lease expired: worker ' || e.locked_by || ' stopped renewing it'
+                FROM expired e WHERE j.id = e.id
+                RETURNING j.id, j.notification_id, j.alert_id, j.attempt, j.attempted_at, j.state, j.lane, e.locked_by
+            ), marked AS (
+                UPDATE notifications n SET status = CASE WHEN r.state = 'discarded' THEN 'discarded'::notification_status
+                                                         ELSE 'retrying'::notification_status END
+                FROM rescued r WHERE n.id = r.notification_id AND r.lane = \(Lane.effects.rawValue)
+            ), logged AS (
+                INSERT INTO job_attempts (job_id, notification_id, alert_id, attempt, worker, started_at, outcome, error, lane)
+                SELECT id, notification_id, alert_id, attempt, locked_by, attempted_at, \(AttemptOutcome.leaseExpired.rawValue), 'lease expired', lane
+                FROM rescued
+            )
+            SELECT count(*)::bigint FROM rescued
+            """, logger: logger
+        ).decode((Int,).self) {
+            count = n
+        }
+        return count
+    }
+
+    /// Renews the leases of `jobs`, those of them `worker` still holds, to `lease` after `now`.
+    package func heartbeat(worker: String, jobs: [Int], lease: Duration, now: Date? = nil) async throws {
+        let leaseMillis = Int(lease.milliseconds)
+        try await client.bounded.query(
+            """
+            UPDATE jobs SET lease_expires_at = coalesce(\(now)::timestamptz, now()) + \(leaseMillis) * interval '1 millisecond'
+            WHERE id = ANY(\(jobs)::bigint[]) AND state = 'running' AND locked_by = \(worker)
+            """, logger: logger)
+    }
+
+    /// Graceful shutdown: leased jobs `workers` still hold (deliveries) go back to the queue as if
+    /// never attempted, in one statement (shutdown waits on it once, not once per deliverer).
+    /// Returns how many each held.
+    @discardableResult
+    package func release(workers: [String]) async throws -> [String: Int] {
+        var counts: [String: Int] = [:]
+        for try await (worker, n) in try await client.bounded.query(
+            """
+            WITH held AS (
+                SELECT id, locked_by FROM jobs WHERE state = 'running' AND locked_by = ANY(\(workers)::text[]) FOR UPDATE
+            ), released AS (
+                UPDATE jobs j SET state = 'available', run_at = now(), attempt = j.attempt - 1, locked_by = NULL, lease_expires_at = NULL
+                FROM held WHERE j.id = held.id
+                RETURNING held.locked_by
+            ) SELECT locked_by, count(*)::bigint FROM released GROUP BY locked_by
+            """, logger: logger
+        ).decode((String, Int).self) {
+            counts[worker] = n
+        }
+        return counts
+    }
+
+    /// Deletes up to `limit` jobs finished more than `retention` before `now` (their attempts stay
+    /// in job_attempts).
+    @discardableResult
+    package func prune(retention: Duration, limit: Int = 10_000, now: Date? = nil) async throws -> Int {
+        var count = 0
+        for try await (n,) in try await client.bounded.query(
+            """
+            WITH pruned AS (
+                DELETE FROM jobs WHERE id IN (
+                    SELECT id FROM jobs WHERE state IN ('completed', 'discarded')
+                      AND finished_at < coalesce(\(now)::timestamptz, now()) - \(Int(retention.components.seconds)) * interval '1 second'
+                    LIMIT \(limit))
+                RETURNING id
+            ) SELECT count(*)::bigint FROM pruned
+            """, logger: logger
+        ).decode((Int,).self) {
+            count = n
+        }
+        return count
+    }
+
+    // MARK: JobsDepth, JobsSignals
+
+    /// How many jobs of a lane are in a state.
+    package struct Depth: Sendable, Equatable {
+        package var lane: Lane
+        package var state: JobState
+        package var count: Int
+    }
+
+    /// Jobs not completed, per lane and state. Each branch matches one partial index (available and
+    /// retryable effect jobs, ready jobs of the other lanes, running, discarded), so completed
+    /// jobs — most of the table — are never read.
+    package func depth() async throws -> [Depth] {
+        var result: [Depth] = []
+        for try await row in try await client.bounded.query(
+            """
+            SELECT lane, state::text, count(*)::bigint FROM jobs WHERE lane = 'effects' AND state = 'available' GROUP BY 1, 2
+            UNION ALL
+            SELECT lane, state::text, count(*)::bigint FROM jobs WHERE lane = 'effects' AND state = 'retryable' GROUP BY 1, 2
+            UNION ALL
+            SELECT lane, state::text, count(*)::bigint FROM jobs WHERE lane = 'callbacks' AND state IN ('available', 'retryable') GROUP BY 1, 2
+            UNION ALL
+            SELECT lane, state::text, count(*)::bigint FROM jobs WHERE lane = 'alerts' AND state IN ('available', 'retryable') GROUP BY 1, 2
+            UNION ALL
+            SELECT lane, 'running', count(*)::bigint FROM jobs WHERE state = 'running' GROUP BY 1
+            UNION ALL
+            SELECT lane, 'discarded', count(*)::bigint FROM jobs WHERE state = 'discarded' GROUP BY 1
+            """, logger: logger
+        ).decode((String, String, Int).self) {
+            guard let lane = Lane(rawValue: row.0), let state = JobState(rawValue: row.1) else { continue }
+            result.append(Depth(lane: lane, state: state, count: row.2))
+        }
+        return result
+    }
+
+    /// Seconds the oldest ready job (any lane) has waited at `now`, and jobs discarded since `since`.
+    ///
+    /// The oldest ready job is looked for lane by lane and state by state, each through its own
+    /// partial index, so that it reads the ready jobs, not the table: one condition over all lanes
+    /// matched no partial index and scanned every job kept. Available effect jobs are indexed in
+    /// event order (sql/010), so their oldest is a walk of that index.
+    package func signals(since: Date, now: Date? = nil) async throws -> (queueLag: Int, discarded: Int) {
+        var result = (0, 0)
+        for try await row in try await client.bounded.query(
+            """
+            WITH clock AS (SELECT coalesce(\(now)::timestamptz, now()) AS now)
+            SELECT
+                coalesce(extract(epoch FROM clock.now - least(
+                    (SELECT min(run_at) FROM jobs WHERE lane = 'effects' AND state = 'available' AND run_at <= clock.now),
+                    (SELECT min(run_at) FROM jobs WHERE lane = 'effects' AND state = 'retryable' AND run_at <= clock.now),
+                    (SELECT min(run_at) FROM jobs WHERE lane = 'callbacks' AND state IN ('available', 'retryable') AND run_at <= clock.now),
+                    (SELECT min(run_at) FROM jobs WHERE lane = 'alerts' AND state IN ('available', 'retryable') AND run_at <= clock.now)
+                ))::bigint, 0),
+                (SELECT count(*) FROM jobs WHERE state = 'discarded' AND finished_at >= \(since))::bigint
+            FROM clock
+            """, logger: logger
+        ).decode((Int, Int).self) {
+            result = row
+        }
+        return result
+    }
+}

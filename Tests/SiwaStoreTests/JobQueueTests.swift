@@ -1,0 +1,107 @@
+import Foundation
+import Logging
+import PostgresNIO
+import SiwaDomain
+import SiwaStore
+import SiwaTestSupport
+import Testing
+
+/// The queue's time rules (leases, rescue, retries, pruning) driven by the time passed in: no
+/// waiting, no rows edited behind the queue's back.
+@Suite("The job queue's time rules")
+struct JobQueueTests {
+    static let logger = Logger(label: "job-queue-test", factory: { _ in SwiftLogNoOpLogHandler() })
+
+    /// A database with `count` recorded notifications whose effects were applied, each with a
+    /// callback delivery enqueued (as a worker with callbacks on leaves them).
+    static func withAppliedEffects(_ count: Int, _ body: (PostgresClient, JobQueue) async throws -> Void) async throws {
+        try await QueueTests.withDatabase { client in
+            try await BulkLoad.notifications(count: count, users: count, aud: "com.example.app", client: client)
+            let round = try await EffectStore(client: client, logger: logger).runBatch(worker: "w", limit: count, eraseOnDelete: true, callbacks: true)
+            #expect(round.applied.count == count)
+            try await body(client, JobQueue(client: client, logger: logger))
+        }
+    }
+
+    static func depth(_ queue: JobQueue, _ lane: Lane, _ state: JobState) async throws -> Int {
+        try await queue.depth().first { $0.lane == lane && $0.state == state }?.count ?? 0
+    }
+
+    @Test("a delivery's lease is rescued only once it has run out, then retried, then discarded when out of attempts")
+    func rescueAfterLease() async throws {
+        try await Self.withAppliedEffects(1) { (client: PostgresClient, queue: JobQueue) async throws in
+            let start = Date()
+            let claimed = try await queue.claimDeliveries(lane: .callbacks, worker: "d1", limit: 10, lease: .seconds(60), now: start)
+            #expect(claimed.count == 1)
+            #expect(try await queue.rescueExpiredLeases(maxAttempts: 2, now: start.addingTimeInterval(30)) == 0)
+            #expect(try await Self.depth(queue, .callbacks, .running) == 1)
+            #expect(try await queue.rescueExpiredLeases(maxAttempts: 2, now: start.addingTimeInterval(90)) == 1)
+            #expect(try await Self.depth(queue, .callbacks, .retryable) == 1)
+            let attempts = try await queue.attempts(notificationID: try #require(claimed.first?.notificationID))
+            #expect(attempts.map(\.outcome) == [.applied, .leaseExpired])
+            #expect(attempts.map(\.lane) == [.effects, .callbacks])
+            // Ready again from the rescue's time on; its second lease runs out too: out of attempts.
+            #expect(try await queue.claimDeliveries(lane: .callbacks, worker: "d2", limit: 10, lease: .seconds(60), now: start.addingTimeInterval(80)).isEmpty)
+            let again = try await queue.claimDeliveries(lane: .callbacks, worker: "d2", limit: 10, lease: .seconds(60), now: start.addingTimeInterval(100))
+            #expect(again.map(\.attempt) == [2])
+            #expect(try await queue.rescueExpiredLeases(maxAttempts: 2, now: start.addingTimeInterval(200)) == 1)
+            #expect(try await Self.depth(queue, .callbacks, .discarded) == 1)
+            _ = client
+        }
+    }
+
+    @Test("a heartbeat extends a lease from the time it beats, and only for the worker holding it")
+    func heartbeatExtendsLease() async throws {
+        try await Self.withAppliedEffects(1) { (_: PostgresClient, queue: JobQueue) async throws in
+            let start = Date()
+            let claimed = try await queue.claimDeliveries(lane: .callbacks, worker: "d1", limit: 10, lease: .seconds(60), now: start)
+            try await queue.heartbeat(worker: "someone-else", jobs: claimed.map(\.id), lease: .seconds(600), now: start)
+            try await queue.heartbeat(worker: "d1", jobs: claimed.map(\.id), lease: .seconds(60), now: start.addingTimeInterval(50))
+            #expect(try await queue.rescueExpiredLeases(maxAttempts: 5, now: start.addingTimeInterval(100)) == 0)
+            #expect(try await queue.rescueExpiredLeases(maxAttempts: 5, now: start.addingTimeInterval(120)) == 1)
+        }
+    }
+
+    @Test("finished jobs are pruned once they are older than the retention at the time given; their attempts stay")
+    func pruneByRetention() async throws {
+        try await Self.withAppliedEffects(3) { (client: PostgresClient, queue: JobQueue) async throws in
+            let now = Date()
+            #expect(try await queue.prune(retention: .seconds(3600), now: now) == 0)
+            #expect(try await queue.prune(retention: .seconds(3600), now: now.addingTimeInterval(7200)) == 3)
+            // The three callbacks are still to be delivered: not finished, not pruned.
+            #expect(try await Self.depth(queue, .callbacks, .available) == 3)
+            #expect(try await QueueTests.count(client, "SELECT count(*) FROM job_attempts WHERE outcome = 'applied'") == 3)
+        }
+    }
+
+    @Test("a failed effect job waits out its backoff: claimed only once the time given is past it")
+    func retryAfterBackoff() async throws {
+        try await QueueTests.withDatabase { client in
+            try await BulkLoad.notifications(count: 1, users: 1, aud: "com.example.app", client: client)
+            try await client.query(
+                """
+                CREATE FUNCTION refuse_all() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN RAISE EXCEPTION 'refused'; END $$
+                """)
+            try await client.query("CREATE TRIGGER refuse_all BEFORE INSERT OR UPDATE ON accounts FOR EACH ROW EXECUTE FUNCTION refuse_all()")
+            let store = EffectStore(client: client, logger: Self.logger)
+            let failed = await #expect(throws: EffectStore.BatchFailed.self) {
+                try await store.runBatch(worker: "w", limit: 10, eraseOnDelete: true)
+            }
+            let job = try #require(failed?.jobs.first)
+            let outcome = try await store.runOne(job, worker: "w", eraseOnDelete: true, maxAttempts: 5) { _ in .seconds(3600) }
+            guard case .failed(_, let discarded) = outcome else {
+                Issue.record("expected a failed attempt, got \(outcome)")
+                return
+            }
+            #expect(!discarded)
+            try await client.query("DROP TRIGGER refuse_all ON accounts")
+            #expect(try await store.runBatch(worker: "w", limit: 10, eraseOnDelete: true).claimed.isEmpty)
+            #expect(try await store.runBatch(worker: "w", limit: 10, eraseOnDelete: true, now: Date().addingTimeInterval(1800)).claimed.isEmpty)
+            let retried = try await store.runBatch(worker: "w", limit: 10, eraseOnDelete: true, now: Date().addingTimeInterval(7200))
+            #expect(retried.claimed.map(\.attempt) == [2])
+            #expect(retried.applied.count == 1)
+            let attempts = try await JobQueue(client: client, logger: Self.logger).attempts(notificationID: job.notificationID)
+            #expect(attempts.map(\.outcome) == [.retrying, .applied])
+        }
+    }
+}
