@@ -2,8 +2,8 @@ import ArgumentParser
 import Foundation
 import SiwaApp
 
-/// A command that reads settings: the groups it declares are the ones its `--help` lists. It
-/// accepts every setting's flag, as all of them are read and checked.
+/// A command that reads settings: the groups it declares are the only settings' flags it takes
+/// (another's is an unknown option) and the ones its `--help` lists.
 protocol ReadsSettings {
     static var settingGroups: [SettingGroup] { get }
 }
@@ -38,8 +38,9 @@ enum CommandLineSettings {
         return (command, path, help || beforeTerminator.contains("--help") || beforeTerminator.contains("-h"))
     }
 
-    /// Splits `arguments` into the settings' flags (as `--flag=value`) and the rest.
-    static func split(_ arguments: [String]) throws(MissingValue) -> (settings: [String], rest: [String]) {
+    /// Splits `arguments` into the flags of settings in `groups` (as `--flag=value`) and the rest,
+    /// so a command's own option may share a name with a setting of another group.
+    static func split(_ arguments: [String], groups: [SettingGroup]) throws(MissingValue) -> (settings: [String], rest: [String]) {
         var values: [(flag: String, value: String)] = []
         var rest: [String] = []
         var index = arguments.startIndex
@@ -56,7 +57,7 @@ enum CommandLineSettings {
             }
             let body = argument.dropFirst(2)
             let flag = String(body.prefix { $0 != "=" })
-            guard Settings.named(flag: flag) != nil else {
+            guard let setting = Settings.named(flag: flag), groups.contains(setting.group) else {
                 rest.append(argument)
                 continue
             }
@@ -134,7 +135,7 @@ extension SiwaEvents {
             return
         }
         do {
-            let (settings, rest) = try CommandLineSettings.split(arguments)
+            let (settings, rest) = try CommandLineSettings.split(arguments, groups: reader.settingGroups)
             CommandLineSettings.arguments = settings
             await runParsed(rest)
         } catch {

@@ -170,6 +170,20 @@ struct CLITests {
         #expect(serve.stderr.contains("whsec_"))
     }
 
+    @Test("db grant-backend --role: grants an existing role, names CREATE ROLE for a missing one; a setting of another command is an unknown option")
+    func grantBackend() async throws {
+        let url = try await TestBinary.databaseURL()
+        let role = "siwa_cli_grant_\(UUID().uuidString.prefix(6).lowercased())"
+        try await TestBinary.withDatabase(url) { client in _ = try await client.query(PostgresQuery(unsafeSQL: "CREATE ROLE \(role) LOGIN")) }
+        let granted = try await TestBinary.run(["db", "grant-backend", "--role", role], environment: ["DATABASE_URL": url], directory: "/tmp")
+        #expect(granted.status == 0, "\(granted.stderr)")
+        #expect(granted.stdout.contains("GRANT SELECT ON accounts TO \(role);"), "\(granted.stdout)")
+        let missing = try await TestBinary.run(["db", "grant-backend", "--role", "no_such_role_cli"], environment: ["DATABASE_URL": url], directory: "/tmp")
+        #expect(missing.status == 1 && missing.stderr.contains("CREATE ROLE no_such_role_cli"), "\(missing.stderr)")
+        let foreign = try await TestBinary.run(["migrate", "--workers", "8"], environment: ["DATABASE_URL": url], directory: "/tmp")
+        #expect(foreign.status == 64 && foreign.stderr.contains("--workers"), "\(foreign.stderr)")
+    }
+
     @Test("tokens: create prints exactly the token; list never shows it; revoke makes it 401-worthy; audit list shows both; errors name the flag")
     func tokenCommands() async throws {
         let environment = ["DATABASE_URL": try await TestBinary.databaseURL()]
