@@ -40,9 +40,18 @@ let package = Package(
                 .product(name: "JWTKit", package: "jwt-kit"),
                 .product(name: "Crypto", package: "swift-crypto"),
                 .product(name: "CryptoExtras", package: "swift-crypto"),
-                // One thing only: withDeadline's timer (an event-loop scheduled task; see Deadline.swift).
+            ],
+            swiftSettings: swiftSettings
+        ),
+        // Runtime helpers: deadlines, doorbells, the start gate, and the scheduler every loop runs on.
+        .target(
+            name: "SiwaRuntime",
+            dependencies: [
+                "SiwaDomain",
                 .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "NIOPosix", package: "swift-nio"),
+                .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
+                .product(name: "Logging", package: "swift-log"),
             ],
             swiftSettings: swiftSettings
         ),
@@ -50,7 +59,8 @@ let package = Package(
         .target(
             name: "SiwaStore",
             dependencies: [
-                "SiwaDomain",
+                "SiwaDomain", "SiwaRuntime",
+                .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
                 .product(name: "PostgresNIO", package: "postgres-nio"),
                 .product(name: "Crypto", package: "swift-crypto"),
                 .product(name: "NIOCore", package: "swift-nio"),
@@ -63,7 +73,7 @@ let package = Package(
         .target(
             name: "SiwaKeys",
             dependencies: [
-                "SiwaDomain",
+                "SiwaDomain", "SiwaRuntime",
                 .product(name: "AsyncHTTPClient", package: "async-http-client"),
                 .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "NIOHTTP1", package: "swift-nio"),
@@ -84,7 +94,7 @@ let package = Package(
         .target(
             name: "SiwaWorkers",
             dependencies: [
-                "SiwaDomain", "SiwaStore",
+                "SiwaDomain", "SiwaRuntime", "SiwaStore",
                 .product(name: "AsyncHTTPClient", package: "async-http-client"),
                 .product(name: "Prometheus", package: "swift-prometheus"),
                 .product(name: "NIOCore", package: "swift-nio"),
@@ -99,7 +109,7 @@ let package = Package(
         .target(
             name: "SiwaHTTP",
             dependencies: [
-                "SiwaDomain", "SiwaStore", "SiwaKeys",
+                "SiwaDomain", "SiwaRuntime", "SiwaStore", "SiwaKeys",
                 .product(name: "Hummingbird", package: "hummingbird"),
                 .product(name: "HummingbirdCore", package: "hummingbird"),
                 .product(name: "NIOCore", package: "swift-nio"),
@@ -116,7 +126,7 @@ let package = Package(
         .target(
             name: "SiwaApp",
             dependencies: [
-                "SiwaDomain", "SiwaStore", "SiwaKeys", "SiwaHTTP", "SiwaEmbeddedPostgres", "SiwaWorkers",
+                "SiwaDomain", "SiwaRuntime", "SiwaStore", "SiwaKeys", "SiwaHTTP", "SiwaEmbeddedPostgres", "SiwaWorkers",
                 .product(name: "Hummingbird", package: "hummingbird"),
                 .product(name: "PostgresNIO", package: "postgres-nio"),
                 .product(name: "Prometheus", package: "swift-prometheus"),
@@ -178,9 +188,20 @@ let package = Package(
             swiftSettings: swiftSettings
         ),
         .testTarget(
+            name: "SiwaRuntimeTests",
+            dependencies: [
+                "SiwaRuntime",
+                .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
+                .product(name: "ServiceLifecycleTestKit", package: "swift-service-lifecycle"),
+                .product(name: "Logging", package: "swift-log"),
+            ],
+            swiftSettings: swiftSettings
+        ),
+        .testTarget(
             name: "SiwaIntegrationTests",
             dependencies: [
-                "SiwaApp", "SiwaTestSupport", "SiwaDomain", "SiwaStore", "SiwaKeys", "SiwaEmbeddedPostgres", "SiwaHTTP", "SiwaWorkers",
+                "SiwaApp", "SiwaTestSupport", "SiwaDomain", "SiwaRuntime", "SiwaStore",
+                .product(name: "ServiceLifecycleTestKit", package: "swift-service-lifecycle"), "SiwaKeys", "SiwaEmbeddedPostgres", "SiwaHTTP", "SiwaWorkers",
                 .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
                 .product(name: "Hummingbird", package: "hummingbird"),
                 .product(name: "AsyncHTTPClient", package: "async-http-client"),

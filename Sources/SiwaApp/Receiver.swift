@@ -6,6 +6,7 @@ import PostgresNIO
 import Prometheus
 import ServiceLifecycle
 import SiwaDomain
+import SiwaRuntime
 import SiwaHTTP
 import SiwaKeys
 import SiwaStore

@@ -2,6 +2,7 @@ import Foundation
 import Logging
 import ServiceLifecycle
 import SiwaDomain
+import SiwaRuntime
 import SiwaStore
 import Synchronization
 

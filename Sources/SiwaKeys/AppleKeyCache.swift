@@ -5,6 +5,7 @@ import NIOCore
 import NIOHTTP1
 import ServiceLifecycle
 import SiwaDomain
+import SiwaRuntime
 import Synchronization
 
 /// Where the last good key set survives restarts (PostgreSQL, keyed by source URL).

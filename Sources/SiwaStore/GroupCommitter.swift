@@ -1,6 +1,7 @@
 import Foundation
 import Logging
 import SiwaDomain
+import SiwaRuntime
 import Synchronization
 
 /// Group commit for the receiver: concurrent requests share one transaction, one multi-row insert

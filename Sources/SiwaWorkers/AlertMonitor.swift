@@ -2,6 +2,7 @@ import Foundation
 import Logging
 import ServiceLifecycle
 import SiwaDomain
+import SiwaRuntime
 import SiwaStore
 
 /// Evaluates the alerts every `SIWA_SPIKE_INTERVAL`: revocation spikes per app and type, one

@@ -6,6 +6,7 @@ import NIOHTTP1
 import PostgresNIO
 import ServiceLifecycle
 import SiwaDomain
+import SiwaRuntime
 import SiwaStore
 import Synchronization
 

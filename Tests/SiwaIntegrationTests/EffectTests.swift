@@ -6,6 +6,7 @@ import NIOHTTP1
 import PostgresNIO
 import SiwaApp
 import SiwaDomain
+import SiwaRuntime
 import SiwaStore
 import SiwaTestSupport
 import SiwaWorkers

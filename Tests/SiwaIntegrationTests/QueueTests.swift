@@ -4,6 +4,7 @@ import PostgresNIO
 import ServiceLifecycle
 import SiwaApp
 import SiwaDomain
+import SiwaRuntime
 import SiwaStore
 import SiwaTestSupport
 import SiwaWorkers
@@ -184,16 +185,6 @@ struct QueueTests {
             let read = try await Self.rowsRead(one).sequential - before.sequential
             #expect(read == 0, "\(read) rows read by sequential scans of accounts, jobs, notifications and sessions in 3 batches")
         }
-    }
-
-    @Test("shutdown wakes a worker that begins its wait after it, not only the ones already waiting (with a one-hour poll interval, stopping took an hour)")
-    func closedDoorbellWakesLateWaiters() async throws {
-        let doorbell = Doorbell()
-        doorbell.close()
-        let woke = Mutex(false)
-        Task { await doorbell.wait(timeout: .seconds(3600)); woke.withLock { $0 = true } }  // left behind if it never wakes
-        for _ in 0..<300 where !woke.withLock({ $0 }) { try await Task.sleep(for: .milliseconds(100)) }
-        #expect(woke.withLock { $0 })
     }
 
     @Test("the jobs a batch held back (each user's next, behind the per-user gate) run as soon as it commits, not at the next poll")
