@@ -169,8 +169,9 @@ package struct Receiver: Sendable {
     }
 
     /// The services of a serving process, in start order (stopped in reverse): the public
-    /// application — whose service group also runs the PostgreSQL client, the key cache's refresh
-    /// loop, the rejection writer, the workers and the alert evaluator — then the admin one.
+    /// application — whose service group also runs the PostgreSQL client, the key-set refresher,
+    /// the rejection writer, the jobs notifier, the group committer, each worker loop and the
+    /// alert evaluator — then the admin one.
     /// Before the public server binds: migrations (or the check that none is pending) and the key
     /// set load; the workers, the evaluator and the admin server start after the migrations.
     package func services(
@@ -180,12 +181,14 @@ package struct Receiver: Sendable {
     ) throws -> [any Service] {
         let servers = try servers ?? httpServers(config: config)
         let migrated = StartGate()
+        var loops: [any Service] = workers?.services ?? []
+        if let alerts { loops.append(alerts) }
         var publicApp = Application(
             router: publicRouter(),
             server: servers.public,
             configuration: .init(address: .hostname(config.host, port: config.port), serverName: nil),
-            services: [client] + (config.receives ? [keys, rejections] : [])
-                + ([workers, alerts] as [(any Service)?]).compactMap { $0.map { GatedService(gate: migrated, service: $0) } },
+            services: [client] + (config.receives ? [keys, rejections, store.jobsNotifier, committer] : [])
+                + loops.map { GatedService(gate: migrated, service: $0) },
             onServerRunning: onPublicRunning,
             logger: logger)
         let keys = self.keys
