@@ -11,6 +11,7 @@ import SiwaHTTP
 import SiwaKeys
 import SiwaStore
 import SiwaWorkers
+import Synchronization
 import UnixSignals
 import HummingbirdCore
 import HummingbirdTLS
@@ -252,7 +253,8 @@ package enum Server {
         // SIGTERM/SIGINT: Hummingbird stops accepting and finishes in-flight requests, the workers
         // abandon their batch (it commits or rolls back whole) and hand back the deliveries they
         // hold; after SIWA_SHUTDOWN_GRACE whatever is still running is cancelled.
-        var group = ServiceGroupConfiguration(services: services, gracefulShutdownSignals: [.sigterm, .sigint], logger: logger)
+        let watch = ShutdownWatch()
+        var group = ServiceGroupConfiguration(services: [watch] + services, gracefulShutdownSignals: [.sigterm, .sigint], logger: logger)
         group.maximumGracefulShutdownDuration = config.shutdownGrace
         group.maximumCancellationDuration = .seconds(5)
         do {
@@ -262,7 +264,33 @@ package enum Server {
             throw error
         }
         await database.close()
+        if watch.cutShort {
+            logger.error("shutdown took longer than SIWA_SHUTDOWN_GRACE; what was still running was cancelled", metadata: ["grace": "\(DurationSyntax.format(config.shutdownGrace))"])
+            throw ShutdownCutShort(grace: config.shutdownGrace)
+        }
     }
+}
+
+/// The first service of the group, so the last told to stop: cancelled instead means graceful
+/// shutdown ran out of time (`SIWA_SHUTDOWN_GRACE`) and the group cancelled what was still running.
+final class ShutdownWatch: Service, Sendable {
+    private let cancelled = Atomic<Bool>(false)
+
+    var cutShort: Bool { cancelled.load(ordering: .relaxed) }
+
+    func run() async throws {
+        do {
+            try await gracefulShutdown()
+        } catch is CancellationError {
+            cancelled.store(true, ordering: .relaxed)
+        }
+    }
+}
+
+/// `serve` stopped, but not gracefully: the process exits 1.
+package struct ShutdownCutShort: Error, CustomStringConvertible {
+    package let grace: Duration
+    package var description: String { "shutdown took longer than SIWA_SHUTDOWN_GRACE (\(DurationSyntax.format(grace))); what was still running was cancelled" }
 }
 
 extension Configuration {

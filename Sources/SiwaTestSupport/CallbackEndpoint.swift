@@ -24,6 +24,8 @@ package final class CallbackEndpoint: Sendable {
 
     private final class Shared: Sendable {
         let state = Mutex(State())
+        /// One element per request, as it arrives (before it is answered, or left hanging).
+        let arrivals = AsyncStream.makeStream(of: Void.self)
     }
 
     private let shared: Shared
@@ -44,6 +46,7 @@ package final class CallbackEndpoint: Sendable {
             let body = try await request.body.collect(upTo: 1 << 20)
             var headers: [String: String] = [:]
             for field in request.headers { headers[field.name.canonicalName] = field.value }
+            shared.arrivals.continuation.yield()
             let hanging = shared.state.withLock { state -> Bool in
                 if state.hang { state.open += 1 }
                 return state.hang
@@ -64,6 +67,9 @@ package final class CallbackEndpoint: Sendable {
         let (port, task) = try await startLoopbackServer(router, label: "callback-endpoint")
         return CallbackEndpoint(url: URL(string: "http://127.0.0.1:\(port)/siwa/callbacks")!, shared: shared, task: task)
     }
+
+    /// Requests as they arrive: awaiting the next one waits for a delivery to reach the endpoint.
+    package var arrivals: AsyncStream<Void> { shared.arrivals.stream }
 
     /// The next answers, in order (200 once they run out).
     package func answer(_ statuses: [Int]) { shared.state.withLock { $0.statuses.append(contentsOf: statuses) } }
