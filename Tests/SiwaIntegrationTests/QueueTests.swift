@@ -4,7 +4,6 @@ import PostgresNIO
 import ServiceLifecycle
 import SiwaApp
 import SiwaDomain
-import SiwaRuntime
 import SiwaStore
 import SiwaTestSupport
 import SiwaWorkers
