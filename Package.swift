@@ -43,9 +43,18 @@ let package = Package(
                 .product(name: "JWTKit", package: "jwt-kit"),
                 .product(name: "Crypto", package: "swift-crypto"),
                 .product(name: "CryptoExtras", package: "swift-crypto"),
-                // One thing only: withDeadline's timer (an event-loop scheduled task; see Deadline.swift).
+            ],
+            swiftSettings: swiftSettings
+        ),
+        // Runtime helpers: deadlines, doorbells, the start gate, and the scheduler every loop runs on.
+        .target(
+            name: "SiwaRuntime",
+            dependencies: [
+                "SiwaDomain",
                 .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "NIOPosix", package: "swift-nio"),
+                .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
+                .product(name: "Logging", package: "swift-log"),
             ],
             swiftSettings: swiftSettings
         ),
@@ -53,7 +62,8 @@ let package = Package(
         .target(
             name: "SiwaStore",
             dependencies: [
-                "SiwaDomain",
+                "SiwaDomain", "SiwaRuntime",
+                .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
                 .product(name: "PostgresNIO", package: "postgres-nio"),
                 .product(name: "Crypto", package: "swift-crypto"),
                 .product(name: "NIOCore", package: "swift-nio"),
@@ -66,7 +76,7 @@ let package = Package(
         .target(
             name: "SiwaKeys",
             dependencies: [
-                "SiwaDomain",
+                "SiwaDomain", "SiwaRuntime",
                 .product(name: "AsyncHTTPClient", package: "async-http-client"),
                 .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "NIOHTTP1", package: "swift-nio"),
@@ -87,7 +97,7 @@ let package = Package(
         .target(
             name: "SiwaWorkers",
             dependencies: [
-                "SiwaDomain", "SiwaStore",
+                "SiwaDomain", "SiwaRuntime", "SiwaStore",
                 .product(name: "AsyncHTTPClient", package: "async-http-client"),
                 .product(name: "Prometheus", package: "swift-prometheus"),
                 .product(name: "NIOCore", package: "swift-nio"),
@@ -102,7 +112,7 @@ let package = Package(
         .target(
             name: "SiwaHTTP",
             dependencies: [
-                "SiwaDomain", "SiwaStore", "SiwaKeys",
+                "SiwaDomain", "SiwaRuntime", "SiwaStore", "SiwaKeys",
                 .product(name: "Hummingbird", package: "hummingbird"),
                 .product(name: "HummingbirdCore", package: "hummingbird"),
                 .product(name: "NIOCore", package: "swift-nio"),
@@ -119,7 +129,7 @@ let package = Package(
         .target(
             name: "SiwaApp",
             dependencies: [
-                "SiwaDomain", "SiwaStore", "SiwaKeys", "SiwaHTTP", "SiwaEmbeddedPostgres", "SiwaWorkers",
+                "SiwaDomain", "SiwaRuntime", "SiwaStore", "SiwaKeys", "SiwaHTTP", "SiwaEmbeddedPostgres", "SiwaWorkers",
                 .product(name: "Hummingbird", package: "hummingbird"),
                 .product(name: "PostgresNIO", package: "postgres-nio"),
                 .product(name: "Prometheus", package: "swift-prometheus"),
@@ -165,7 +175,7 @@ let package = Package(
         .target(
             name: "SiwaTestSupport",
             dependencies: [
-                "SiwaDomain", "SiwaStore", "SiwaKeys", "SiwaEmbeddedPostgres", "SiwaApp", "SiwaHTTP", "SiwaWorkers",
+                "SiwaDomain", "SiwaRuntime", "SiwaStore", "SiwaKeys", "SiwaEmbeddedPostgres", "SiwaApp", "SiwaHTTP", "SiwaWorkers",
                 .product(name: "Hummingbird", package: "hummingbird"),
                 .product(name: "Crypto", package: "swift-crypto"),
                 .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
@@ -182,11 +192,23 @@ let package = Package(
             dependencies: ["SiwaDomain"],
             swiftSettings: swiftSettings
         ),
+        // The runtime helpers: deadlines, the doorbell, the start gate, the loop scheduler.
+        .testTarget(
+            name: "SiwaRuntimeTests",
+            dependencies: [
+                "SiwaRuntime",
+                .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
+                .product(name: "ServiceLifecycleTestKit", package: "swift-service-lifecycle"),
+                .product(name: "Logging", package: "swift-log"),
+            ],
+            swiftSettings: swiftSettings
+        ),
         // Statements, the queue, migrations and upgrades, the embedded cluster: on real PostgreSQL.
         .testTarget(
             name: "SiwaStoreTests",
             dependencies: [
-                "SiwaTestSupport", "SiwaStore", "SiwaDomain", "SiwaEmbeddedPostgres", "SiwaApp", "SiwaWorkers",
+                "SiwaTestSupport", "SiwaRuntime", "SiwaStore", "SiwaDomain", "SiwaEmbeddedPostgres", "SiwaApp", "SiwaWorkers",
+                .product(name: "ServiceLifecycleTestKit", package: "swift-service-lifecycle"),
                 .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
                 .product(name: "Hummingbird", package: "hummingbird"),
                 .product(name: "AsyncHTTPClient", package: "async-http-client"),
@@ -202,7 +224,8 @@ let package = Package(
         .testTarget(
             name: "SiwaWorkersTests",
             dependencies: [
-                "SiwaTestSupport", "SiwaWorkers", "SiwaStore", "SiwaDomain", "SiwaKeys", "SiwaApp", "SiwaEmbeddedPostgres",
+                "SiwaTestSupport", "SiwaRuntime", "SiwaWorkers", "SiwaStore", "SiwaDomain", "SiwaKeys", "SiwaApp", "SiwaEmbeddedPostgres",
+                .product(name: "ServiceLifecycleTestKit", package: "swift-service-lifecycle"),
                 .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
                 .product(name: "Hummingbird", package: "hummingbird"),
                 .product(name: "AsyncHTTPClient", package: "async-http-client"),
@@ -219,7 +242,8 @@ let package = Package(
         .testTarget(
             name: "SiwaAppTests",
             dependencies: [
-                "SiwaTestSupport", "SiwaApp", "SiwaHTTP", "SiwaStore", "SiwaDomain", "SiwaKeys", "SiwaWorkers", "SiwaEmbeddedPostgres",
+                "SiwaTestSupport", "SiwaRuntime", "SiwaApp", "SiwaHTTP", "SiwaStore", "SiwaDomain", "SiwaKeys", "SiwaWorkers", "SiwaEmbeddedPostgres",
+                .product(name: "ServiceLifecycleTestKit", package: "swift-service-lifecycle"),
                 .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
                 .product(name: "Hummingbird", package: "hummingbird"),
                 .product(name: "AsyncHTTPClient", package: "async-http-client"),
@@ -237,7 +261,8 @@ let package = Package(
         .testTarget(
             name: "SiwaCLITests",
             dependencies: [
-                "SiwaTestSupport", "SiwaApp", "SiwaDomain", "SiwaStore", "SiwaEmbeddedPostgres",
+                "SiwaTestSupport", "SiwaRuntime", "SiwaApp", "SiwaDomain", "SiwaStore", "SiwaEmbeddedPostgres",
+                .product(name: "ServiceLifecycleTestKit", package: "swift-service-lifecycle"),
                 .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
                 .product(name: "Hummingbird", package: "hummingbird"),
                 .product(name: "AsyncHTTPClient", package: "async-http-client"),

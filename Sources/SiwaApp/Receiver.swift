@@ -6,10 +6,12 @@ import PostgresNIO
 import Prometheus
 import ServiceLifecycle
 import SiwaDomain
+import SiwaRuntime
 import SiwaHTTP
 import SiwaKeys
 import SiwaStore
 import SiwaWorkers
+import Synchronization
 import UnixSignals
 import HummingbirdCore
 import HummingbirdTLS
@@ -151,8 +153,9 @@ package struct Receiver: Sendable {
     }
 
     /// The services of a serving process, in start order (stopped in reverse): the public
-    /// application — whose service group also runs the PostgreSQL client, the key cache's refresh
-    /// loop, the rejection writer, the workers and the alert evaluator — then the admin one.
+    /// application — whose service group also runs the PostgreSQL client, the key-set refresher,
+    /// the rejection writer, the jobs notifier, the group committer, each worker loop and the
+    /// alert evaluator — then the admin one.
     /// Before the public server binds: migrations (or the check that none is pending) and the key
     /// set load; the workers, the evaluator and the admin server start after the migrations.
     package func services(
@@ -162,12 +165,14 @@ package struct Receiver: Sendable {
     ) throws -> [any Service] {
         let servers = try servers ?? httpServers(config: config)
         let migrated = StartGate()
+        var loops: [any Service] = workers?.services ?? []
+        if let alerts { loops.append(alerts) }
         var publicApp = Application(
             router: publicRouter(),
             server: servers.public,
             configuration: .init(address: .hostname(config.http.host, port: config.http.port), serverName: nil),
-            services: [client] + (config.receives ? [keys, rejections] : [])
-                + ([workers, alerts] as [(any Service)?]).compactMap { $0.map { GatedService(gate: migrated, service: $0) } },
+            services: [client] + (config.receives ? [keys, rejections, store.jobsNotifier, committer] : [])
+                + loops.map { GatedService(gate: migrated, service: $0) },
             onServerRunning: onPublicRunning,
             logger: logger)
         let keys = self.keys
@@ -231,7 +236,8 @@ package enum Server {
         // SIGTERM/SIGINT: Hummingbird stops accepting and finishes in-flight requests, the workers
         // abandon their batch (it commits or rolls back whole) and hand back the deliveries they
         // hold; after SIWA_SHUTDOWN_GRACE whatever is still running is cancelled.
-        var group = ServiceGroupConfiguration(services: services, gracefulShutdownSignals: [.sigterm, .sigint], logger: logger)
+        let watch = ShutdownWatch()
+        var group = ServiceGroupConfiguration(services: [watch] + services, gracefulShutdownSignals: [.sigterm, .sigint], logger: logger)
         group.maximumGracefulShutdownDuration = config.shutdownGrace
         group.maximumCancellationDuration = .seconds(5)
         do {
@@ -241,7 +247,33 @@ package enum Server {
             throw error
         }
         await database.close()
+        if watch.cutShort {
+            logger.error("shutdown took longer than SIWA_SHUTDOWN_GRACE; what was still running was cancelled", metadata: ["grace": "\(DurationSyntax.format(config.shutdownGrace))"])
+            throw ShutdownCutShort(grace: config.shutdownGrace)
+        }
     }
+}
+
+/// The first service of the group, so the last told to stop: cancelled instead means graceful
+/// shutdown ran out of time (`SIWA_SHUTDOWN_GRACE`) and the group cancelled what was still running.
+final class ShutdownWatch: Service, Sendable {
+    private let cancelled = Atomic<Bool>(false)
+
+    var cutShort: Bool { cancelled.load(ordering: .relaxed) }
+
+    func run() async throws {
+        do {
+            try await gracefulShutdown()
+        } catch is CancellationError {
+            cancelled.store(true, ordering: .relaxed)
+        }
+    }
+}
+
+/// `serve` stopped, but not gracefully: the process exits 1.
+package struct ShutdownCutShort: Error, CustomStringConvertible {
+    package let grace: Duration
+    package var description: String { "shutdown took longer than SIWA_SHUTDOWN_GRACE (\(DurationSyntax.format(grace))); what was still running was cancelled" }
 }
 
 extension Configuration {

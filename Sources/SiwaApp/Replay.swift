@@ -50,6 +50,8 @@ package struct RejectionReplay: Sendable {
             }
             progress(index + 1, candidates.count)
         }
+        // No notifier loop runs in this process: running workers elsewhere hear of the jobs now.
+        await notifications.jobsNotifier.runOnce()
         return summary
     }
 }

@@ -5,6 +5,7 @@ import Logging
 import NIOCore
 import PostgresNIO
 import SiwaDomain
+import SiwaRuntime
 import SiwaStore
 
 /// `Authorization: Bearer <token>` on every route behind it: 401 `unauthorized` without a live

@@ -132,6 +132,10 @@ package final class ConnectionDeadlines: ChannelDuplexHandler, RemovableChannelH
     private let onCut: @Sendable (ConnectionCut) -> Void
     private var phase: Phase?
     private var deadline: Scheduled<Void>?
+    /// Half-closures seen: once both halves are shut the connection is closed whole, so it is not
+    /// held (and counted) until its idle deadline.
+    private var inputClosed = false
+    private var outputClosed = false
 
     package init(limits: ConnectionLimits, tls: Bool, onCut: @escaping @Sendable (ConnectionCut) -> Void) {
         self.limits = limits
@@ -162,6 +166,25 @@ package final class ConnectionDeadlines: ChannelDuplexHandler, RemovableChannelH
         case .handshake?, .request?, nil: break
         }
         context.fireChannelRead(data)
+    }
+
+    package func userInboundEventTriggered(context: ChannelHandlerContext, event: Any) {
+        if case .inputClosed? = event as? ChannelEvent {
+            inputClosed = true
+            if outputClosed { context.close(promise: nil) }
+        }
+        context.fireUserInboundEventTriggered(event)
+    }
+
+    package func close(context: ChannelHandlerContext, mode: CloseMode, promise: EventLoopPromise<Void>?) {
+        if mode == .output {
+            outputClosed = true
+            if inputClosed {
+                context.close(mode: .all, promise: promise)
+                return
+            }
+        }
+        context.close(mode: mode, promise: promise)
     }
 
     package func triggerUserOutboundEvent(context: ChannelHandlerContext, event: Any, promise: EventLoopPromise<Void>?) {

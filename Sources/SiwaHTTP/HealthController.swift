@@ -1,5 +1,6 @@
 import Hummingbird
 import SiwaDomain
+import SiwaRuntime
 import SiwaKeys
 import SiwaStore
 

@@ -2,6 +2,7 @@ import Foundation
 import Logging
 import ServiceLifecycle
 import SiwaDomain
+import SiwaRuntime
 import SiwaStore
 import Synchronization
 
@@ -12,6 +13,18 @@ import Synchronization
 /// for its content is dropped and counted (`siwa_rejections_dropped_total`), and the counts are
 /// written on their own, so no row can stop the recording.
 package final class RejectionRecorder: Service, Sendable {
+    /// What one write did.
+    package struct Written: Sendable, Equatable {
+        /// Rows written.
+        package var rows = 0
+        /// Rows the database refused for their content (dropped, counted).
+        package var dropped = 0
+        /// Rows kept for the next write (the database failed in a way that can heal).
+        package var kept = 0
+        /// Minute counts written.
+        package var minutes = 0
+    }
+
     private struct CountKey: Hashable { var minute: Date; var reason: RejectionReason }
     private struct State {
         var sampler: RejectionSampler
@@ -62,13 +75,15 @@ package final class RejectionRecorder: Service, Sendable {
     /// Writes what is buffered, and returns once every batch taken so far (also by a concurrent
     /// flush) is written. What failed in a way that can heal is put back (within the bound).
     package func flush() async {
-        await writeBatch()
+        await runOnce()
         while state.withLock({ $0.writing > 0 }) {
             try? await Task.sleep(for: .milliseconds(5))
         }
     }
 
-    private func writeBatch() async {
+    /// Writes one batch: what is buffered now, and the counts.
+    @discardableResult
+    package func runOnce() async -> Written {
         let (records, counts) = state.withLock { state in
             defer {
                 state.pending.removeAll(keepingCapacity: true)
@@ -78,10 +93,12 @@ package final class RejectionRecorder: Service, Sendable {
             return (state.pending, state.counts)
         }
         defer { state.withLock { $0.writing -= 1 } }
-        guard !records.isEmpty || !counts.isEmpty else { return }
+        var written = Written()
+        guard !records.isEmpty || !counts.isEmpty else { return written }
         var keep: (records: [RejectionRecord], counts: [CountKey: (recorded: Int, sampledOut: Int)]) = ([], [:])
         do {
             try await store.insert(records)
+            written.rows = records.count
         } catch {
             // One unacceptable row must not block every later batch: insert row by row, dropping
             // what the database refuses for its content; if the database itself failed, keep the
@@ -90,16 +107,18 @@ package final class RejectionRecorder: Service, Sendable {
             let (remaining, dropped) = await store.insertIndividually(records)
             if dropped > 0 { metrics?.count(droppedRejections: dropped) }
             keep.records = remaining
+            (written.rows, written.dropped, written.kept) = (records.count - remaining.count - dropped, dropped, remaining.count)
         }
         do {
             try await store.add(counts.map { RejectionCount(minute: $0.key.minute, reason: $0.key.reason, recorded: $0.value.recorded, sampledOut: $0.value.sampledOut) })
+            written.minutes = counts.count
         } catch where canHeal(error) {
             logger.warning("could not write rejection counts; kept for the next batch", metadata: ["error": "\(loggable(error))"])
             keep.counts = counts
         } catch {
             logger.error("rejection counts refused by the database; dropped", metadata: ["minutes": "\(counts.count)", "error": "\(loggable(error))"])
         }
-        guard !keep.records.isEmpty || !keep.counts.isEmpty else { return }
+        guard !keep.records.isEmpty || !keep.counts.isEmpty else { return written }
         state.withLock { state in
             state.pending.insert(contentsOf: keep.records.prefix(max(0, maximumPending - state.pending.count)), at: 0)
             for (key, value) in keep.counts {
@@ -107,17 +126,14 @@ package final class RejectionRecorder: Service, Sendable {
                 state.counts[key] = (current.recorded + value.recorded, current.sampledOut + value.sampledOut)
             }
         }
+        return written
     }
 
+    /// Writes a batch every `flushInterval` until graceful shutdown, then the last one.
     package func run() async throws {
-        while !Task.isShuttingDownGracefully && !Task.isCancelled {
-            do {
-                try await cancelWhenGracefulShutdown { try await Task.sleep(for: self.flushInterval) }
-            } catch {
-                break
-            }
-            await writeBatch()
-        }
+        var schedule = Schedule(interval: flushInterval)
+        schedule.firstWait = flushInterval
+        await Scheduler.run(schedule, once: { await self.runOnce() }) { _ in }
         // The last batch, unless cancelled outright (the database client may be gone), and bounded.
         if !Task.isCancelled {
             _ = try? await withDeadline(.seconds(5)) { await self.flush() }

@@ -5,6 +5,7 @@ import NIOCore
 import NIOHTTP1
 import ServiceLifecycle
 import SiwaDomain
+import SiwaRuntime
 import Synchronization
 
 /// Where the last good key set survives restarts (PostgreSQL, keyed by source URL).
@@ -57,7 +58,9 @@ package final class AppleKeyCache: Service, Sendable {
         var keys: AppleKeySet = .empty
         var loaded = false
         var lastUnknownKidRefresh: ContinuousClock.Instant?
-        var inFlight: Task<Bool, Never>?
+        /// A fetch is under way (run by the caller that started it): those waiting for its result.
+        var inFlight: [CheckedContinuation<Bool, Never>]?
+        var lastFetchSucceeded = false
         var lastError: String?
         var fetches = 0
         /// When the set in use was fetched from the source (the persisted copy's time after a restart).
@@ -70,13 +73,16 @@ package final class AppleKeyCache: Service, Sendable {
     private let logger: Logger
     private let state = Mutex(State())
     private let onRefresh: @Sendable (_ succeeded: Bool) -> Void
+    private let clock: @Sendable () -> ContinuousClock.Instant
 
-    /// `onRefresh` is told the outcome of every fetch from the source (metrics).
+    /// `onRefresh` is told the outcome of every fetch from the source (metrics); `clock` times the
+    /// unknown-kid cooldown.
     package init(
         configuration: Configuration, fetcher: any KeySetFetcher = DefaultKeySetFetcher(), persistence: (any KeySetPersistence)?, logger: Logger,
-        onRefresh: @escaping @Sendable (_ succeeded: Bool) -> Void = { _ in }
+        onRefresh: @escaping @Sendable (_ succeeded: Bool) -> Void = { _ in }, clock: @escaping @Sendable () -> ContinuousClock.Instant = { .now }
     ) {
         self.onRefresh = onRefresh
+        self.clock = clock
         self.configuration = configuration
         self.fetcher = fetcher
         self.persistence = persistence
@@ -117,43 +123,67 @@ package final class AppleKeyCache: Service, Sendable {
     /// Looks up `kid`, refreshing once (single-flight, rate limited) when it is unknown.
     package func resolve(kid: String) async -> KeyResolution {
         if let key = state.withLock({ $0.keys[kid] }) { return .key(key) }
-        let now = ContinuousClock.now
-        enum Plan { case wait(Task<Bool, Never>), coolingDown(Duration) }
+        let now = clock()
+        enum Plan { case join, lead, coolingDown(Duration) }
         let plan: Plan = state.withLock { state in
-            if let task = state.inFlight { return .wait(task) }
+            if state.inFlight != nil { return .join }
             if let last = state.lastUnknownKidRefresh, now - last < configuration.unknownKidCooldown {
                 return .coolingDown(configuration.unknownKidCooldown - (now - last))
             }
             state.lastUnknownKidRefresh = now
-            let task = startRefresh(&state, reason: "unknown kid")
-            return .wait(task)
+            Self.startFetch(&state)
+            return .lead
         }
+        let fetched: Bool
         switch plan {
         case .coolingDown(let remaining):
             return .unavailable(retryAfter: remaining, why: "kid \(kid) is unknown and the key set was refreshed moments ago; retry later")
-        case .wait(let task):
-            let fetched = await task.value
-            let (keys, lastError) = state.withLock { ($0.keys, $0.lastError) }
-            if let key = keys[kid] { return .key(key) }
-            if !fetched {
-                return .unavailable(retryAfter: configuration.unknownKidCooldown, why: "kid \(kid) is unknown and Apple's key set could not be fetched: \(lastError ?? "unknown error")")
-            }
-            return .unknown(kid: kid, known: keys.kids)
+        case .join: fetched = await join()
+        case .lead: fetched = await fetchAndSwap(reason: "unknown kid")
         }
+        let (keys, lastError) = state.withLock { ($0.keys, $0.lastError) }
+        if let key = keys[kid] { return .key(key) }
+        if !fetched {
+            return .unavailable(retryAfter: configuration.unknownKidCooldown, why: "kid \(kid) is unknown and Apple's key set could not be fetched: \(lastError ?? "unknown error")")
+        }
+        return .unknown(kid: kid, known: keys.kids)
     }
 
     /// Fetches now (joining a fetch already under way). Returns whether the fetch succeeded.
     @discardableResult
     package func refresh(reason: String) async -> Bool {
-        let task = state.withLock { state in state.inFlight ?? startRefresh(&state, reason: reason) }
-        return await task.value
+        let lead = state.withLock { state in
+            guard state.inFlight == nil else { return false }
+            Self.startFetch(&state)
+            return true
+        }
+        return lead ? await fetchAndSwap(reason: reason) : await join()
     }
 
-    private func startRefresh(_ state: inout State, reason: String) -> Task<Bool, Never> {
+    /// Single flight without a task of its own: the caller that finds no fetch under way runs
+    /// it; later callers wait for its result.
+    private static func startFetch(_ state: inout State) {
         state.fetches += 1
-        let task = Task { await self.fetchAndSwap(reason: reason) }
-        state.inFlight = task
-        return task
+        state.inFlight = []
+    }
+
+    /// Waits for the fetch under way (or takes the last result if it has just finished).
+    private func join() async -> Bool {
+        await withCheckedContinuation { continuation in
+            let done: Bool? = state.withLock { state in
+                guard state.inFlight != nil else { return state.lastFetchSucceeded }
+                state.inFlight?.append(continuation)
+                return nil
+            }
+            if let done { continuation.resume(returning: done) }
+        }
+    }
+
+    /// Ends the fetch under way: its waiters get `succeeded`.
+    private func finishFetch(_ state: inout State, succeeded: Bool) -> [CheckedContinuation<Bool, Never>] {
+        defer { state.inFlight = nil }
+        state.lastFetchSucceeded = succeeded
+        return state.inFlight ?? []
     }
 
     private func fetchAndSwap(reason: String) async -> Bool {
@@ -172,13 +202,14 @@ package final class AppleKeyCache: Service, Sendable {
         let elapsed = ContinuousClock.now - started
         switch outcome {
         case .success(let keys):
-            state.withLock {
+            let waiters = state.withLock {
                 $0.keys = keys
                 $0.loaded = true
                 $0.lastError = nil
-                $0.inFlight = nil
                 $0.fetchedAt = Date()
+                return finishFetch(&$0, succeeded: true)
             }
+            for waiter in waiters { waiter.resume(returning: true) }
             onRefresh(true)
             // (Persisted after the swap; the upsert keeps the newest fetched_at, so two refreshes
             // finishing out of order cannot put an older set back.)
@@ -196,10 +227,11 @@ package final class AppleKeyCache: Service, Sendable {
             return true
         case .failure(let error):
             let message = "\(error)"
-            state.withLock {
+            let waiters = state.withLock {
                 $0.lastError = message
-                $0.inFlight = nil
+                return finishFetch(&$0, succeeded: false)
             }
+            for waiter in waiters { waiter.resume(returning: false) }
             onRefresh(false)
             logger.warning(
                 "apple keys fetch failed; keeping the last good set",
@@ -208,23 +240,27 @@ package final class AppleKeyCache: Service, Sendable {
         }
     }
 
-    /// Scheduled refreshes until graceful shutdown; more often while nothing is loaded.
-    package func run() async throws {
-        while !Task.isShuttingDownGracefully && !Task.isCancelled {
-            let delay = isLoaded ? configuration.refreshInterval : configuration.retryWhileEmpty
-            do {
-                try await gracefulShutdownSleep(for: delay)
-            } catch {
-                return
-            }
-            _ = await refresh(reason: "scheduled")
-        }
+    /// What one scheduled refresh did.
+    package enum Refresh: Sendable, Equatable {
+        case fetched
+        /// The fetch failed; the last good set (if any) stays in use.
+        case failed
     }
 
-    private func gracefulShutdownSleep(for delay: Duration) async throws {
-        try await cancelWhenGracefulShutdown {
-            try await Task.sleep(for: delay)
-        }
+    /// One scheduled refresh.
+    @discardableResult
+    package func runOnce() async -> Refresh {
+        await refresh(reason: "scheduled") ? .fetched : .failed
+    }
+
+    /// The next scheduled refresh: every `refreshInterval`, more often while nothing is loaded.
+    private var nextRefresh: Duration { isLoaded ? configuration.refreshInterval : configuration.retryWhileEmpty }
+
+    /// Scheduled refreshes until graceful shutdown (the first one interval after start-up's `load`).
+    package func run() async throws {
+        var schedule = Schedule(interval: configuration.refreshInterval)
+        schedule.firstWait = nextRefresh
+        await Scheduler.run(schedule, once: { await self.runOnce() }, pace: { _ in .after(self.nextRefresh) }) { _ in }
     }
 }
 

@@ -1,6 +1,7 @@
 import Logging
 import PostgresNIO
 import SiwaDomain
+import SiwaRuntime
 
 /// The PostgreSQL client as the stores use it (`client.bounded`): every call answers within
 /// `limit`, and at once when its caller is cancelled.

@@ -1,6 +1,8 @@
 import Foundation
 import Logging
+import ServiceLifecycle
 import SiwaDomain
+import SiwaRuntime
 import Synchronization
 
 /// Group commit for the receiver: concurrent requests share one transaction, one multi-row insert
@@ -33,7 +35,10 @@ import Synchronization
 /// its HTTP connection for the whole timeout. While PostgreSQL is slower than the arrivals, the
 /// queue would otherwise hold rate × timeout requests (a 3,700/s peak × 5 s ≈ 18,500): the cap
 /// bounds that memory, and the overflow hears "retry later" without waiting to hear it.
-package final class GroupCommitter: Sendable {
+///
+/// The commits run in the committer's own task group: it is a `Service`, run by the receiver's
+/// service group and stopped after the HTTP server has drained (until then nothing commits).
+package final class GroupCommitter: Service, Sendable {
     private struct Pending: Sendable {
         var item: NotificationStore.Incoming
         var waiter: Waiter
@@ -48,6 +53,8 @@ package final class GroupCommitter: Sendable {
         /// front, after each batch and at each sweep.
         var watched: [Waiter] = []
         var sweepScheduled = false
+        /// Callers of `settled`, resumed when no batch is committing and none is queued.
+        var settledWaiters: [CheckedContinuation<Void, Never>] = []
     }
 
     private let store: NotificationStore
@@ -58,6 +65,9 @@ package final class GroupCommitter: Sendable {
     private let logger: Logger
     private let onBatch: @Sendable (Int) -> Void
     private let state = Mutex(State())
+    /// Batches taken, for `run` to commit.
+    private let batches: AsyncStream<[Pending]>
+    private let batchesIn: AsyncStream<[Pending]>.Continuation
 
     /// `onBatch` is told each batch's size (for the `siwa_commit_batch_size` histogram).
     package init(
@@ -71,6 +81,21 @@ package final class GroupCommitter: Sendable {
         self.timeout = timeout
         self.logger = logger
         self.onBatch = onBatch
+        (batches, batchesIn) = AsyncStream.makeStream()
+    }
+
+    /// Commits the batches taken, concurrently (at most `maximumInFlight`), until graceful
+    /// shutdown; a batch already committing is finished.
+    package func run() async throws {
+        await withDiscardingTaskGroup { group in
+            await withGracefulShutdownHandler {
+                for await batch in batches {
+                    group.addTask { await self.commit(batch) }
+                }
+            } onGracefulShutdown: {
+                self.batchesIn.finish()
+            }
+        }
     }
 
     /// Requests waiting for a commit slot at most, by default: far above what a peak keeps queued
@@ -96,6 +121,19 @@ package final class GroupCommitter: Sendable {
 
     /// Requests waiting for a commit slot now.
     package var queued: Int { state.withLock { $0.queue.count } }
+
+    /// Returns once no batch is committing and no request waits for a commit slot (at once if so
+    /// now): what was taken has committed, or failed, by then.
+    package func settled() async {
+        await withCheckedContinuation { continuation in
+            let now = state.withLock { state in
+                guard state.inFlight > 0 || !state.queue.isEmpty else { return true }
+                state.settledWaiters.append(continuation)
+                return false
+            }
+            if now { continuation.resume() }
+        }
+    }
 
     private func enqueue(_ pending: Pending) {
         let (batch, sweep, full): ([Pending]?, Bool, Bool) = state.withLock { state in
@@ -169,7 +207,7 @@ package final class GroupCommitter: Sendable {
     }
 
     private func start(_ batch: [Pending]) {
-        Task { await self.commit(batch) }
+        batchesIn.yield(batch)
     }
 
     private func commit(_ batch: [Pending]) async {
@@ -214,13 +252,17 @@ package final class GroupCommitter: Sendable {
 
     /// Frees the batch's commit slot and starts the next batch, if one is waiting.
     private func finish(unresolved: [Pending]) {
-        let next: [Pending]? = state.withLock { state in
+        let (next, settled): ([Pending]?, [CheckedContinuation<Void, Never>]) = state.withLock { state in
             state.inFlight -= 1
             state.queue.insert(contentsOf: unresolved, at: 0)
             let answered = state.watched.prefix { $0.isAnswered }.count
             state.watched.removeFirst(answered)
-            return takeBatch(&state)
+            let next = takeBatch(&state)
+            guard state.inFlight == 0 && state.queue.isEmpty else { return (next, []) }
+            defer { state.settledWaiters = [] }
+            return (next, state.settledWaiters)
         }
+        for waiter in settled { waiter.resume() }
         if let next { start(next) }
     }
 

@@ -24,7 +24,10 @@ package final class CallbackEndpoint: Sendable {
 
     private final class Shared: Sendable {
         let state = Mutex(State())
-        let arrivals = Progress()
+        /// One element per request, as it arrives (before it is answered, or left hanging).
+        let arrivals = AsyncStream.makeStream(of: Void.self)
+        /// The same, as a count to wait on.
+        let arrived = Progress()
     }
 
     private let shared: Shared
@@ -45,11 +48,12 @@ package final class CallbackEndpoint: Sendable {
             let body = try await request.body.collect(upTo: 1 << 20)
             var headers: [String: String] = [:]
             for field in request.headers { headers[field.name.canonicalName] = field.value }
+            shared.arrivals.continuation.yield()
             let hanging = shared.state.withLock { state -> Bool in
                 if state.hang { state.open += 1 }
                 return state.hang
             }
-            shared.arrivals.add()
+            shared.arrived.add()
             if hanging {
                 // Never answers; the sender's timeout (or the test's end) closes the connection.
                 try? await Task.sleep(for: .seconds(3600))
@@ -67,11 +71,14 @@ package final class CallbackEndpoint: Sendable {
         return CallbackEndpoint(url: URL(string: "http://127.0.0.1:\(port)/siwa/callbacks")!, shared: shared, task: task)
     }
 
+    /// Requests as they arrive: awaiting the next one waits for a delivery to reach the endpoint.
+    package var arrivals: AsyncStream<Void> { shared.arrivals.stream }
+
     /// The next answers, in order (200 once they run out).
     package func answer(_ statuses: [Int]) { shared.state.withLock { $0.statuses.append(contentsOf: statuses) } }
     package var received: [Received] { shared.state.withLock { $0.received } }
     /// Every request that arrived, answered or held open.
-    package var arrivals: Progress { shared.arrivals }
+    package var arrived: Progress { shared.arrived }
     /// Requests the dead endpoint is holding open right now.
     package var openRequests: Int { shared.state.withLock { $0.open } }
 

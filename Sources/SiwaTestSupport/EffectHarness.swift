@@ -37,11 +37,19 @@ package struct EffectHarness {
     package func drain() async throws -> Int {
         var total = 0
         while true {
-            let claimed = try await workers.runOnce(worker: workers.workerName(0))
+            let claimed = try await workers.effects[0].runOnce().claimed
             if claimed == 0 { return total }
             total += claimed
         }
     }
+
+    /// One round of the callbacks deliverer; how many deliveries it claimed.
+    @discardableResult
+    package func deliverCallbacks() async throws -> Int { try await workers.callbacks?.runOnce(http: .shared).claimed ?? 0 }
+
+    /// One round of the alerts deliverer; how many messages it claimed.
+    @discardableResult
+    package func deliverAlerts() async throws -> Int { try await workers.alerts?.runOnce(http: .shared).claimed ?? 0 }
 
     /// Test times are offsets in ms from this realistic base (Apple's event_time heuristics read
     /// small numbers as seconds).

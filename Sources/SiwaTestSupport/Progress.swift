@@ -1,4 +1,4 @@
-import SiwaDomain
+import SiwaRuntime
 import Synchronization
 
 /// A count a test waits on instead of polling: `wait(until:within:)` returns true once the count

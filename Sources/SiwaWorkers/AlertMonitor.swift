@@ -2,6 +2,7 @@ import Foundation
 import Logging
 import ServiceLifecycle
 import SiwaDomain
+import SiwaRuntime
 import SiwaStore
 
 /// Evaluates the alerts every `SIWA_SPIKE_INTERVAL`: revocation spikes per app and type, one
@@ -10,7 +11,7 @@ import SiwaStore
 /// `alerts` lease (a row, so no connection is held for it); it renews the lease each round and
 /// gives it up on shutdown, and another process takes over once it expires. Firing, updated and
 /// resolved alerts are logged here and queued for the sinks (lane `alerts`, delivered by
-/// `EffectWorkers`).
+/// a `Deliverer`).
 package final class AlertMonitor: Service, Sendable {
     package struct Configuration: Sendable {
         package var spike = SpikeSettings()
@@ -26,6 +27,14 @@ package final class AlertMonitor: Service, Sendable {
     }
 
     package static let leaseName = "alerts"
+
+    /// What one round did.
+    package enum AlertRound: Sendable {
+        /// Another process holds the `alerts` lease: it evaluates.
+        case notHolder
+        /// This process holds the lease and evaluated; what fired, joined and resolved.
+        case evaluated([AlertDecision])
+    }
 
     package let configuration: Configuration
     let store: AlertStore
@@ -43,24 +52,25 @@ package final class AlertMonitor: Service, Sendable {
 
     package func run() async throws {
         let interval = configuration.spike.interval
-        while !Task.isCancelled && !Task.isShuttingDownGracefully {
-            do {
-                // Abandoned on shutdown (each step is its own transaction; the next evaluator
-                // redoes the round), so a statement that never answers cannot hold SIGTERM.
-                try await cancelWhenGracefulShutdown {
-                    if try await self.store.acquire(lease: Self.leaseName, holder: self.identity, ttl: interval * 3 + .seconds(5)) {
-                        try await self.evaluate(now: Date())
-                    }
-                }
-            } catch {
-                if Task.isCancelled || Task.isShuttingDownGracefully { break }
-                logger.warning("alert evaluation failed; will retry", metadata: ["error": "\(loggable(error))"])
-            }
-            // Graceful shutdown ends the wait at once (SIGTERM must not wait out an interval).
-            try? await cancelWhenGracefulShutdown { try await Task.sleep(for: interval) }
+        var schedule = Schedule(interval: interval)
+        // Abandoned on shutdown (each step is its own transaction; the next evaluator redoes the
+        // round), so a statement that never answers cannot hold SIGTERM.
+        schedule.abandonOnShutdown = true
+        (schedule.errorDelay, schedule.maximumErrorDelay) = (interval, interval)
+        await Scheduler.run(schedule, once: { try await self.runOnce(now: Date()) }) { error in
+            logger.warning("alert evaluation failed; will retry", metadata: ["error": "\(loggable(error))"])
         }
         let (store, identity) = (self.store, self.identity)
         _ = try? await withDeadline(.seconds(5)) { try await store.release(lease: Self.leaseName, holder: identity) }
+    }
+
+    /// One round at `now`: evaluates if this process holds (or takes) the `alerts` lease.
+    @discardableResult
+    package func runOnce(now: Date) async throws -> AlertRound {
+        guard try await store.acquire(lease: Self.leaseName, holder: identity, ttl: configuration.spike.interval * 3 + .seconds(5)) else {
+            return .notHolder
+        }
+        return .evaluated(try await evaluate(now: now))
     }
 
     /// One evaluation of every series at `now`; returns what fired, joined and resolved.

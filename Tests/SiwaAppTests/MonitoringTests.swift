@@ -40,7 +40,7 @@ struct MonitoringTests {
         let workers = EffectWorkers(
             configuration: e.workers.configuration, store: EffectStore(client: e.client, logger: h.logs.logger()), logger: h.logs.logger(),
             metrics: WorkerMetrics(registry: registry))
-        #expect(try await workers.runOnce(worker: workers.workerName(0)) == 1)
+        #expect(try await workers.effects[0].runOnce().claimed == 1)
         await e.stop()
         var buffer: [UInt8] = []
         registry.emit(into: &buffer)

@@ -316,7 +316,7 @@ struct DeployTests {
             group.addTask { await load.sendAll(senders: 16) }
             let reached = await load.answers.wait(until: 300)
             #expect(reached, "the load ended after \(load.answered) answers, before 300: \(load.failedBeforeSignal.prefix(3))")
-            #expect(await endpoint.arrivals.wait(until: 1), "no callback reached the endpoint before the signal")
+            #expect(await endpoint.arrived.wait(until: 1), "no callback reached the endpoint before the signal")
             held = (try? await TestBinary.withDatabase(databaseURL) { client in
                 try await TestBinary.count(client, "SELECT count(*) FROM jobs WHERE lane = 'callbacks' AND state = 'running'")
             }) ?? 0

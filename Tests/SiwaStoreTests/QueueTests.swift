@@ -186,16 +186,6 @@ struct QueueTests {
         }
     }
 
-    @Test("shutdown wakes a worker that begins its wait after it, not only the ones already waiting (with a one-hour poll interval, stopping took an hour)")
-    func closedDoorbellWakesLateWaiters() async throws {
-        let doorbell = Doorbell()
-        doorbell.close()
-        let woke = Mutex(false)
-        Task { await doorbell.wait(timeout: .seconds(3600)); woke.withLock { $0 = true } }  // left behind if it never wakes
-        for _ in 0..<300 where !woke.withLock({ $0 }) { try await Task.sleep(for: .milliseconds(100)) }
-        #expect(woke.withLock { $0 })
-    }
-
     @Test("the jobs a batch held back (each user's next, behind the per-user gate) run as soon as it commits, not at the next poll")
     func heldBackJobsRunWithoutPolling() async throws {
         try await Self.withDatabase { client in

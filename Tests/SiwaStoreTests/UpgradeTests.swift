@@ -51,7 +51,7 @@ struct UpgradeTests {
         let answer = try await h.server.post(jws: jws)
         #expect(answer.status == 200, "\(answer.body)")
         var applied = 0
-        while try await workers.runOnce(worker: workers.workerName(0)) > 0 { applied += 1 }
+        while try await workers.effects[0].runOnce().claimed > 0 { applied += 1 }
         #expect(applied > 0)
         #expect(try await h.count("SELECT count(*) FROM sessions WHERE aud = 'com.example.upgrade' AND sub = '001.up.1' AND revoked_at IS NULL") == 0)
         #expect(try await h.count("SELECT count(*) FROM notifications WHERE jti IN ('up-1', 'up-2', 'up-3', 'up-4', 'after-upgrade') AND status = 'applied'") == 5)

@@ -74,7 +74,7 @@ struct AlertTests {
         #expect(episode.key == AlertKey(kind: .revocationSpike, aud: Harness.aud))
         #expect(episode.series == ["consent-revoked", "revocations"], "both series crossed on the 8")
         #expect(try await monitor.evaluate(now: t0.addingTimeInterval(1)).isEmpty, "the same burst evaluated again tells nobody")
-        #expect(try await e.workers.runAlertDeliveriesOnce(http: .shared) == 2, "one message per sink")
+        #expect(try await e.deliverAlerts() == 2, "one message per sink")
 
         let firing = Self.messages(webhook)
         #expect(firing.count == 1, "\(firing)")
@@ -101,7 +101,7 @@ struct AlertTests {
         let resolved = try await monitor.evaluate(now: t0.addingTimeInterval(72))
         #expect(resolved.count == 1, "\(resolved)")
         #expect(try await monitor.evaluate(now: t0.addingTimeInterval(80)).isEmpty)
-        #expect(try await e.workers.runAlertDeliveriesOnce(http: .shared) == 2)
+        #expect(try await e.deliverAlerts() == 2)
         let all = Self.messages(webhook)
         #expect(all.count == 2, "\(all.map(\.body))")
         let last = try #require(all.last?.body)
@@ -137,7 +137,7 @@ struct AlertTests {
         let t0 = Date()
         #expect(try await monitor.evaluate(now: t0).count == 1)
         // Delivered step by step: one batch's deliveries run concurrently, in no fixed order.
-        #expect(try await e.workers.runAlertDeliveriesOnce(http: .shared) == 1)
+        #expect(try await e.deliverAlerts() == 1)
         try await Self.burst(e, "account-delete", count: 6, prefix: "deleted")
         let t1 = max(Date(), t0.addingTimeInterval(1))
         let joined = try await monitor.evaluate(now: t1)
@@ -149,10 +149,10 @@ struct AlertTests {
         #expect(series == ["account-delete"])
         #expect(episode.series == ["consent-revoked", "account-delete", "revocations"])
         #expect(try await monitor.evaluate(now: t1.addingTimeInterval(1)).isEmpty, "a series joins once")
-        #expect(try await e.workers.runAlertDeliveriesOnce(http: .shared) == 1)
+        #expect(try await e.deliverAlerts() == 1)
         #expect(try await monitor.evaluate(now: t1.addingTimeInterval(70)).isEmpty)
         #expect(try await monitor.evaluate(now: t1.addingTimeInterval(72)).count == 1)
-        #expect(try await e.workers.runAlertDeliveriesOnce(http: .shared) == 1)
+        #expect(try await e.deliverAlerts() == 1)
 
         let messages = Self.messages(webhook)
         #expect(messages.map { $0.body["state"]?.stringValue } == ["firing", "updated", "resolved"], "\(messages.map(\.body))")
@@ -209,12 +209,12 @@ struct AlertTests {
         try await Self.burst(e, "consent-revoked", count: 8, prefix: "ongoing")
         let t0 = Date()
         #expect(try await monitor.evaluate(now: t0).isEmpty, "the old alerts still cover their series")
-        #expect(try await e.workers.runAlertDeliveriesOnce(http: .shared) == 0)
+        #expect(try await e.deliverAlerts() == 0)
         // Over: each old alert resolves, once.
         #expect(try await monitor.evaluate(now: t0.addingTimeInterval(70)).isEmpty)
         #expect(try await monitor.evaluate(now: t0.addingTimeInterval(72)).count == 2)
         #expect(try await monitor.evaluate(now: t0.addingTimeInterval(80)).isEmpty)
-        #expect(try await e.workers.runAlertDeliveriesOnce(http: .shared) == 2)
+        #expect(try await e.deliverAlerts() == 2)
         let resolved = Self.messages(webhook)
         #expect(Set(resolved.map(\.id)) == Set(old.map { "alert_\($0)_resolved" }), "\(resolved.map(\.body))")
         #expect(Set(resolved.compactMap { $0.body["type"]?.stringValue }) == ["consent-revoked", "revocations"])
@@ -224,7 +224,7 @@ struct AlertTests {
         try await Self.burst(e, "consent-revoked", count: 8, prefix: "next")
         let fired = try await monitor.evaluate(now: max(Date(), t0.addingTimeInterval(1)))
         #expect(fired.count == 1, "\(fired)")
-        #expect(try await e.workers.runAlertDeliveriesOnce(http: .shared) == 1)
+        #expect(try await e.deliverAlerts() == 1)
         let next = try #require(Self.messages(webhook).last?.body)
         #expect(next["state"] == .string("firing") && next["type"] == .null)
         #expect(next["series"] == .array([.string("consent-revoked"), .string("revocations")]))
@@ -264,7 +264,7 @@ struct AlertTests {
         for index in 0..<6 { try await e.post("account-delete", sub: "gone-\(index)", at: Int64(index)) }
         let decisions = try await monitor.evaluate(now: Date())
         #expect(decisions.count == 1, "one episode (account-delete and revocations) fires, silenced, on the six: \(decisions)")
-        #expect(try await e.workers.runAlertDeliveriesOnce(http: .shared) == 0)
+        #expect(try await e.deliverAlerts() == 0)
         #expect(webhook.received.isEmpty)
         // A later evaluation does not open a second episode; a second type joining it is recorded,
         // told to nobody either.
@@ -272,7 +272,7 @@ struct AlertTests {
         for index in 0..<6 { try await e.post("consent-revoked", sub: "revoked-\(index)", at: Int64(index)) }
         let joined = try await monitor.evaluate(now: Date())
         #expect(joined.count == 1, "consent-revoked joins the silenced episode: \(joined)")
-        #expect(try await e.workers.runAlertDeliveriesOnce(http: .shared) == 0)
+        #expect(try await e.deliverAlerts() == 0)
         #expect(webhook.received.isEmpty)
 
         let reader = try await API.token(e.h, [.alertsRead])

@@ -7,7 +7,9 @@ import SiwaDomain
 import SiwaHTTP
 import SiwaKeys
 import SiwaTestSupport
+import Synchronization
 import Testing
+import Logging
 
 @Suite("Apple key set: cache, rotation, rate limit, outages")
 struct KeyCacheTests {
@@ -47,16 +49,71 @@ struct KeyCacheTests {
             }
             return try await group.reduce(into: [TestServer.Answer]()) { $0.append($1) }
         }
-        #expect(apple.fetches - before <= 1)
+        #expect(apple.fetches - before == 1, "one refresh for all of them")
         #expect(answers.allSatisfy { $0.status == 401 || $0.status == 503 })
         #expect(answers.contains { $0.status == 401 && $0.json?["reason"] == .string("unknown_key") })
-        let unavailable = answers.filter { $0.status == 503 }
+        // One more forged kid, during the cooldown: not fetched for, 503 with Retry-After.
+        let late = try await h.server.post(jws: try h.forged(header: ["kid": .string("forged-late"), "alg": .string("RS256")]))
+        #expect(late.status == 503)
+        #expect(apple.fetches - before == 1)
+        let unavailable = answers.filter { $0.status == 503 } + [late]
         #expect(unavailable.allSatisfy { $0.headers.first(name: "retry-after").flatMap(Int.init).map { $0 > 0 } == true })
         #expect(unavailable.allSatisfy { $0.json?["error"] == .string("unavailable") })
         #expect(try await h.count("SELECT count(*) FROM notifications") == 0)
         // Genuine traffic is unaffected.
         #expect(try await h.server.post(jws: try h.notification()).status == 200)
         await h.stop()
+        await apple.stop()
+    }
+
+    @Test("The scheduled refresh picks up a rotated key before any token names it; a failed one keeps the set")
+    func scheduledRefresh() async throws {
+        let old = try AppleStyleSigner.generate()
+        let new = try AppleStyleSigner.generate()
+        let apple = try await JWKSServer.start(document: try Self.document(old))
+        let h = try await Harness.start(signer: new, jwksURL: apple.url)
+        #expect(apple.fetches == 1)
+        apple.serve(try Self.document(old, new))
+        #expect(await h.server.receiver.keys.runOnce() == .fetched)
+        #expect(apple.fetches == 2)
+        #expect(try await h.server.post(jws: try h.notification()).status == 200)
+        #expect(apple.fetches == 2, "the key was known: no unknown-kid refresh")
+        apple.setFailing(true)
+        #expect(await h.server.receiver.keys.runOnce() == .failed)
+        #expect(try await h.server.post(jws: try h.notification()).status == 200)
+        await h.stop()
+        await apple.stop()
+    }
+
+    @Test("The unknown-kid cooldown ends: no fetch during it, one fetch for the first unknown kid after it")
+    func unknownKidCooldownEnds() async throws {
+        let signer = try AppleStyleSigner.generate()
+        let rotated = try AppleStyleSigner.generate()
+        let apple = try await JWKSServer.start(document: try Self.document(signer))
+        let clock = TestClock()
+        let keys = AppleKeyCache(
+            configuration: .init(sourceURL: apple.url, unknownKidCooldown: .seconds(60)), persistence: nil, logger: Logger(label: "keys"),
+            clock: { clock.now })
+        await keys.load()
+        #expect(apple.fetches == 1)
+        func outcome(_ kid: String) async -> String {
+            switch await keys.resolve(kid: kid) {
+            case .key: "key"
+            case .unknown: "unknown"
+            case .unavailable(let retryAfter, _): "unavailable \(retryAfter.milliseconds / 1000)s"
+            }
+        }
+        #expect(await outcome("forged-1") == "unknown")
+        #expect(apple.fetches == 2)
+        clock.advance(.seconds(59))
+        #expect(await outcome("forged-2") == "unavailable 1s")
+        #expect(apple.fetches == 2)
+        apple.serve(try Self.document(signer, rotated))
+        clock.advance(.seconds(1))
+        #expect(await outcome(rotated.kid) == "key", "the cooldown is over: fetched")
+        #expect(apple.fetches == 3)
+        #expect(await outcome("forged-3") == "unavailable 60s")
+        #expect(apple.fetches == 3)
         await apple.stop()
     }
 
@@ -103,6 +160,13 @@ struct KeyCacheTests {
         await third.stop()
         await apple.stop()
     }
+}
+
+/// A clock the test moves by hand.
+final class TestClock: Sendable {
+    private let instant = Mutex(ContinuousClock.now)
+    var now: ContinuousClock.Instant { instant.withLock { $0 } }
+    func advance(_ by: Duration) { instant.withLock { $0 += by } }
 }
 
 extension JSONValue {

@@ -3,6 +3,7 @@ import Logging
 import PostgresNIO
 import ServiceLifecycle
 import SiwaEmbeddedPostgres
+import SiwaRuntime
 import SiwaStore
 import SiwaTestSupport
 import SiwaWorkers
@@ -26,8 +27,10 @@ struct WorkerRestartTests {
         // ready again as soon as it is back (no lease to wait out).
         workerConfiguration.maintenanceInterval = .milliseconds(500)
         let workers = EffectWorkers(configuration: workerConfiguration, store: EffectStore(client: client, logger: logger), logger: logger)
-        // As in production: the client is a service of the same group, stopped last.
-        let services = ServiceGroup(configuration: .init(services: [client, workers], logger: logger))
+        // As in production: the client is a service of the same group, stopped last; the workers
+        // start once the jobs are there and locked (below).
+        let start = StartGate()
+        let services = ServiceGroup(configuration: .init(services: [client, GatedService(gate: start, service: workers)], logger: logger))
         let task = Task { try await services.run() }
         // The test's own queries are bounded too: one written as PostgreSQL closes its connections
         // can be lost by postgres-nio and would wait forever (see BoundedPostgres).
@@ -40,10 +43,22 @@ struct WorkerRestartTests {
         }
         try await Migrator(client: client, logger: logger).migrate()
         try await BulkLoad.notifications(count: 2_000, users: 200, aud: "com.example.app", client: client)
-        try await Task.sleep(for: .milliseconds(100))
-        try await cluster.stop()
-        try await Task.sleep(for: .seconds(1))
+        // The workers' claims wait behind a lock until PostgreSQL stops: every job is still to do
+        // then, and batches are in hand (blocked) when their connections go.
+        let pending = try await client.bounded.withConnection { connection in
+            try await connection.query("BEGIN", logger: logger)
+            try await connection.query("LOCK TABLE jobs IN SHARE MODE", logger: logger)
+            var pending = 0
+            for try await (n,) in try await connection.query("SELECT count(*) FROM jobs WHERE state = 'available'", logger: logger).decode((Int,).self) {
+                pending = n
+            }
+            start.open()
+            try await cluster.stop()
+            return pending
+        }
+        #expect(pending == 2_000, "every job still to do when PostgreSQL stopped")
         _ = try await cluster.start()
+        // The running workers find the database again by themselves (bounded: 120 s).
         var done = 0
         for _ in 0..<600 where done < 2_000 {
             try await Task.sleep(for: .milliseconds(200))

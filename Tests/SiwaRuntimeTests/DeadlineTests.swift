@@ -1,4 +1,4 @@
-import SiwaDomain
+import SiwaRuntime
 import Synchronization
 import Testing
 

@@ -1,5 +1,6 @@
 import NIOCore
 import NIOPosix
+import SiwaDomain
 import Synchronization
 
 /// Thrown when an operation did not finish within its deadline.

@@ -1,4 +1,3 @@
-import SiwaDomain
 import Synchronization
 
 /// Wakes idle workers early: rung on a `siwa_jobs` NOTIFY. Workers never rely on it — they also

@@ -4,7 +4,7 @@ import Synchronization
 /// Opens once. A service wrapped in `GatedService` starts only when it opens: the effect workers
 /// and the alert evaluator wait for the migrations the application applies before it binds
 /// (on a first start each worker used to log `relation "jobs" does not exist` until then).
-final class StartGate: Sendable {
+package final class StartGate: Sendable {
     private struct State {
         var isOpen = false
         var waiters: [Int: CheckedContinuation<Void, Never>] = [:]
@@ -12,7 +12,9 @@ final class StartGate: Sendable {
     }
     private let state = Mutex(State())
 
-    func open() {
+    package init() {}
+
+    package func open() {
         let waiters = state.withLock { state in
             state.isOpen = true
             defer { state.waiters = [:] }
@@ -22,7 +24,7 @@ final class StartGate: Sendable {
     }
 
     /// Returns when the gate opens, or when the task is cancelled.
-    func wait() async {
+    package func wait() async {
         let id = state.withLock { state in
             state.nextID += 1
             return state.nextID
@@ -43,11 +45,16 @@ final class StartGate: Sendable {
 }
 
 /// `service`, started once `gate` opens; never started if the process is stopping by then.
-struct GatedService: Service {
+package struct GatedService: Service {
     let gate: StartGate
     let service: any Service
 
-    func run() async throws {
+    package init(gate: StartGate, service: any Service) {
+        self.gate = gate
+        self.service = service
+    }
+
+    package func run() async throws {
         await cancelWhenGracefulShutdown { await gate.wait() }
         if Task.isCancelled || Task.isShuttingDownGracefully { return }
         try await service.run()

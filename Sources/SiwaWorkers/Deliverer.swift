@@ -1,0 +1,269 @@
+import AsyncHTTPClient
+import Foundation
+import Logging
+import NIOCore
+import NIOHTTP1
+import ServiceLifecycle
+import SiwaDomain
+import SiwaRuntime
+import SiwaStore
+import Synchronization
+
+/// What one delivery round did.
+package struct DeliveryRound: Sendable, Equatable {
+    /// Deliveries claimed (0: nothing was ready).
+    package var claimed = 0
+    package var delivered = 0
+    package var retrying = 0
+    package var discarded = 0
+    /// Attempts whose lease had run out meanwhile (another deliverer has them now).
+    package var leaseLost = 0
+    /// Attempts that could not be recorded (their lease will expire and they are sent again).
+    package var notRecorded = 0
+    /// Attempts cut short by graceful shutdown: not recorded, their leases released on the way out.
+    package var handedBack = 0
+}
+
+/// Delivers one lane (`callbacks` to the backend's endpoint, or `alerts` to the alert sinks):
+/// claims a batch with a lease, sends them concurrently, records each attempt. It has its own
+/// doorbell and its own jobs, so a slow or dead endpoint never holds back an effect. A heartbeat
+/// renews the leases of the deliveries in hand; graceful shutdown finishes those, stops claiming
+/// and hands back what this deliverer still holds.
+package final class Deliverer: Service, Sendable {
+    package enum Target: Sendable {
+        case callbacks(EffectWorkers.Callbacks)
+        case alerts(AlertSinks)
+    }
+
+    package let target: Target
+    /// The name its leases are held under.
+    package let worker: String
+    let configuration: EffectWorkers.Configuration
+    let store: EffectStore
+    let deliveries: CallbackStore
+    let doorbell: Doorbell
+    let logger: Logger
+    let metrics: WorkerMetrics?
+    /// The deliveries in hand right now: the only leases the heartbeat renews. One given up on
+    /// (its attempt could not be recorded) is no longer renewed, so the rescuer hands it on.
+    private let inHand = Mutex<[Int]>([])
+    /// Claims given up on shutdown (see `claimUnlessStopping`).
+    private let abandonedClaims = Atomic<Int>(0)
+
+    init(
+        target: Target, worker: String, configuration: EffectWorkers.Configuration, store: EffectStore, deliveries: CallbackStore, doorbell: Doorbell,
+        logger: Logger, metrics: WorkerMetrics?
+    ) {
+        self.target = target
+        self.worker = worker
+        self.configuration = configuration
+        self.store = store
+        self.deliveries = deliveries
+        self.doorbell = doorbell
+        self.logger = logger
+        self.metrics = metrics
+    }
+
+    package var lane: DeliveryLane {
+        switch target {
+        case .callbacks: .callbacks
+        case .alerts: .alerts
+        }
+    }
+
+    private var timeout: Duration {
+        switch target {
+        case .callbacks(let callbacks): callbacks.timeout
+        case .alerts(let sinks): sinks.timeout
+        }
+    }
+
+    /// Rings when jobs of this lane were enqueued.
+    package func wake() { doorbell.ring() }
+
+    package func run() async throws {
+        let http = HTTPClient(
+            eventLoopGroup: HTTPClient.defaultEventLoopGroup,
+            configuration: .init(redirectConfiguration: .disallow, timeout: .init(connect: .init(timeout), read: .init(timeout))))
+        var schedule = Schedule(interval: configuration.lease / 3)
+        schedule.firstWait = configuration.lease / 3
+        schedule.stopsOnGracefulShutdown = false  // cancelled once the deliveries in hand are finished
+        let heartbeat = schedule
+        await withDiscardingTaskGroup { helpers in
+            helpers.addTask {
+                await Scheduler.run(heartbeat, once: { try await self.heartbeatOnce() }) { _ in }
+            }
+            await Scheduler.run(
+                Schedule(interval: configuration.pollInterval, doorbell: doorbell), once: { try await self.runOnce(http: http) },
+                pace: { $0.claimed > 0 ? .again : .idle }
+            ) { error in
+                logger.warning("worker: database error; retrying", metadata: ["worker": "\(worker)", "error": "\(loggable(error))"])
+            }
+            helpers.cancelAll()
+        }
+        // Graceful shutdown stops the deliverers before the database client (service order), so
+        // what is still held can be handed back. When cancelled outright, the client may be gone
+        // already: leave it to the lease. Either way never wait on the database for long.
+        if !Task.isCancelled {
+            let (store, worker) = (self.store, self.worker)
+            func release() async -> Int {
+                (try? await withDeadline(.seconds(5)) { try await store.release(workers: [worker]) })?[worker] ?? 0
+            }
+            var released = await release()
+            // A claim abandoned on shutdown may commit after that: once more, a moment later
+            // (otherwise its jobs wait out their lease and are rescued with an attempt spent).
+            if abandonedClaims.load(ordering: .relaxed) > 0 && !Task.isCancelled {
+                try? await Task.sleep(for: .milliseconds(500))
+                released += await release()
+            }
+            if released > 0 { logger.info("released jobs on shutdown", metadata: ["worker": "\(worker)", "count": "\(released)"]) }
+        }
+        try? await http.shutdown()
+    }
+
+    /// Renews the leases of the deliveries in hand; returns how many.
+    @discardableResult
+    package func heartbeatOnce() async throws -> Int {
+        let jobs = inHand.withLock { $0 }
+        guard !jobs.isEmpty else { return 0 }
+        try await store.heartbeat(worker: worker, jobs: jobs, lease: configuration.lease)
+        return jobs.count
+    }
+
+    /// Claims one batch and attempts each, concurrently, each attempt recorded.
+    @discardableResult
+    package func runOnce(http: HTTPClient) async throws -> DeliveryRound {
+        let limit = switch target {
+        case .callbacks(let callbacks): callbacks.concurrency
+        case .alerts: 16
+        }
+        let (deliveries, lane, worker, lease) = (self.deliveries, self.lane, self.worker, configuration.lease)
+        let claimed = try await claimUnlessStopping { try await deliveries.claim(lane: lane, worker: worker, limit: limit, lease: lease) }
+        var round = DeliveryRound(claimed: claimed.count)
+        guard !claimed.isEmpty else { return round }
+        inHand.withLock { $0 = claimed.map(\.id) }
+        defer { inHand.withLock { $0 = [] } }
+        // Graceful shutdown cancels the attempts in flight: they are handed back unrecorded instead
+        // of holding SIGTERM until a slow endpoint answers or times out.
+        let results = (try? await cancelWhenGracefulShutdown {
+            await withTaskGroup(of: Attempted.self) { group in
+                for delivery in claimed {
+                    group.addTask { await self.attempt(delivery, http: http) }
+                }
+                return await group.reduce(into: [Attempted]()) { $0.append($1) }
+            }
+        }) ?? claimed.map { _ in .handedBack }
+        for result in results {
+            switch result {
+            case .delivered: round.delivered += 1
+            case .retrying: round.retrying += 1
+            case .discarded: round.discarded += 1
+            case .leaseLost: round.leaseLost += 1
+            case .notRecorded: round.notRecorded += 1
+            case .handedBack: round.handedBack += 1
+            }
+        }
+        return round
+    }
+
+    private enum Attempted: String, Sendable {
+        case delivered, retrying, discarded, leaseLost = "lease_lost", notRecorded = "not_recorded", handedBack = "handed_back"
+    }
+
+    /// A claim is not waited for on shutdown: nothing is in hand yet, and one that never answers
+    /// (a statement lost at a database restart, see `BoundedPostgres`) would hold SIGTERM for the
+    /// whole grace period. One abandoned may still commit in the database: `run` releases twice then.
+    private func claimUnlessStopping<T: Sendable>(_ claim: @escaping @Sendable () async throws -> T) async throws -> T {
+        do {
+            return try await cancelWhenGracefulShutdown(claim)
+        } catch let error as CancellationError where Task.isShuttingDownGracefully {
+            abandonedClaims.add(1, ordering: .relaxed)
+            throw error
+        }
+    }
+
+    /// One delivery: its destination resolved, sent, recorded.
+    private func attempt(_ delivery: ClaimedCallback, http: HTTPClient) async -> Attempted {
+        switch target {
+        case .callbacks(let callbacks):
+            return await deliver(delivery, maxAttempts: configuration.maxAttempts) { callback in
+                await self.send(callback, to: callbacks.url, signer: callbacks.signer, timeout: callbacks.timeout, http: http)
+            }
+        case .alerts(let sinks):
+            // A message whose sink is no longer configured is discarded with that reason.
+            guard let (url, signed) = sinks.resolve(delivery.target ?? "") else {
+                let error = "sink \(delivery.target ?? "?") is no longer configured (SIWA_ALERT_WEBHOOK_URLS or SIWA_ALERT_SLACK_URL changed)"
+                return await deliver(delivery, maxAttempts: 1) { _ in .failed(status: nil, error: error) }
+            }
+            return await deliver(delivery, maxAttempts: configuration.maxAttempts) { message in
+                await self.send(message, to: url, signer: signed ? sinks.signer : nil, timeout: sinks.timeout, http: http)
+            }
+        }
+    }
+
+    /// One attempt at a delivery (callback or alert message), recorded, with one log line.
+    private func deliver(_ callback: ClaimedCallback, maxAttempts: Int, _ attempt: (ClaimedCallback) async -> DeliveryOutcome) async -> Attempted {
+        let started = ContinuousClock.now
+        let outcome = await attempt(callback)
+        // Cut short by shutdown: not an attempt. The lease is released on the way out.
+        if Task.isCancelled { return .handedBack }
+        let delay = configuration.backoff.delay(attempt: callback.attempt, unit: Double.random(in: 0..<1))
+        let event = callback.lane == .callbacks ? "callback" : "alert delivery"
+        var metadata: Logger.Metadata = [
+            "job_id": "\(callback.id)", "webhook_id": "\(callback.webhookID)", "attempt": "\(callback.attempt)",
+            "ms": "\((ContinuousClock.now - started).milliseconds)",
+        ]
+        if callback.lane == .callbacks { metadata["jti"] = "\(callback.jti)" } else { metadata["sink"] = "\(callback.target ?? "")" }
+        do {
+            let state = try await deliveries.record(callback, worker: worker, outcome: outcome, maxAttempts: maxAttempts, delay: delay)
+            let result: Attempted = switch (outcome, state) {
+            case (.delivered, _): .delivered
+            case (.failed, .discarded?): .discarded
+            case (.failed, nil): .leaseLost
+            case (.failed, _): .retrying
+            }
+            metrics?.attempt(lane: callback.lane.rawValue, outcome: result.rawValue, took: ContinuousClock.now - started)
+            switch outcome {
+            case .delivered(let status):
+                metadata["status"] = "\(status)"
+                logger.info("\(event)", metadata: metadata.merging(["outcome": "delivered"]) { $1 })
+            case .failed(let status, let error):
+                metadata["status"] = "\(status.map(String.init) ?? "none")"
+                metadata["error"] = "\(error)"
+                metadata["outcome"] = "\(result.rawValue)"
+                if state == .retryable { metadata["retry_in_ms"] = "\(delay.milliseconds)" }
+                logger.warning("\(event)", metadata: metadata)
+            }
+            return result
+        } catch {
+            logger.warning(
+                "could not record a delivery attempt; its lease will expire and it will be sent again",
+                metadata: metadata.merging(["error": "\(loggable(error))"]) { $1 })
+            return .notRecorded
+        }
+    }
+
+    /// One POST, signed when a signer is given. Any 2xx is delivered; redirects are not followed
+    /// (a moved endpoint is a configuration error the operator should see).
+    private func send(_ callback: ClaimedCallback, to url: URL, signer: WebhookSigner?, timeout: Duration, http: HTTPClient) async -> DeliveryOutcome {
+        let body = Array(callback.body.utf8)
+        var request = HTTPClientRequest(url: url.absoluteString)
+        request.method = .POST
+        request.headers.add(name: "content-type", value: "application/json")
+        request.headers.add(name: "user-agent", value: "siwa-events")
+        let timestamp = Int64(Date().timeIntervalSince1970)
+        for header in signer?.headers(id: callback.webhookID, timestamp: timestamp, body: body) ?? [] {
+            request.headers.add(name: header.name, value: header.value)
+        }
+        request.body = .bytes(body)
+        do {
+            let response = try await http.execute(request, timeout: .init(timeout))
+            // Read (and bound) the answer so the connection can be reused; its content is not kept.
+            _ = try? await response.body.collect(upTo: 64 * 1024)
+            let status = Int(response.status.code)
+            return (200..<300).contains(status) ? .delivered(status: status) : .failed(status: status, error: "HTTP \(status)")
+        } catch {
+            return .failed(status: nil, error: "\(error)")
+        }
+    }
+}

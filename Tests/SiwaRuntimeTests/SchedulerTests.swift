@@ -1,0 +1,108 @@
+import Logging
+import ServiceLifecycle
+import ServiceLifecycleTestKit
+import SiwaRuntime
+import Synchronization
+import Testing
+
+/// The one loop runner every background service uses: paced by its rounds, woken by its
+/// doorbell, backing off on errors, stopped by graceful shutdown or cancellation.
+@Suite("Scheduler: rounds, doorbell, errors, shutdown")
+struct SchedulerTests {
+    /// Rounds reported by a loop under test, awaited one by one (no polling).
+    final class Rounds: Sendable {
+        let stream: AsyncStream<Int>
+        let continuation: AsyncStream<Int>.Continuation
+        let count = Mutex(0)
+        init() { (stream, continuation) = AsyncStream.makeStream() }
+        func round() -> Int {
+            let n = count.withLock { count in
+                count += 1
+                return count
+            }
+            continuation.yield(n)
+            return n
+        }
+    }
+
+    @Test("A loop with work goes again at once; idle, it waits a one-hour interval until its doorbell rings")
+    func doorbellWakesIdleLoop() async throws {
+        let rounds = Rounds()
+        let doorbell = Doorbell()
+        try await withThrowingTaskGroup(of: Void.self) { group in
+            group.addTask {
+                // Rounds 1 and 2 find work; round 3 finds none.
+                await Scheduler.run(Schedule(interval: .seconds(3600), doorbell: doorbell), once: { rounds.round() }, pace: { $0 < 3 ? .again : .idle }) { _ in }
+            }
+            var iterator = rounds.stream.makeAsyncIterator()
+            for expected in 1...3 { #expect(await iterator.next() == expected) }
+            doorbell.ring()
+            #expect(await iterator.next() == 4, "woken by the ring, not the interval")
+            group.cancelAll()  // cancellation ends the hour's wait at once
+            try await group.waitForAll()
+        }
+        #expect(rounds.count.withLock { $0 } == 4)
+    }
+
+    @Test("A failed round is reported and retried after the error delay; a ring does not cut that delay short")
+    func errorsAreRetried() async throws {
+        struct Broken: Error {}
+        let rounds = Rounds()
+        let errors = Rounds()
+        let schedule = {
+            var schedule = Schedule(interval: .seconds(3600))
+            schedule.errorDelay = .milliseconds(1)
+            return schedule
+        }()
+        try await withThrowingTaskGroup(of: Void.self) { group in
+            group.addTask {
+                await Scheduler.run(schedule, once: {
+                    if rounds.round() == 1 { throw Broken() }
+                }) { _ in _ = errors.round() }
+            }
+            var iterator = rounds.stream.makeAsyncIterator()
+            #expect(await iterator.next() == 1)
+            #expect(await iterator.next() == 2)
+            group.cancelAll()
+            try await group.waitForAll()
+        }
+        #expect(errors.count.withLock { $0 } == 1)
+    }
+
+    @Test("Graceful shutdown ends a loop waiting out a one-hour interval, and abandons a round in progress when asked to")
+    func gracefulShutdown() async throws {
+        let schedule = {
+            var schedule = Schedule(interval: .seconds(3600))
+            schedule.abandonOnShutdown = true
+            return schedule
+        }()
+        let rounds = Rounds()
+        try await testGracefulShutdown { shutdown in
+            try await withThrowingTaskGroup(of: Void.self) { group in
+                group.addTask {
+                    await Scheduler.run(schedule, once: {
+                        // The second round never ends by itself (as a statement that is never answered).
+                        if rounds.round() == 2 {
+                            let (never, continuation) = AsyncStream<Int>.makeStream()
+                            for await _ in never {}
+                            continuation.finish()
+                        }
+                    }, pace: { _ in .again }) { _ in Issue.record("shutdown is not an error") }
+                }
+                var iterator = rounds.stream.makeAsyncIterator()
+                #expect(await iterator.next() == 1)
+                #expect(await iterator.next() == 2)
+                shutdown.triggerGracefulShutdown()
+                try await group.waitForAll()
+            }
+        }
+        #expect(rounds.count.withLock { $0 } == 2)
+    }
+
+    @Test("Shutdown wakes a waiter that begins its wait after it, not only the ones already waiting")
+    func closedDoorbellWakesLateWaiters() async throws {
+        let doorbell = Doorbell()
+        doorbell.close()
+        try await withDeadline(.seconds(30)) { await doorbell.wait(timeout: .seconds(3600)) }
+    }
+}

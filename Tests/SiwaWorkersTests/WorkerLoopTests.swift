@@ -1,0 +1,71 @@
+import Foundation
+import Logging
+import PostgresNIO
+import ServiceLifecycle
+import SiwaDomain
+import SiwaStore
+import SiwaTestSupport
+import SiwaWorkers
+import Testing
+
+/// The background loops driven one round at a time (`runOnce`), on rows already past due.
+@Suite("Worker loops, one round at a time")
+struct WorkerLoopTests {
+    @Test("Finished jobs past their retention are pruned by the maintainer's round, once a minute; jobs still to run are kept")
+    func jobRetention() async throws {
+        let e = try await EffectHarness.start { $0.retention = .zero }
+        try await e.post("consent-revoked", sub: "kept-1", at: 1_000)
+        try await e.post("consent-revoked", sub: "kept-2", at: 1_000)
+        #expect(try await e.drain() == 2)
+        try await e.post("consent-revoked", sub: "waiting", at: 1_000)
+        let started = ContinuousClock.now
+        #expect(try await e.workers.maintainer.runOnce(now: started) == MaintenanceRound(rescued: 0, pruned: 2))
+        #expect(try await e.h.count("SELECT count(*) FROM jobs WHERE lane = 'effects' AND state = 'completed'") == 0)
+        #expect(try await e.h.count("SELECT count(*) FROM jobs WHERE lane = 'effects' AND state = 'available'") == 1)
+        #expect(try await e.drain() == 1)
+        #expect(try await e.workers.maintainer.runOnce(now: started + .seconds(30)) == MaintenanceRound(rescued: 0, pruned: nil), "not due yet")
+        #expect(try await e.h.count("SELECT count(*) FROM jobs WHERE state = 'completed'") == 1)
+        #expect(try await e.workers.maintainer.runOnce(now: started + .seconds(60)) == MaintenanceRound(rescued: 0, pruned: 1))
+        #expect(try await e.h.count("SELECT count(*) FROM jobs") == 0)
+        await e.stop()
+    }
+
+    @Test("Notifications and rejections past the history retention are pruned by the pruner's round; notifications still pending are kept")
+    func historyAndRejectionRetention() async throws {
+        let e = try await EffectHarness.start { $0.historyRetention = .zero }
+        try await e.post("consent-revoked", sub: "old", at: 1_000)
+        #expect(try await e.drain() == 1)
+        #expect(try await e.h.server.post(jws: try e.h.forged(header: ["kid": .string("forged"), "alg": .string("RS256")])).status != 200)
+        await e.h.flushRejections()
+        #expect(try await e.h.count("SELECT count(*) FROM rejections") == 1)
+        try await e.post("consent-revoked", sub: "pending", at: 1_000)
+        let round = try await e.workers.historyPruner.runOnce()
+        #expect(round.notifications == 1)
+        #expect(try await e.h.count("SELECT count(*) FROM rejections") == 0)
+        #expect(try await e.h.count("SELECT count(*) FROM notifications WHERE sub = 'pending'") == 1)
+        #expect(try await e.h.count("SELECT count(*) FROM notifications WHERE sub = 'old'") == 0)
+        #expect(try await e.workers.historyPruner.runOnce() == HistoryPruneRound())
+        await e.stop()
+    }
+
+    @Test("Another process takes over alert evaluation once the holder's lease has run out; the old holder then stands by")
+    func alertLeaseTakeover() async throws {
+        let e = try await EffectHarness.start()
+        let store = AlertStore(client: e.client, logger: e.h.logs.logger())
+        let first = AlertMonitor(configuration: .init(), store: store, logger: e.h.logs.logger(), identity: "first")
+        let second = AlertMonitor(configuration: .init(), store: store, logger: e.h.logs.logger(), identity: "second")
+        func evaluated(_ round: AlertMonitor.AlertRound) -> Bool {
+            if case .evaluated = round { return true }
+            return false
+        }
+        #expect(evaluated(try await first.runOnce(now: Date())))
+        #expect(!evaluated(try await second.runOnce(now: Date())), "the lease is held")
+        #expect(evaluated(try await first.runOnce(now: Date())), "the holder renews its lease")
+        // The first process dies: its lease runs out (the row is made past due, as time would).
+        try await e.client.query("UPDATE leases SET expires_at = now() - interval '1 second' WHERE name = 'alerts'")
+        #expect(evaluated(try await second.runOnce(now: Date())), "taken over")
+        #expect(!evaluated(try await first.runOnce(now: Date())), "the old holder stands by")
+        #expect(try await e.h.count("SELECT count(*) FROM leases WHERE name = 'alerts' AND holder = 'second' AND expires_at > now()") == 1)
+        await e.stop()
+    }
+}
