@@ -23,6 +23,10 @@ package final class RejectionRecorder: Service, Sendable {
         package var kept = 0
         /// Minute counts written.
         package var minutes = 0
+
+        package init(rows: Int = 0, dropped: Int = 0, kept: Int = 0, minutes: Int = 0) {
+            (self.rows, self.dropped, self.kept, self.minutes) = (rows, dropped, kept, minutes)
+        }
     }
 
     private struct CountKey: Hashable { var minute: Date; var reason: RejectionReason }

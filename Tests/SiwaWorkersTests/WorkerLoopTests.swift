@@ -3,6 +3,7 @@ import Logging
 import PostgresNIO
 import ServiceLifecycle
 import SiwaDomain
+import SiwaHTTP
 import SiwaStore
 import SiwaTestSupport
 import SiwaWorkers
@@ -46,6 +47,35 @@ struct WorkerLoopTests {
         #expect(try await e.h.count("SELECT count(*) FROM notifications WHERE sub = 'old'") == 0)
         #expect(try await e.workers.historyPruner.runOnce() == HistoryPruneRound())
         await e.stop()
+    }
+
+    @Test("The stats folder's round folds every delta the ingest appended; the next finds none")
+    func statsFolded() async throws {
+        let e = try await EffectHarness.start()
+        try await e.post("consent-revoked", sub: "s1", at: 1_000)
+        try await e.post("account-delete", sub: "s2", at: 1_000)
+        #expect(try await e.h.count("SELECT count(*) FROM notification_count_deltas") > 0)
+        #expect(try await e.workers.statsFolder.runOnce() > 0)
+        #expect(try await e.h.count("SELECT count(*) FROM notification_count_deltas") == 0)
+        #expect(try await e.h.count("SELECT coalesce(sum(count), 0)::int FROM notification_counts") == 2)
+        #expect(try await e.workers.statsFolder.runOnce() == 0)
+        await e.stop()
+    }
+
+    @Test("The rejection writer's round writes the buffered rejections and their minute counts; the next writes nothing")
+    func rejectionsWritten() async throws {
+        let h = try await Harness.start()
+        // A writer of its own (the server's runs in the background every second).
+        let recorder = RejectionRecorder(
+            store: RejectionStore(client: h.server.client, logger: h.logs.logger()), limitPerMinute: 100, metrics: nil, logger: h.logs.logger())
+        for index in 0..<3 {
+            recorder.record(RejectionRecord(receivedAt: Date(), remoteAddress: "192.0.2.1", reason: .unknownKey, message: "kid forged-\(index)", bodySize: 10, bodyPrefix: Array("forged-\(index)".utf8)))
+        }
+        #expect(try await h.count("SELECT count(*) FROM rejections") == 0, "buffered, not written yet")
+        #expect(await recorder.runOnce() == RejectionRecorder.Written(rows: 3, minutes: 1))
+        #expect(try await h.count("SELECT count(*) FROM rejections WHERE reason = 'unknown_key'") == 3)
+        #expect(await recorder.runOnce() == RejectionRecorder.Written())
+        await h.stop()
     }
 
     @Test("Another process takes over alert evaluation once the holder's lease has run out; the old holder then stands by")
