@@ -117,5 +117,5 @@ package struct Harness {
     }
 
     /// Writes buffered rejection records now (the recorder flushes every second on its own).
-    package func flushRejections() async { await server.receiver.rejections.flush() }
+    package func flushRejections() async { await server.application.rejections.flush() }
 }

@@ -19,16 +19,16 @@ package final class TestServer: Sendable {
     package let port: Int
     /// The admin listener: `/v1`, the dashboard, `/openapi.yaml`, `/metrics`.
     package let adminBaseURL: String
-    package let receiver: Receiver
+    package let application: SiwaApplication
     package let client: PostgresClient
     private let task: Task<Void, any Error>
     private let group: ServiceGroup
 
-    private init(port: Int, adminPort: Int, receiver: Receiver, client: PostgresClient, task: Task<Void, any Error>, group: ServiceGroup) {
+    private init(port: Int, adminPort: Int, application: SiwaApplication, client: PostgresClient, task: Task<Void, any Error>, group: ServiceGroup) {
         self.baseURL = "http://127.0.0.1:\(port)"
         self.port = port
         self.adminBaseURL = "http://127.0.0.1:\(adminPort)"
-        self.receiver = receiver
+        self.application = application
         self.client = client
         self.task = task
         self.group = group
@@ -43,9 +43,9 @@ package final class TestServer: Sendable {
         config.http.adminHost = "127.0.0.1"
         config.http.adminPort = 0
         let client = PostgresClient(configuration: database, backgroundLogger: logger)
-        let receiver = Receiver(config: config, client: client, logger: logger, keyFetcher: keyFetcher, clock: clock)
+        let application = SiwaApplication(config: config, client: client, logger: logger, keyFetcher: keyFetcher, clock: clock)
         let started = (public: OnceContinuation<Int>(), admin: OnceContinuation<Int>())
-        let services = try receiver.services(
+        let services = try application.services(
             config: config, client: client, logger: logger,
             onPublicRunning: { started.public.resume(.success($0.localAddress?.port ?? 0)) },
             onAdminRunning: { started.admin.resume(.success($0.localAddress?.port ?? 0)) })
@@ -65,7 +65,7 @@ package final class TestServer: Sendable {
         }
         let port = try await started.public.value
         let adminPort = try await started.admin.value
-        return TestServer(port: port, adminPort: adminPort, receiver: receiver, client: client, task: task, group: group)
+        return TestServer(port: port, adminPort: adminPort, application: application, client: client, task: task, group: group)
     }
 
     /// Stops the server gracefully and waits for every service to finish.

@@ -194,10 +194,10 @@ struct ConnectionLimitTests {
         #expect(await first.receive().closed)
         first.close()
         let deadline = ContinuousClock.now + .seconds(30)
-        while h.server.receiver.openConnections(on: .public) > 1 && ContinuousClock.now < deadline {
+        while h.server.application.openConnections(on: .public) > 1 && ContinuousClock.now < deadline {
             try await Task.sleep(for: .milliseconds(10))
         }
-        #expect(h.server.receiver.openConnections(on: .public) == 1)
+        #expect(h.server.application.openConnections(on: .public) == 1)
         let next = try RawConnection(port: h.server.port)
         next.send("GET /health/live HTTP/1.1\r\nHost: t\r\n\r\n")
         #expect(await next.receive { $0.contains("live") }.text.hasPrefix("HTTP/1.1 200"))

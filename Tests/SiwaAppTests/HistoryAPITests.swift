@@ -215,7 +215,7 @@ struct HistoryAPITests {
         let h = try await Harness.start()
         let documented = try Self.documentedOperations()
         #expect(documented.count == 16)
-        let registered = Set(h.server.receiver.adminRouter(methodNotAllowed: false).routes.map { "\($0.method.rawValue) \($0.path)" })
+        let registered = Set(h.server.application.adminRouter(methodNotAllowed: false).routes.map { "\($0.method.rawValue) \($0.path)" })
         // The dashboard's files are the page, not the API.
         let served = registered.subtracting(["GET /", "GET /app.js", "GET /app.css", "GET /metrics"])
         #expect(served.subtracting(documented).isEmpty, "registered but not documented: \(served.subtracting(documented).sorted())")

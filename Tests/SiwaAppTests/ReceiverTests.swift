@@ -66,7 +66,7 @@ struct ReceiverTests {
             #expect(waited >= .milliseconds(1_900) && waited < .seconds(20), "\(waited)")
         }
         // The commit that outlived its request lands once the lock is gone.
-        await h.server.receiver.committer.settled()
+        await h.server.application.committer.settled()
         #expect(try await h.count("SELECT count(*) FROM notifications WHERE jti = 'blocked'") == 1)
         let retried = try await h.deliver(jws)
         #expect(retried.status == 200)
@@ -97,7 +97,7 @@ struct ReceiverTests {
         // Once the committer has nothing left: exactly the two that were committing, whichever two
         // reached the committer first took the slots (each delivery arriving at a free slot starts
         // a batch of its own at once); nothing queued was kept to commit later.
-        await h.server.receiver.committer.settled()
+        await h.server.application.committer.settled()
         let held = try await h.count("SELECT count(*) FROM notifications WHERE jti LIKE 'held-%'")
         #expect(held == 2, "\(held) of the 10 blocked deliveries stored")
         await h.stop()
@@ -244,7 +244,7 @@ struct ReceiverTests {
         }
         #expect(try await h.count("SELECT count(*) FROM notifications WHERE status = 'skipped' AND skip_reason = 'unreadable_event'") == 3)
         #expect(try await h.count("SELECT count(*) FROM jobs") == 0)
-        let listed = try await h.server.receiver.store.list(NotificationFilter(status: .skipped))
+        let listed = try await h.server.application.store.list(NotificationFilter(status: .skipped))
         #expect(Set(listed.map(\.jti)) == ["bad-json", "no-sub", "no-type"])
         await h.stop()
     }
@@ -406,15 +406,15 @@ struct ReceiverTests {
         await h.flushRejections()
         #expect(try await h.count("SELECT count(*) FROM rejections WHERE token IS NOT NULL") == 1)
 
-        let store = h.server.receiver.store
+        let store = h.server.application.store
         let stillWrong = try await RejectionReplay(
-            notifications: store, rejections: h.server.receiver.rejectionStore, verifier: NotificationVerifier(audiences: [Harness.aud])
+            notifications: store, rejections: h.server.application.rejectionStore, verifier: NotificationVerifier(audiences: [Harness.aud])
         ).run(reason: "wrong_audience")
         #expect(stillWrong.recorded == 0)
         #expect(stillWrong.stillRejected == ["wrong_audience": 1])
 
         let fixed = try await RejectionReplay(
-            notifications: store, rejections: h.server.receiver.rejectionStore,
+            notifications: store, rejections: h.server.application.rejectionStore,
             verifier: NotificationVerifier(audiences: [Harness.aud, "com.example.forgotten"])
         ).run(reason: "wrong_audience")
         #expect(fixed.recorded == 1)
@@ -423,7 +423,7 @@ struct ReceiverTests {
         #expect(listed.first?.status == .pending)
         #expect(try await h.count("SELECT count(*) FROM jobs") == 1)
         let again = try await RejectionReplay(
-            notifications: store, rejections: h.server.receiver.rejectionStore,
+            notifications: store, rejections: h.server.application.rejectionStore,
             verifier: NotificationVerifier(audiences: [Harness.aud, "com.example.forgotten"])
         ).run(reason: "wrong_audience")
         #expect(again == RejectionReplay.Summary())

@@ -95,10 +95,10 @@ struct UnstorableInputTests {
             }
             #expect(waiting == 2)
             let queued = batch.map { jws in Task { try await h.server.post(jws: jws) } }
-            for _ in 0..<600 where h.server.receiver.committer.queued < batch.count {
+            for _ in 0..<600 where h.server.application.committer.queued < batch.count {
                 try await Task.sleep(for: .milliseconds(20))
             }
-            #expect(h.server.receiver.committer.queued == batch.count)
+            #expect(h.server.application.committer.queued == batch.count)
             return (blocking, queued)
         }
         for task in answers.0 { #expect(try await task.value.status == 200) }

@@ -55,7 +55,7 @@ struct DatabaseTests {
         let retried = try await h.server.post(jws: try h.notification(jti: "during"))
         #expect(retried.status == 200)
         #expect(retried.json?["id"] == .string("during"))
-        let stored = try await h.server.receiver.store.list(NotificationFilter())
+        let stored = try await h.server.application.store.list(NotificationFilter())
         #expect(Set(stored.map(\.jti)) == ["before", "during"])
         await h.stop()
         try await cluster.stop()
@@ -79,7 +79,7 @@ struct DatabaseTests {
         for round in 1...2 {
             let database = try await Database.open(config, logger: logger)
             #expect(database.startedEmbedded)
-            let receiver = Receiver(config: config, client: database.client, logger: logger)
+            let receiver = SiwaApplication(config: config, client: database.client, logger: logger)
             let started = OnceContinuation<Int>()
             let services = try receiver.services(config: config, client: database.client, logger: logger) { started.resume(.success($0.localAddress?.port ?? 0)) }
             let group = ServiceGroup(configuration: .init(services: services, logger: logger))

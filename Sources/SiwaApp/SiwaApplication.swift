@@ -20,7 +20,7 @@ import NIOSSL
 /// The composition root of a serving process: every component built once, in dependency order,
 /// and one Hummingbird application whose service group runs them — the receiver (role all or
 /// receiver) and the effect workers (role all or worker). Tests build it too.
-package struct Receiver: Sendable {
+package struct SiwaApplication: Sendable {
     package let store: NotificationStore
     package let rejectionStore: RejectionStore
     package let keys: AppleKeyCache
@@ -217,7 +217,7 @@ package enum Server {
     package static func serve(_ config: Configuration, logger: Logger) async throws {
         _ = try config.http.tlsConfiguration()  // a bad certificate stops start-up before the database opens
         let database = try await Database.open(config, logger: logger, serving: true)
-        let receiver = Receiver(config: config, client: database.client, logger: logger)
+        let receiver = SiwaApplication(config: config, client: database.client, logger: logger)
         let services = try receiver.services(
             config: config, client: database.client, logger: logger,
             onPublicRunning: { channel in
