@@ -7,6 +7,19 @@ let swiftSettings: [SwiftSetting] = [
     .enableUpcomingFeature("MemberImportVisibility"),
 ]
 
+// What every test target on a real database, server or binary uses.
+let integrationTestDependencies: [Target.Dependency] = [
+    .product(name: "ServiceLifecycleTestKit", package: "swift-service-lifecycle"),
+    .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
+    .product(name: "Hummingbird", package: "hummingbird"),
+    .product(name: "AsyncHTTPClient", package: "async-http-client"),
+    .product(name: "PostgresNIO", package: "postgres-nio"),
+    .product(name: "NIOCore", package: "swift-nio"),
+    .product(name: "NIOHTTP1", package: "swift-nio"),
+    .product(name: "Logging", package: "swift-log"),
+    .product(name: "Crypto", package: "swift-crypto"),
+]
+
 let package = Package(
     name: "siwa-events",
     platforms: [.macOS(.v15)],
@@ -208,16 +221,7 @@ let package = Package(
             name: "SiwaStoreTests",
             dependencies: [
                 "SiwaTestSupport", "SiwaRuntime", "SiwaStore", "SiwaDomain", "SiwaEmbeddedPostgres", "SiwaApp", "SiwaWorkers",
-                .product(name: "ServiceLifecycleTestKit", package: "swift-service-lifecycle"),
-                .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
-                .product(name: "Hummingbird", package: "hummingbird"),
-                .product(name: "AsyncHTTPClient", package: "async-http-client"),
-                .product(name: "PostgresNIO", package: "postgres-nio"),
-                .product(name: "NIOCore", package: "swift-nio"),
-                .product(name: "NIOHTTP1", package: "swift-nio"),
-                .product(name: "Logging", package: "swift-log"),
-                .product(name: "Crypto", package: "swift-crypto"),
-            ],
+            ] + integrationTestDependencies,
             swiftSettings: swiftSettings
         ),
         // The loops, driven by runOnce: effects, callbacks, alerts, key refresh, restarts.
@@ -225,17 +229,8 @@ let package = Package(
             name: "SiwaWorkersTests",
             dependencies: [
                 "SiwaTestSupport", "SiwaRuntime", "SiwaWorkers", "SiwaStore", "SiwaDomain", "SiwaKeys", "SiwaApp", "SiwaEmbeddedPostgres",
-                .product(name: "ServiceLifecycleTestKit", package: "swift-service-lifecycle"),
-                .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
-                .product(name: "Hummingbird", package: "hummingbird"),
-                .product(name: "AsyncHTTPClient", package: "async-http-client"),
-                .product(name: "PostgresNIO", package: "postgres-nio"),
-                .product(name: "NIOCore", package: "swift-nio"),
-                .product(name: "NIOHTTP1", package: "swift-nio"),
-                .product(name: "Logging", package: "swift-log"),
-                .product(name: "Crypto", package: "swift-crypto"),
                 .product(name: "Prometheus", package: "swift-prometheus"),
-            ],
+            ] + integrationTestDependencies,
             swiftSettings: swiftSettings
         ),
         // The HTTP layer and the composition root, through real HTTP: receiver, API, metrics, dashboard.
@@ -243,18 +238,9 @@ let package = Package(
             name: "SiwaAppTests",
             dependencies: [
                 "SiwaTestSupport", "SiwaRuntime", "SiwaApp", "SiwaHTTP", "SiwaStore", "SiwaDomain", "SiwaKeys", "SiwaWorkers", "SiwaEmbeddedPostgres",
-                .product(name: "ServiceLifecycleTestKit", package: "swift-service-lifecycle"),
-                .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
-                .product(name: "Hummingbird", package: "hummingbird"),
-                .product(name: "AsyncHTTPClient", package: "async-http-client"),
-                .product(name: "PostgresNIO", package: "postgres-nio"),
-                .product(name: "NIOCore", package: "swift-nio"),
-                .product(name: "NIOHTTP1", package: "swift-nio"),
-                .product(name: "Logging", package: "swift-log"),
-                .product(name: "Crypto", package: "swift-crypto"),
                 .product(name: "NIOEmbedded", package: "swift-nio"),
                 .product(name: "Prometheus", package: "swift-prometheus"),
-            ],
+            ] + integrationTestDependencies,
             swiftSettings: swiftSettings
         ),
         // The real binary: commands, deployment as shipped, SIGTERM and SIGKILL, proxies.
@@ -262,16 +248,7 @@ let package = Package(
             name: "SiwaCLITests",
             dependencies: [
                 "SiwaTestSupport", "SiwaRuntime", "SiwaApp", "SiwaDomain", "SiwaStore", "SiwaEmbeddedPostgres",
-                .product(name: "ServiceLifecycleTestKit", package: "swift-service-lifecycle"),
-                .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
-                .product(name: "Hummingbird", package: "hummingbird"),
-                .product(name: "AsyncHTTPClient", package: "async-http-client"),
-                .product(name: "PostgresNIO", package: "postgres-nio"),
-                .product(name: "NIOCore", package: "swift-nio"),
-                .product(name: "NIOHTTP1", package: "swift-nio"),
-                .product(name: "Logging", package: "swift-log"),
-                .product(name: "Crypto", package: "swift-crypto"),
-            ],
+            ] + integrationTestDependencies,
             swiftSettings: swiftSettings
         ),
     ]
