@@ -11,18 +11,10 @@ package struct DeadlineExceeded: Error, CustomStringConvertible {
 }
 
 /// Runs `operation` but answers by `limit` at the latest, and at once when the caller is
-/// cancelled. The operation is not abandoned half-way at the deadline: it goes on in its own task
-/// (a database commit that lands late only makes Apple's retry a duplicate), so a caller never
-/// claims success it has not seen and never waits longer than `limit` — while PostgreSQL is down,
-/// postgres-nio's pool would otherwise hold requests for up to a minute before failing them, and
-/// a trickling JWKS download would hold a key refresh. A cancelled caller gets `CancellationError`
-/// and the operation is cancelled too; one that ignores cancellation is left to finish (or never
-/// finish: see `BoundedPostgres`) on its own.
-///
-/// The timer is a task scheduled on an event loop, cancelled (and freed) when the operation wins.
-/// Not `Task.sleep`: a cancelled `Task.sleep` keeps its task allocated until its original deadline
-/// passes (50,000 cancelled 5 s sleeps held 110 MB for those 5 s), so one per request held
-/// rate × limit of memory — most of the RSS growth of the first 10-minute soak at 500/s.
+/// cancelled. The operation is not abandoned at the deadline: it goes on in its own task (a late
+/// database commit only makes Apple's retry a duplicate), so a caller never claims success it has
+/// not seen and never waits longer than `limit`. The timer is an event-loop scheduled task, not a
+/// `Task.sleep`, whose cancelled task would be held until its deadline (BENCHMARKS.md, "Soak").
 package func withDeadline<T: Sendable>(_ limit: Duration, _ operation: @escaping @Sendable () async throws -> T) async throws -> T {
     let race = Race<T>()
     return try await withTaskCancellationHandler {

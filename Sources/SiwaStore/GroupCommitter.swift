@@ -8,36 +8,16 @@ import Synchronization
 /// Group commit for the receiver: concurrent requests share one transaction, one multi-row insert
 /// and one WAL flush, and none is answered before the commit that contains it.
 ///
-/// No timer window: a batch is whatever queued while the previous batches were committing, so an
-/// idle server commits a lone notification at once and a busy one commits hundreds per flush.
-/// At most `maximumInFlight` batches commit at a time: two by default. One commit can fill the
-/// next batch while the other flushes; more split the same requests into more, smaller
-/// transactions — more statements, more WAL flushes queued behind one another. Measured on 2 cores
-/// (`siwa-bench ingest`, receiver only, open loop, back to back): at 1,000/s p99 10.9-11.9 ms with
-/// two against 23.6-42.8 ms with four; at 2,200/s 12.5-14.0 ms against 20.7-24.5 ms, with a
-/// quarter less PostgreSQL CPU per notification.
-/// A batch the database refuses for its content (`canHeal` false) is retried row by row, so one
-/// unstorable notification fails alone (`NotificationRefused`, never retried) and its neighbours
-/// commit; a batch that fails in a way that can heal (database down) fails all its requests,
-/// which answer 503 so Apple retries.
-///
-/// Each request waits at most `timeout` (`DeadlineExceeded`, so the receiver answers 503 while
-/// PostgreSQL hangs). The committer keeps that deadline itself — one timer for all waiting
-/// requests, not `withDeadline`'s task and timer per request. That pair cost about a seventh of
-/// the receiver's CPU at its peak (2 cores, wrk at 64 connections, 8 alternations back to back:
-/// 325-421 µs of server CPU per notification with it, 261-366 µs without; lower in each pair,
-/// median -15 %). A request past its deadline stays in a batch already committing (a commit that
-/// lands late only makes Apple's retry a duplicate); one still queued leaves the queue (see
-/// `sweep`).
-///
-/// At most `maximumQueued` requests wait for a commit slot; one more is refused at once
-/// (`CommitQueueFull`, answered 503, Apple retries) instead of holding its request, its token and
-/// its HTTP connection for the whole timeout. While PostgreSQL is slower than the arrivals, the
-/// queue would otherwise hold rate × timeout requests (a 3,700/s peak × 5 s ≈ 18,500): the cap
-/// bounds that memory, and the overflow hears "retry later" without waiting to hear it.
-///
-/// The commits run in the committer's own task group: it is a `Service`, run by the receiver's
-/// service group and stopped after the HTTP server has drained (until then nothing commits).
+/// - No timer window: a batch is whatever queued while earlier batches committed. At most
+///   `maximumInFlight` (2) commit at once: one fills while the other flushes; more only split the
+///   same requests into more flushes (BENCHMARKS.md, "two commits in flight").
+/// - A batch refused for its content (`canHeal` false) is retried row by row, so one unstorable
+///   notification fails alone (`NotificationRefused`); one that can heal fails all (503, Apple retries).
+/// - Each request waits at most `timeout`, kept by one timer for all (`sweep`), not a task and
+///   timer per request; a late commit only makes Apple's retry a duplicate.
+/// - At most `maximumQueued` wait for a slot; one more is refused at once (`CommitQueueFull`, 503)
+///   instead of holding its request and connection while PostgreSQL is slower than arrivals.
+/// - A `Service`: commits run in its own task group, stopped after the HTTP server has drained.
 package final class GroupCommitter: Service, Sendable {
     private struct Pending: Sendable {
         var item: NotificationStore.Incoming
