@@ -1,3 +1,4 @@
+import NIOCore
 import Synchronization
 
 /// Wakes idle workers early: rung on a `siwa_jobs` NOTIFY. Workers never rely on it — they also
@@ -7,7 +8,14 @@ package final class Doorbell: Sendable {
         var rung = false
         var closed = false
         var nextID = 0
-        var waiters: [Int: CheckedContinuation<Void, Never>] = [:]
+        var waiters: [Int: Waiter] = [:]
+    }
+
+    /// A waiting caller and its timeout timer, cancelled when a ring or close wakes it first (a
+    /// loop that waits an hour and is rung 200 times a second must not pile up an hour of timers).
+    private struct Waiter {
+        var continuation: CheckedContinuation<Void, Never>
+        var timer: Scheduled<Void>?
     }
     private let state = Mutex(State())
 
@@ -17,25 +25,29 @@ package final class Doorbell: Sendable {
     /// have them all race for it); a worker that finds a full batch keeps going and others wake on
     /// the next ring or poll.
     package func ring() {
-        let waiter = state.withLock { state -> CheckedContinuation<Void, Never>? in
+        let waiter = state.withLock { state -> Waiter? in
             guard let id = state.waiters.keys.min() else {
                 state.rung = true
                 return nil
             }
             return state.waiters.removeValue(forKey: id)
         }
-        waiter?.resume()
+        waiter?.timer?.cancel()
+        waiter?.continuation.resume()
     }
 
     /// Wakes every idle worker, and every later `wait` returns at once (shutdown: a worker that
     /// was between its check for shutdown and its wait would otherwise sleep a whole poll interval).
     package func close() {
-        let waiters = state.withLock { state -> [CheckedContinuation<Void, Never>] in
+        let waiters = state.withLock { state -> [Waiter] in
             state.closed = true
             defer { state.waiters.removeAll() }
             return Array(state.waiters.values)
         }
-        for waiter in waiters { waiter.resume() }
+        for waiter in waiters {
+            waiter.timer?.cancel()
+            waiter.continuation.resume()
+        }
     }
 
     /// Returns when rung (or already rung since the last wait), or closed, or after `timeout`.
@@ -48,17 +60,27 @@ package final class Doorbell: Sendable {
                     return nil
                 }
                 state.nextID += 1
-                state.waiters[state.nextID] = continuation
+                state.waiters[state.nextID] = Waiter(continuation: continuation)
                 return state.nextID
             }
             guard let id else {
                 continuation.resume()
                 return
             }
-            after(timeout) {
+            let timer = after(timeout) {
                 let waiter = self.state.withLock { $0.waiters.removeValue(forKey: id) }
-                waiter?.resume()
+                waiter?.continuation.resume()
             }
+            // Woken before the timer was stored: nothing will cancel it but us.
+            let woken = state.withLock { state in
+                guard state.waiters[id] != nil else { return true }
+                state.waiters[id]?.timer = timer
+                return false
+            }
+            if woken { timer.cancel() }
         }
     }
+
+    /// Callers waiting now.
+    package var waiting: Int { state.withLock { $0.waiters.count } }
 }
