@@ -168,7 +168,7 @@ package enum Settings {
         help: "effect worker loops in this process",
         docs: "Effect worker loops in this process.")
     package static let jobLease = Setting<Duration>.duration(
-        "SIWA_JOB_LEASE", flag: "job-lease", .jobs, default: EffectStore.defaultStall,
+        "SIWA_JOB_LEASE", flag: "job-lease", .jobs, default: EffectStore.defaultLease,
         help: "how long a claimed delivery stays held without a heartbeat, and an effect batch may sit idle",
         docs: "How long a claimed callback or alert delivery stays held without a heartbeat; and how long an effect batch's transaction may sit idle before PostgreSQL ends it (a stalled worker frees its jobs).")
     package static let jobMaxAttempts = Setting<Int>.integer(

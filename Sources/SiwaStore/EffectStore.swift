@@ -21,7 +21,7 @@ package struct EffectStore: Sendable {
 
     /// How long a batch's transaction may sit idle before PostgreSQL ends it, unless told
     /// (`SIWA_JOB_LEASE`; see `runBatch`).
-    package static let defaultStall: Duration = .seconds(15)
+    package static let defaultLease: Duration = .seconds(15)
 
     // MARK: JobsClaim + EffectsApply: one transaction per batch
 
@@ -42,15 +42,15 @@ package struct EffectStore: Sendable {
     /// One worker round, in one transaction: claims up to `limit` ready effect jobs (retries due
     /// at `now`, nil: PostgreSQL's), applies their effects, completes them, commits. No lease: a
     /// worker that dies mid-batch loses its connection and the jobs are ready again, no attempt
-    /// spent; one that stalls is ended after `stall` idle (`idle_in_transaction_session_timeout`).
+    /// spent; one that stalls is ended after `lease` idle (`idle_in_transaction_session_timeout`).
     /// A first-seen user's account created meanwhile by another transaction makes the batch run
     /// again (up to `accountRaceTries` times). Throws `BatchFailed` when the effects fail with an
     /// error that may be the jobs' own (`mayBeTheJobs`).
     package func runBatch(
-        worker: String, limit: Int, eraseOnDelete: Bool, callbacks: Bool = false, stall: Duration = EffectStore.defaultStall, now: Date? = nil
+        worker: String, limit: Int, eraseOnDelete: Bool, callbacks: Bool = false, lease: Duration = EffectStore.defaultLease, now: Date? = nil
     ) async throws -> Round {
         try await retryingAccountRace(worker: worker) {
-            try await runBatchOnce(worker: worker, limit: limit, eraseOnDelete: eraseOnDelete, callbacks: callbacks, stall: stall, now: now)
+            try await runBatchOnce(worker: worker, limit: limit, eraseOnDelete: eraseOnDelete, callbacks: callbacks, lease: lease, now: now)
         }
     }
 
@@ -73,9 +73,9 @@ package struct EffectStore: Sendable {
 
     static let accountRaceTries = 3
 
-    private func runBatchOnce(worker: String, limit: Int, eraseOnDelete: Bool, callbacks: Bool, stall: Duration, now: Date?) async throws -> Round {
+    private func runBatchOnce(worker: String, limit: Int, eraseOnDelete: Bool, callbacks: Bool, lease: Duration, now: Date?) async throws -> Round {
         let logger = self.logger
-        let claim = JobQueue.Effects.Claim(limit: limit, stall: stall, now: now)
+        let claim = JobQueue.Effects.Claim(limit: limit, lease: lease, now: now)
         let inHand = ClaimedBox()
         do {
             return try await client.bounded.transaction(logger: logger) { connection -> Round in
@@ -129,13 +129,13 @@ package struct EffectStore: Sendable {
     /// savepoint and records the failed attempt instead — both under the same lock.
     /// An error that says nothing about the job (see `mayBeTheJobs`) is thrown, not recorded.
     package func runOne(
-        _ job: ClaimedJob, worker: String, eraseOnDelete: Bool, callbacks: Bool = false, maxAttempts: Int, stall: Duration = EffectStore.defaultStall,
+        _ job: ClaimedJob, worker: String, eraseOnDelete: Bool, callbacks: Bool = false, maxAttempts: Int, lease: Duration = EffectStore.defaultLease,
         delay: @escaping @Sendable (Int) -> Duration
     ) async throws -> OneOutcome {
         let logger = self.logger
         return try await retryingAccountRace(worker: worker) {
             try await client.bounded.transaction(logger: logger) { connection -> OneOutcome in
-                guard let job = try await JobQueue.Effects.claimOne(id: job.id, attempt: job.attempt - 1, stall: stall, on: connection, logger: logger)
+                guard let job = try await JobQueue.Effects.claimOne(id: job.id, attempt: job.attempt - 1, lease: lease, on: connection, logger: logger)
                 else { return .gone }
                 try await connection.query("SAVEPOINT one_job", logger: logger)
                 do {

@@ -72,7 +72,7 @@ package final class EffectWorker: Service, Sendable {
             round = try await cancelWhenGracefulShutdown {
                 try await self.store.runBatch(
                     worker: self.name, limit: self.configuration.batchSize, eraseOnDelete: self.configuration.eraseOnDelete,
-                    callbacks: self.configuration.callbacks != nil, stall: self.configuration.lease)
+                    callbacks: self.configuration.callbacks != nil, lease: self.configuration.lease)
             }
         } catch let failed as EffectStore.BatchFailed {
             // One bad job must not hold back its batch: its jobs one by one.
@@ -103,7 +103,7 @@ package final class EffectWorker: Service, Sendable {
             let outcome = try await cancelWhenGracefulShutdown {
                 try await store.runOne(
                     job, worker: worker, eraseOnDelete: configuration.eraseOnDelete, callbacks: configuration.callbacks != nil,
-                    maxAttempts: configuration.maxAttempts, stall: configuration.lease
+                    maxAttempts: configuration.maxAttempts, lease: configuration.lease
                 ) { attempt in configuration.backoff.delay(attempt: attempt, unit: Double.random(in: 0..<1)) }
             }
             let elapsed = ContinuousClock.now - started

@@ -16,7 +16,7 @@ package final class EffectWorkers: Service, Sendable {
     package struct Configuration: Sendable {
         package var workers = 4
         package var batchSize = 200
-        package var lease: Duration = EffectStore.defaultStall
+        package var lease: Duration = EffectStore.defaultLease
         package var pollInterval: Duration = .milliseconds(100)
         package var maxAttempts = 25
         package var backoff = RetryBackoff()

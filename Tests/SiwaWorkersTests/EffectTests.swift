@@ -144,8 +144,8 @@ struct EffectTests {
             var claimed = 0
             // Only the stalled worker relies on the idle limit; the dying one gets a long one, so
             // that it is the kill, not PostgreSQL's timeout, that ends it however slow the machine.
-            let stall: Duration = stalls ? .seconds(1) : .seconds(120)
-            for try await _ in try await connection.execute(JobQueue.Effects.Claim(limit: 10, stall: stall), logger: logger) { claimed += 1 }
+            let lease: Duration = stalls ? .seconds(1) : .seconds(120)
+            for try await _ in try await connection.execute(JobQueue.Effects.Claim(limit: 10, lease: lease), logger: logger) { claimed += 1 }
             #expect(claimed == 1)  // one job per user in flight
             #expect(try await e.drain() == 0)  // held: neither it nor its user's later job is claimable
             if !stalls {

@@ -48,7 +48,7 @@ extension JobQueue {
                 WITH claimed AS MATERIALIZED (
                     SELECT * FROM siwa_claim_effects($1::integer, coalesce($3::timestamptz, now()))
                 )
-                \(Effects.transactionSettingsSQL(from: "claimed", stall: "$2::text"))
+                \(Effects.transactionSettingsSQL(from: "claimed", lease: "$2::text"))
                 SELECT c.job_id, c.attempt, c.notification_id, c.jti, c.aud, c.sub, c.type, c.raw_type, c.event_time_ms, c.email,
                     c.is_private_email, now()
                 FROM claimed c, (SELECT count(*) FROM settings) s
@@ -56,20 +56,20 @@ extension JobQueue {
                 """
             package typealias Row = ClaimedJob
             let limit: Int
-            let stall: Duration
+            let lease: Duration
             let now: Date?
 
-            package init(limit: Int, stall: Duration = EffectStore.defaultStall, now: Date? = nil) {
+            package init(limit: Int, lease: Duration = EffectStore.defaultLease, now: Date? = nil) {
                 precondition(limit > 0)
                 self.limit = limit
-                self.stall = stall
+                self.lease = lease
                 self.now = now
             }
 
             package func makeBindings() -> PostgresBindings {
                 var bindings = PostgresBindings(capacity: 3)
                 bindings.append(limit)
-                bindings.append(Effects.idleLimit(stall))
+                bindings.append(Effects.idleLimit(lease))
                 bindings.append(now)
                 return bindings
             }
@@ -79,7 +79,7 @@ extension JobQueue {
 
         /// One job of a failed batch again, as it was claimed (same attempt count, still ready,
         /// still its user's earliest unfinished one: the same gate), locked.
-        static func claimOne(id: Int, attempt: Int, stall: Duration, on connection: PostgresConnection, logger: Logger) async throws -> ClaimedJob? {
+        static func claimOne(id: Int, attempt: Int, lease: Duration, on connection: PostgresConnection, logger: Logger) async throws -> ClaimedJob? {
             let sql = """
                 WITH candidates AS (
                     SELECT j.id, j.notification_id, j.attempt FROM jobs j
@@ -87,7 +87,7 @@ extension JobQueue {
                       AND NOT EXISTS (SELECT FROM siwa_effect_jobs_ahead(j.aud, j.sub, j.event_time, j.id))
                     FOR UPDATE OF j SKIP LOCKED
                 )
-                \(transactionSettingsSQL(from: "candidates", stall: "'\(idleLimit(stall))'"))
+                \(transactionSettingsSQL(from: "candidates", lease: "'\(idleLimit(lease))'"))
                 SELECT c.id, c.attempt + 1, n.id, n.jti, n.aud, n.sub, n.type, n.raw_type,
                     (extract(epoch FROM n.event_time) * 1000)::bigint, n.email, n.is_private_email, now()
                 FROM candidates c JOIN notifications n ON n.id = c.notification_id, (SELECT count(*) FROM settings) s
@@ -102,14 +102,14 @@ extension JobQueue {
 
         /// A CTE `settings` (`, settings AS (…)`, to follow the claim's) that, when the claim `from`
         /// found a job, sets for the rest of this transaction only (no job, no setting):
-        /// - how long it may sit idle (`stall`, see `EffectStore.runBatch`);
+        /// - how long it may sit idle (`lease`, see `EffectStore.runBatch`);
         /// - how its statements are planned: by key, through indexes (no sequential scans, no hash
         ///   or merge joins), so that prepared statements planned on a fresh install's empty,
         ///   never-analyzed tables keep reading a backlog by key (BENCHMARKS.md).
-        static func transactionSettingsSQL(from claim: String, stall: String) -> String {
+        static func transactionSettingsSQL(from claim: String, lease: String) -> String {
             """
             , settings AS MATERIALIZED (
-                SELECT set_config('idle_in_transaction_session_timeout', \(stall), true),
+                SELECT set_config('idle_in_transaction_session_timeout', \(lease), true),
                     set_config('enable_seqscan', 'off', true), set_config('enable_hashjoin', 'off', true),
                     set_config('enable_mergejoin', 'off', true)
                 FROM \(claim) LIMIT 1
@@ -117,8 +117,8 @@ extension JobQueue {
             """
         }
 
-        /// `stall` as an `idle_in_transaction_session_timeout` value.
-        static func idleLimit(_ stall: Duration) -> String { "\(max(1, Int(stall.milliseconds)))ms" }
+        /// `lease` as an `idle_in_transaction_session_timeout` value.
+        static func idleLimit(_ lease: Duration) -> String { "\(max(1, Int(lease.milliseconds)))ms" }
 
         // MARK: JobsEnqueue, JobsComplete, JobAttemptsInsert (CTEs of the callers' statements)
 
