@@ -29,6 +29,15 @@ package struct Schedule: Sendable {
         self.interval = interval
         self.doorbell = doorbell
     }
+
+    /// A maintenance round every `interval`: abandoned on shutdown (each step is its own
+    /// transaction, redone by the next round), retried after `retry` when it fails.
+    package static func periodic(every interval: Duration, retryAfter retry: Duration) -> Schedule {
+        var schedule = Schedule(interval: interval)
+        schedule.abandonOnShutdown = true
+        (schedule.errorDelay, schedule.maximumErrorDelay) = (retry, retry)
+        return schedule
+    }
 }
 
 /// The one loop runner of every background service: runs `once` until graceful shutdown (or

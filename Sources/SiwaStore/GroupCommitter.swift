@@ -5,19 +5,12 @@ import SiwaDomain
 import SiwaRuntime
 import Synchronization
 
-/// Group commit for the receiver: concurrent requests share one transaction, one multi-row insert
-/// and one WAL flush, and none is answered before the commit that contains it.
-///
-/// - No timer window: a batch is whatever queued while earlier batches committed. At most
-///   `maximumInFlight` (2) commit at once: one fills while the other flushes; more only split the
-///   same requests into more flushes (BENCHMARKS.md, "two commits in flight").
-/// - A batch refused for its content (`canHeal` false) is retried row by row, so one unstorable
-///   notification fails alone (`NotificationRefused`); one that can heal fails all (503, Apple retries).
-/// - Each request waits at most `timeout`, kept by one timer for all (`sweep`), not a task and
-///   timer per request; a late commit only makes Apple's retry a duplicate.
-/// - At most `maximumQueued` wait for a slot; one more is refused at once (`CommitQueueFull`, 503)
-///   instead of holding its request and connection while PostgreSQL is slower than arrivals.
-/// - A `Service`: commits run in its own task group, stopped after the HTTP server has drained.
+/// Group commit for the receiver: concurrent requests share one transaction and one WAL flush,
+/// none answered before its commit. A batch is whatever queued meanwhile; at most
+/// `maximumInFlight` commit at once (BENCHMARKS.md). Content the database refuses is retried row
+/// by row, so it fails alone (`NotificationRefused`). Each request waits at most `timeout` (one
+/// timer for all, `sweep`); past `maximumQueued` waiting, a request is refused at once
+/// (`CommitQueueFull`, 503). A `Service`: commits run in its own task group.
 package final class GroupCommitter: Service, Sendable {
     private struct Pending: Sendable {
         var item: NotificationStore.Incoming

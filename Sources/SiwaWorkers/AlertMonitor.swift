@@ -52,12 +52,8 @@ package final class AlertMonitor: Service, Sendable {
 
     package func run() async throws {
         let interval = configuration.spike.interval
-        var schedule = Schedule(interval: interval)
-        // Abandoned on shutdown (each step is its own transaction; the next evaluator redoes the
-        // round), so a statement that never answers cannot hold SIGTERM.
-        schedule.abandonOnShutdown = true
-        (schedule.errorDelay, schedule.maximumErrorDelay) = (interval, interval)
-        await Scheduler.run(schedule, once: { try await self.runOnce(now: Date()) }) { error in
+        // Abandoned on shutdown, so a statement that never answers cannot hold SIGTERM.
+        await Scheduler.run(.periodic(every: interval, retryAfter: interval), once: { try await self.runOnce(now: Date()) }) { error in
             logger.warning("alert evaluation failed; will retry", metadata: ["error": "\(loggable(error))"])
         }
         let (store, identity) = (self.store, self.identity)

@@ -32,10 +32,7 @@ package final class HistoryPruner: Service, Sendable {
     }
 
     package func run() async throws {
-        var schedule = Schedule(interval: Self.interval)
-        schedule.abandonOnShutdown = true
-        (schedule.errorDelay, schedule.maximumErrorDelay) = (configuration.maintenanceInterval, configuration.maintenanceInterval)
-        await Scheduler.run(schedule, once: { try await self.runOnce() }) { error in
+        await Scheduler.run(.periodic(every: Self.interval, retryAfter: configuration.maintenanceInterval), once: { try await self.runOnce() }) { error in
             logger.warning("queue maintenance failed; will retry", metadata: ["error": "\(loggable(error))"])
         }
     }

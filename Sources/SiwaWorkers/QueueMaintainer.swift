@@ -36,10 +36,7 @@ package final class QueueMaintainer: Service, Sendable {
     }
 
     package func run() async throws {
-        var schedule = Schedule(interval: configuration.maintenanceInterval)
-        schedule.abandonOnShutdown = true
-        (schedule.errorDelay, schedule.maximumErrorDelay) = (configuration.maintenanceInterval, configuration.maintenanceInterval)
-        await Scheduler.run(schedule, once: { try await self.runOnce() }) { error in
+        await Scheduler.run(.periodic(every: configuration.maintenanceInterval, retryAfter: configuration.maintenanceInterval), once: { try await self.runOnce() }) { error in
             logger.warning("queue maintenance failed; will retry", metadata: ["error": "\(loggable(error))"])
         }
     }

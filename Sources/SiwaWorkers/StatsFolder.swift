@@ -17,10 +17,7 @@ package final class StatsFolder: Service, Sendable {
     }
 
     package func run() async throws {
-        var schedule = Schedule(interval: interval)
-        schedule.abandonOnShutdown = true
-        (schedule.errorDelay, schedule.maximumErrorDelay) = (interval, interval)
-        await Scheduler.run(schedule, once: { try await self.runOnce() }) { error in
+        await Scheduler.run(.periodic(every: interval, retryAfter: interval), once: { try await self.runOnce() }) { error in
             logger.warning("queue maintenance failed; will retry", metadata: ["error": "\(loggable(error))"])
         }
     }
