@@ -119,7 +119,7 @@ struct Verify: AsyncParsableCommand {
 
 struct KeysCommand: AsyncParsableCommand {
     static let configuration = CommandConfiguration(
-        commandName: "keys", abstract: "Local signing keys for trying the server without Apple.", subcommands: [Generate.self])
+        commandName: "keys", abstract: "Local signing keys for trying the server without Apple.", subcommands: [Generate.self, IDToken.self])
 
     struct Generate: AsyncParsableCommand {
         static let configuration = CommandConfiguration(abstract: "Write a new RSA-2048 key: DIR/private-key.pem and DIR/jwks.json.")
@@ -139,6 +139,49 @@ struct KeysCommand: AsyncParsableCommand {
             print("serve with:  SIWA_APPLE_JWKS_URL=\(jwksFile.absoluteString)")
         }
     }
+
+    /// A test identity token, as Apple hands one to an app at sign-in, for `POST /v1/sessions`
+    /// and the integration guide's recipes without an Apple device.
+    struct IDToken: AsyncParsableCommand {
+        static let configuration = CommandConfiguration(
+            commandName: "id-token",
+            abstract: "Print a test Sign in with Apple identity token signed with a key from `keys generate`.",
+            discussion: "Trusted only by a server started with SIWA_APPLE_JWKS_URL=file://DIR/jwks.json.")
+        @Option(help: "Directory written by `keys generate`.") var keys: String
+        @Option(help: "Client ID to put in aud: a bundle ID, or a Services ID for a web sign-in.") var aud: String
+        @Option(help: "The user (Apple's team-scoped sub).") var sub: String
+        @Option(help: "The user's address (a relay address for a hidden email).") var email: String?
+        @Flag(help: "Mark the address as a private relay address.") var `private` = false
+        @Option(help: "The raw nonce the app generated: the token carries its SHA-256 hex, as Apple's do.") var nonce: String?
+
+        func validate() throws {
+            if aud.isEmpty { throw ValidationError("--aud must be a client ID like com.example.app") }
+            if sub.isEmpty { throw ValidationError("--sub must not be empty (Apple's user id, e.g. 001234.abcdef.0001)") }
+            if `private` && email == nil { throw ValidationError("--private needs --email (the relay address)") }
+            if nonce?.isEmpty == true { throw ValidationError("--nonce must not be empty (leave it out for a token without a nonce)") }
+        }
+
+        func run() throws {
+            print(try localSigner(keys).identityToken(
+                aud: aud, sub: sub, email: email, isPrivateEmail: email == nil ? nil : `private`,
+                nonce: nonce.map(IdentityTokenVerifier.nonceHash)))
+        }
+    }
+}
+
+/// The signer of `keys generate`'s key in `directory` (`--keys`).
+func localSigner(_ directory: String) throws -> AppleStyleSigner {
+    let pem: String
+    do {
+        pem = try String(contentsOfFile: URL(fileURLWithPath: directory).appendingPathComponent("private-key.pem").path, encoding: .utf8)
+    } catch {
+        throw ValidationError("--keys: cannot read \(directory)/private-key.pem (run `siwa-events keys generate --dir \(directory)` first)")
+    }
+    do {
+        return try AppleStyleSigner(pem: pem)
+    } catch {
+        throw ValidationError("--keys: \(directory)/private-key.pem is not an RSA private key from `siwa-events keys generate`")
+    }
 }
 
 /// `send`: a local stand-in for Apple that signs and POSTs a notification.
@@ -157,13 +200,7 @@ struct Send: AsyncParsableCommand {
     @Option(help: "jti to use (default: a new UUID; reuse one to see a duplicate).") var jti: String?
 
     func run() async throws {
-        let pem: String
-        do {
-            pem = try String(contentsOfFile: URL(fileURLWithPath: keys).appendingPathComponent("private-key.pem").path, encoding: .utf8)
-        } catch {
-            throw ValidationError("--keys: cannot read \(keys)/private-key.pem (run `siwa-events keys generate --dir \(keys)` first)")
-        }
-        let signer = try AppleStyleSigner(pem: pem)
+        let signer = try localSigner(keys)
         let jws = try signer.notification(
             aud: aud, type: type, sub: sub, email: email, isPrivateEmail: email == nil ? nil : `private`, jti: jti ?? UUID().uuidString)
         guard let base = URL(string: url), base.scheme != nil else { throw ValidationError("--url must be a base URL like http://127.0.0.1:8080") }

@@ -53,7 +53,7 @@ package struct IdentityTokenVerifier: Sendable {
             throw .malformed("the identity token has no sub")
         }
         if let nonce {
-            let expected = SHA256.hash(data: Data(nonce.utf8)).map { String(format: "%02x", $0) }.joined()
+            let expected = Self.nonceHash(nonce)
             guard let embedded = claims["nonce"]?.stringValue else {
                 throw .invalid(.nonceMismatch, "a nonce was given but the token has none: the app did not pass a nonce to Apple")
             }
@@ -66,6 +66,11 @@ package struct IdentityTokenVerifier: Sendable {
             isPrivateEmail: Self.flag(claims["is_private_email"]),
             realUserStatus: claims["real_user_status"]?.numberValue.flatMap { $0 == $0.rounded() && abs($0) < 1000 ? Int($0) : nil },
             issuedAt: checked.issuedAt, expiresAt: checked.expiresAt)
+    }
+
+    /// What Apple embeds for the raw nonce an app chose: its SHA-256 as lowercase hex.
+    package static func nonceHash(_ nonce: String) -> String {
+        SHA256.hash(data: Data(nonce.utf8)).map { String(format: "%02x", $0) }.joined()
     }
 
     /// Apple sends booleans as JSON booleans or as the strings "true"/"false".
