@@ -39,10 +39,10 @@ struct CallbacksCommand: AsyncParsableCommand {
                 print(failed ? "no failed callbacks" : "no callbacks")
             } else {
                 print(table(
-                    ["ID", "WEBHOOK ID", "STATE", "ATTEMPT", "TYPE", "CREATED", "LAST STATUS", "LAST ERROR"],
+                    ["WEBHOOK ID", "STATE", "ATTEMPT", "TYPE", "CREATED", "LAST STATUS", "LAST ERROR", "JOB"],
                     callbacks.map {
-                        ["\($0.id)", $0.webhookID, $0.state.rawValue, "\($0.attempt)", $0.type ?? "-", iso8601($0.createdAt),
-                         $0.lastStatus.map(String.init) ?? "-", $0.lastError ?? "-"]
+                        [$0.webhookID, $0.state.rawValue, "\($0.attempt)", $0.type ?? "-", iso8601($0.createdAt),
+                         $0.lastStatus.map(String.init) ?? "-", $0.lastError ?? "-", "\($0.id)"]
                     }))
             }
         }
@@ -53,12 +53,22 @@ struct CallbacksCommand: AsyncParsableCommand {
             abstract: "Send a callback again (same webhook-id), or every callback created since a time.")
         static let settingGroups: [SettingGroup] = [.database, .logging]
         @OptionGroup var options: ConfigOptions
-        @Argument(help: "The callback's id (see `callbacks list`).") var id: Int?
+        @Argument(help: "The callback's webhook-id (msg_12, as your backend saw it), or its job id (see `callbacks list`).")
+        var id: String?
         @Option(help: "Every callback created since this time: ISO-8601 (2026-11-21T08:00:00Z) or a duration ago (2h).")
         var since: String?
 
+        /// The argument as a job id or as the notification its webhook-id names.
+        private var target: (job: Int?, notification: Int?) {
+            guard let id else { return (nil, nil) }
+            return (Int(id).flatMap { $0 > 0 ? $0 : nil }, CallbackStore.notificationID(webhookID: id))
+        }
+
         func validate() throws {
             if (id == nil) == (since == nil) { throw ValidationError("give a callback id, or --since (not both)") }
+            if let id, target.job == nil, target.notification == nil {
+                throw ValidationError("give a webhook-id like msg_12 (or a job id like 11), as `callbacks list` shows (got \"\(id)\")")
+            }
             if let since, parseSince(since, now: Date()) == nil {
                 throw ValidationError("--since must be an ISO-8601 time like 2026-11-21T08:00:00Z or a duration like 2h (got \"\(since)\")")
             }
@@ -69,10 +79,11 @@ struct CallbacksCommand: AsyncParsableCommand {
             let logger = try makeLogger()
             let from = since.flatMap { parseSince($0, now: Date()) }
             let count = try await Database.with(config, logger: logger) { database in
-                try await CallbackStore(client: database.client, logger: logger).redeliver(id: id, since: from)
+                try await CallbackStore(client: database.client, logger: logger).redeliver(
+                    id: target.job, notificationID: target.notification, since: from)
             }
             if count == 0, let id {
-                printError("siwa-events: no callback \(id) to redeliver (unknown id, or being delivered right now)")
+                printError("siwa-events: no callback \(id) to redeliver (unknown id, or being delivered right now; see `callbacks list`)")
                 throw ExitCode(1)
             }
             print("queued \(count) callback\(count == 1 ? "" : "s") for delivery")

@@ -82,9 +82,9 @@ extension NotificationsCommand {
             ]))
             print("")
             print(detail.attempts.isEmpty ? "no attempts yet" : table(
-                ["LANE", "ATTEMPT", "OUTCOME", "EFFECT", "FINISHED", "WORKER", "ERROR"],
+                ["WEBHOOK ID", "LANE", "ATTEMPT", "OUTCOME", "EFFECT", "FINISHED", "WORKER", "ERROR"],
                 detail.attempts.map {
-                    [$0.lane.rawValue, "\($0.attempt)", $0.outcome.rawValue + ($0.httpStatus.map { " (HTTP \($0))" } ?? ""), $0.effect ?? "-",
+                    [$0.lane == .callbacks ? CallbackStore.webhookID(notificationID: record.id) : "-", $0.lane.rawValue, "\($0.attempt)", $0.outcome.rawValue + ($0.httpStatus.map { " (HTTP \($0))" } ?? ""), $0.effect ?? "-",
                      iso8601($0.finishedAt), $0.worker, $0.error ?? "-"]
                 }))
         }

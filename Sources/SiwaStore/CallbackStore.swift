@@ -19,6 +19,7 @@ package struct CallbackStore: Sendable {
     package typealias Summary = JobQueue.CallbackSummary
 
     package static func webhookID(notificationID: Int) -> String { JobQueue.webhookID(notificationID: notificationID) }
+    package static func notificationID(webhookID: String) -> Int? { JobQueue.notificationID(webhookID: webhookID) }
 
     /// Claims up to `limit` ready deliveries of `lane`, oldest first, leased for `lease`.
     package func claim(lane: DeliveryLane, worker: String, limit: Int, lease: Duration) async throws -> [ClaimedDelivery] {
@@ -33,10 +34,11 @@ package struct CallbackStore: Sendable {
         try await queue.recordDelivery(callback, worker: worker, outcome: outcome, maxAttempts: maxAttempts, delay: delay)
     }
 
-    /// Sends callbacks again: one by job id, or every one created since `since`. Returns how many.
+    /// Sends callbacks again: one by job id or by notification (`msg_<n>`), or every one created
+    /// since `since`. Returns how many.
     @discardableResult
-    package func redeliver(id: Int?, since: Date?) async throws -> Int {
-        try await queue.redeliverCallbacks(id: id, since: since)
+    package func redeliver(id: Int?, notificationID: Int? = nil, since: Date?) async throws -> Int {
+        try await queue.redeliverCallbacks(id: id, notificationID: notificationID, since: since)
     }
 
     /// Newest first; `failed`: only retrying or discarded ones.

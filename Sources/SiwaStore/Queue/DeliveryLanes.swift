@@ -52,6 +52,12 @@ package struct AlertDelivery: Sendable {
 extension JobQueue {
     package static func webhookID(notificationID: Int) -> String { "msg_\(notificationID)" }
 
+    /// The notification a callback's `webhook-id` (`msg_<n>`) names; nil for anything else.
+    package static func notificationID(webhookID: String) -> Int? {
+        guard webhookID.hasPrefix("msg_"), let id = Int(webhookID.dropFirst(4)), id > 0, "msg_\(id)" == webhookID else { return nil }
+        return id
+    }
+
     // MARK: DeliveriesClaim
 
     /// Claims up to `limit` ready deliveries of `lane` (ready at `now`), oldest first, leased for
@@ -130,10 +136,11 @@ extension JobQueue {
 
     // MARK: CallbacksRedeliver, CallbacksList
 
-    /// Sends callbacks again (same `webhook-id`, fresh attempts): one by job id, or every one
-    /// created since `since`. A callback being delivered right now is left alone. Returns how many.
+    /// Sends callbacks again (same `webhook-id`, fresh attempts): one by job id or by its
+    /// notification (the `msg_<n>` a backend saw), or every one created since `since`. A callback
+    /// being delivered right now is left alone. Returns how many.
     @discardableResult
-    package func redeliverCallbacks(id: Int?, since: Date?) async throws -> Int {
+    package func redeliverCallbacks(id: Int?, notificationID: Int? = nil, since: Date?) async throws -> Int {
         var count = 0
         for try await (n,) in try await client.bounded.query(
             """
@@ -141,7 +148,8 @@ extension JobQueue {
                 UPDATE jobs SET state = 'available', run_at = now(), attempt = 0, finished_at = NULL, last_error = NULL,
                     last_status = NULL, locked_by = NULL, lease_expires_at = NULL
                 WHERE lane = 'callbacks' AND state <> 'running'
-                  AND ((\(id)::bigint IS NOT NULL AND id = \(id)) OR (\(since)::timestamptz IS NOT NULL AND created_at >= \(since)))
+                  AND ((\(id)::bigint IS NOT NULL AND id = \(id)) OR (\(since)::timestamptz IS NOT NULL AND created_at >= \(since))
+                       OR (\(notificationID)::bigint IS NOT NULL AND notification_id = \(notificationID)))
                 RETURNING id
             )
             SELECT count(*)::bigint FROM redelivered
