@@ -50,6 +50,8 @@ extension NotificationDetail {
         object["verification"] = ["kid": .string(kid), "iat": .string(iso8601(issuedAt)), "exp": time(expiresAt), "jti_derived": .bool(jtiDerived)]
         object["last_delivery_at"] = .string(iso8601(lastDeliveryAt))
         object["attempts"] = .array(attempts.map(\.json))
+        // The id the backend saw on its callback (and `callbacks redeliver` takes), once one was sent.
+        object["webhook_id"] = attempts.contains { $0.lane == .callbacks } ? .string(CallbackStore.webhookID(notificationID: record.id)) : .null
         return .object(object)
     }
 }

@@ -180,6 +180,7 @@ struct IntegrationGuideTests {
         while endpoint.received.isEmpty { await Task.yield() }
         let original = try #require(endpoint.received.first?.headers["webhook-id"])
         #expect(original.hasPrefix("msg_"))
+        let jti = try #require(JSONValue.parse(Data(sent.stdout.dropFirst(4).utf8))?["id"]?.stringValue, "\(sent.stdout)")
 
         // Listed webhook-id first; delivered once the deliverer has recorded its attempt.
         var listed = ""
@@ -188,6 +189,11 @@ struct IntegrationGuideTests {
         }
         #expect(listed.hasPrefix("WEBHOOK ID"), "\(listed)")
         #expect(listed.contains("\(original)  ") && listed.contains("completed"), "\(listed)")
+        let shown = try await TestBinary.run(["notifications", "show", jti, "--json"], environment: environment, directory: directory)
+        #expect(JSONValue.parse(Data(shown.stdout.utf8))?["webhook_id"] == .string(original), "\(shown.stdout) \(shown.stderr)")
+        let table = try await TestBinary.run(["notifications", "show", jti], environment: environment, directory: directory)
+        let callbackRows = table.stdout.split(separator: "\n").filter { $0.split(separator: " ").dropFirst().first == "callbacks" }
+        #expect(table.stdout.contains("WEBHOOK ID") && !callbackRows.isEmpty && callbackRows.allSatisfy { $0.hasPrefix("\(original) ") }, "\(table.stdout)")
 
         let redelivered = try await TestBinary.run(["callbacks", "redeliver", original], environment: environment, directory: directory)
         #expect(redelivered.status == 0 && redelivered.stdout.contains("queued 1 callback"), "\(redelivered.stdout) \(redelivered.stderr)")
