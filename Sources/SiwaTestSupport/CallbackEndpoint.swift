@@ -48,22 +48,23 @@ package final class CallbackEndpoint: Sendable {
             let body = try await request.body.collect(upTo: 1 << 20)
             var headers: [String: String] = [:]
             for field in request.headers { headers[field.name.canonicalName] = field.value }
-            shared.arrivals.continuation.yield()
-            let hanging = shared.state.withLock { state -> Bool in
-                if state.hang { state.open += 1 }
-                return state.hang
+            // Recorded before it counts as arrived, so a test that waited for an arrival can read it.
+            let answer = shared.state.withLock { state -> Int? in
+                if state.hang {
+                    state.open += 1
+                    return nil
+                }
+                let status = state.statuses.isEmpty ? 200 : state.statuses.removeFirst()
+                state.received.append(Received(headers: headers, body: Array(buffer: body), status: status))
+                return status
             }
+            shared.arrivals.continuation.yield()
             shared.arrived.add()
-            if hanging {
+            guard let status = answer else {
                 // Never answers; the sender's timeout (or the test's end) closes the connection.
                 try? await Task.sleep(for: .seconds(3600))
                 shared.state.withLock { $0.open -= 1 }
                 return Response(status: .serviceUnavailable)
-            }
-            let status = shared.state.withLock { state -> Int in
-                let status = state.statuses.isEmpty ? 200 : state.statuses.removeFirst()
-                state.received.append(Received(headers: headers, body: Array(buffer: body), status: status))
-                return status
             }
             return Response(status: .init(code: status))
         }

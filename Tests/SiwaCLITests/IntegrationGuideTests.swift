@@ -103,7 +103,6 @@ struct IntegrationGuideTests {
         #expect(revoked.status == 0 && revoked.stdout.contains(#"{"active":false,"revoked_reason":"consent-revoked"}"#), "\(revoked.stdout) \(revoked.stderr)")
 
         // Recipe 3: the delivered callback passes both verifiers; a changed body fails both.
-        while endpoint.received.isEmpty { await Task.yield() }
         let delivered = try #require(endpoint.received.first)
         let headers = [
             "SIWA_CALLBACK_SECRET": TestWebhooks.secret, "WEBHOOK_ID": delivered.headers["webhook-id"] ?? "", "WEBHOOK_TIMESTAMP": delivered.headers["webhook-timestamp"] ?? "",
@@ -177,7 +176,6 @@ struct IntegrationGuideTests {
             directory: directory)
         #expect(sent.status == 0, "\(sent.stdout) \(sent.stderr)")
         try #require(await endpoint.arrived.wait(until: 1, within: .seconds(60)))
-        while endpoint.received.isEmpty { await Task.yield() }
         let original = try #require(endpoint.received.first?.headers["webhook-id"])
         #expect(original.hasPrefix("msg_"))
         let jti = try #require(JSONValue.parse(Data(sent.stdout.dropFirst(4).utf8))?["id"]?.stringValue, "\(sent.stdout)")
@@ -198,7 +196,6 @@ struct IntegrationGuideTests {
         let redelivered = try await TestBinary.run(["callbacks", "redeliver", original], environment: environment, directory: directory)
         #expect(redelivered.status == 0 && redelivered.stdout.contains("queued 1 callback"), "\(redelivered.stdout) \(redelivered.stderr)")
         try #require(await endpoint.arrived.wait(until: 2, within: .seconds(60)))
-        while endpoint.received.count < 2 { await Task.yield() }
         let again = endpoint.received[1]
         #expect(again.headers["webhook-id"] == original)
         #expect(again.body == endpoint.received[0].body)
