@@ -10,16 +10,16 @@ import Testing
 /// example that breaks fails the suite.
 @Suite("The integration guide's examples")
 struct IntegrationGuideTests {
-    /// The guide's tested blocks by name: (fence language, code).
-    static func testedBlocks() throws -> [String: (language: String, code: String)] {
-        let guide = try String(contentsOf: Repository.root.appendingPathComponent("docs/integration.md"), encoding: .utf8)
+    /// A document's tested blocks by name: (fence language, code).
+    static func testedBlocks(in document: String = "docs/integration.md") throws -> [String: (language: String, code: String)] {
+        let guide = try String(contentsOf: Repository.root.appendingPathComponent(document), encoding: .utf8)
         var blocks: [String: (String, String)] = [:]
         var lines = guide.split(separator: "\n", omittingEmptySubsequences: false).makeIterator()
         while let line = lines.next() {
             guard line.hasPrefix("<!-- tested: "), line.hasSuffix(" -->") else { continue }
             let name = String(line.dropFirst("<!-- tested: ".count).dropLast(" -->".count))
             guard let fence = lines.next(), fence.hasPrefix("```") else {
-                Issue.record("docs/integration.md: <!-- tested: \(name) --> is not followed by a fenced block")
+                Issue.record("\(document): <!-- tested: \(name) --> is not followed by a fenced block")
                 continue
             }
             var code: [Substring] = []
