@@ -109,6 +109,7 @@ def close(dialog):
 try:
     viewport(1280, 900)
     driver.get(base + "/")
+    assert not driver.find_element(By.ID, "app").is_displayed(), "the dashboard shows before sign-in"
     # A wrong token is refused with a message; the right one signs in.
     driver.find_element(By.ID, "token").send_keys("siwa_wrong")
     driver.find_element(By.CSS_SELECTOR, "#signin-form button").click()
@@ -214,7 +215,8 @@ try:
     wait.until(lambda d: len(rows("#results tbody tr")) >= 4)
     for width, height in ((1920, 1080), (390, 844)):
         viewport(width, height)
-        driver.execute_script("window.dispatchEvent(new Event('resize'))")
+        # The chart is redrawn to its box's new width.
+        wait.until(lambda d: d.execute_script("const c = document.getElementById('chart'); return c.querySelector('svg').getAttribute('width') == c.clientWidth"))
         scroll = driver.execute_script("return [document.documentElement.scrollWidth, document.documentElement.clientWidth]")
         assert scroll[0] <= scroll[1], f"horizontal page scroll at {width} px: {scroll}"
         screenshot(f"dashboard-{width}.png", width, height, whole_page=True)

@@ -401,6 +401,8 @@ function svg(tag, attrs, text) {
 
 function hourLabel(ms) { return new Date(ms).toISOString().slice(0, 16).replace("T", " ") + " UTC"; }
 
+const readoutHint = "Point at a bar for its hour and counts.";
+
 function drawChart() {
   if (!chartData) return;
   const { start, hours, series } = chartData;
@@ -414,6 +416,7 @@ function drawChart() {
   const y = (value) => top + plotHeight - (value / max) * plotHeight;
   const slot = plotWidth / hours;
   const root = svg("svg", { viewBox: "0 0 " + width + " " + height, width, height, class: "chart" });
+  root.addEventListener("mouseleave", () => { $("#chart-readout").textContent = readoutHint; });
 
   // Y axis: grid lines with their values, and what is counted.
   for (let value = 0; value <= max; value += step) {
@@ -424,9 +427,11 @@ function drawChart() {
 
   // X axis: a tick at each UTC midnight, labelled with the date.
   const firstMidnight = Math.ceil(start / 86400000) * 86400000;
-  for (let day = firstMidnight; day < start + hours * 3600000; day += 86400000) {
+  const labelEvery = 24 * slot < 46 ? 2 : 1;  // every other date when a day is too narrow for its label
+  for (let day = firstMidnight, index = 0; day < start + hours * 3600000; day += 86400000, index++) {
     const x = left + ((day - start) / 3600000) * slot;
     root.append(svg("line", { x1: x, x2: x, y1: top, y2: top + plotHeight + 4, class: "grid day" }));
+    if (index % labelEvery) continue;
     const label = new Date(day).toLocaleDateString("en", { month: "short", day: "numeric", timeZone: "UTC" });
     root.append(svg("text", { x, y: top + plotHeight + 17, class: "tick", "text-anchor": "middle" }, label));
   }
@@ -476,7 +481,8 @@ async function rejections() {
   const totals = (data.totals || []).map((total) => ({ reason: total.reason, count: (total.recorded || 0) + (total.sampled_out || 0) }))
     .sort((a, b) => b.count - a.count);
   const all = totals.reduce((sum, total) => sum + total.count, 0);
-  $("#rejections-since").textContent = all + " since " + String(data.totals_since || "").slice(0, 16).replace("T", " ") + " UTC";
+  const hours = Math.round((Date.now() - Date.parse(data.totals_since)) / 3600000);
+  $("#rejections-since").textContent = all + (Number.isFinite(hours) ? " in the last " + hours + " h" : "");
   $("#rejection-counts").replaceChildren(...totals.map((total) => el("li", {}, [countChip(total.reason, total.count, "warn")])));
 }
 
@@ -515,7 +521,11 @@ document.addEventListener("DOMContentLoaded", () => {
     // A click on the backdrop (outside the panel) closes it too.
     dialog.addEventListener("click", (event) => { if (event.target === dialog) dialog.close(); });
   }
-  let resizing = null;
-  window.addEventListener("resize", () => { clearTimeout(resizing); resizing = setTimeout(drawChart, 100); });
+  // The chart is drawn to its box's width: again whenever that width changes.
+  let drawnWidth = 0;
+  new ResizeObserver(() => {
+    const width = $("#chart").clientWidth;
+    if (width && width !== drawnWidth) { drawnWidth = width; drawChart(); }
+  }).observe($("#chart"));
   if (token()) signIn(token()); else showApp(false);
 });
