@@ -63,6 +63,32 @@ return [words, split];
 """
 
 
+# Badges, tags and counts whose text is below WCAG AA contrast (4.5:1) against their background.
+LOW_CONTRAST = """
+const rgb = (text) => text.match(/[\\d.]+/g).slice(0, 3).map(Number);
+const luminance = ([r, g, b]) => {
+  const [R, G, B] = [r, g, b].map(v => { v /= 255; return v <= 0.03928 ? v / 12.92 : Math.pow((v + 0.055) / 1.055, 2.4); });
+  return 0.2126 * R + 0.7152 * G + 0.0722 * B;
+};
+let checked = 0;
+const low = [];
+for (const e of document.querySelectorAll('.badge, .tag, .count, .lane')) {
+  if (!e.getClientRects().length) continue;
+  const style = getComputedStyle(e);
+  const a = luminance(rgb(style.color)), b = luminance(rgb(style.backgroundColor));
+  const ratio = (Math.max(a, b) + 0.05) / (Math.min(a, b) + 0.05);
+  checked++;
+  if (ratio < 4.5) low.push(e.textContent + ' ' + ratio.toFixed(2));
+}
+return [checked, low];
+"""
+
+
+def low_contrast():
+    checked, low = driver.execute_script(LOW_CONTRAST)
+    assert checked > 0 and not low, f"badges below 4.5:1 contrast: {low}"
+
+
 def split_words(selector):
     return driver.execute_script(SPLIT_WORDS, driver.find_element(By.CSS_SELECTOR, selector))
 
@@ -148,6 +174,16 @@ try:
         assert words > 0, f"{table} has no words to check"
         assert not split, f"{table}: words split over lines at 1280 px: {split}"
     assert driver.execute_script("return document.documentElement.scrollWidth <= document.documentElement.clientWidth"), "horizontal scroll at 1280 px"
+    # Statuses and types are told apart by colour and by their word, readable either way.
+    low_contrast()
+    looks = driver.execute_script(
+        """const looks = {};
+        for (const e of document.querySelectorAll('#results .badge, #results .tag')) {
+          const s = getComputedStyle(e), dot = getComputedStyle(e, '::before');
+          looks[e.textContent] = [s.color, s.backgroundColor, s.borderRadius, dot.backgroundColor].join(' ');
+        }
+        return looks;""")
+    assert len(looks) >= 4 and len(set(looks.values())) == len(looks), f"statuses and types look alike: {looks}"
 
     # Search the seeded user: their notification is listed, its ids shortened with the whole value kept.
     search(sub)
@@ -175,6 +211,7 @@ try:
     for table in ("#jobs", "#attempts"):
         words, split = split_words(table)
         assert words > 0 and not split, f"{table}: words split over lines at 1280 px: {split}"
+    low_contrast()
     screenshot("dashboard-detail.png", 1280, 900, whole_page=False)
     close("detail")
 
