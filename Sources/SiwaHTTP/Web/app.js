@@ -129,6 +129,12 @@ function shortId(value, options = {}) {
   return el("span", { className: "idbox" }, [label, copyButton(full)]);
 }
 
+/** Names each cell after its column, for the phone layout that shows rows as cards. */
+function labelCells(table) {
+  const names = Array.from(table.tHead.rows[0].cells, (th) => th.textContent.trim());
+  for (const row of table.tBodies[0].rows) Array.from(row.cells).forEach((td, index) => { td.dataset.label = names[index] || ""; });
+}
+
 function clip(value, className = "clip") {
   if (value == null || value === "") return null;
   return el("span", { className, text: value, title: value });
@@ -280,6 +286,7 @@ async function detail(jti) {
     cell(row, job.last_status, "num"); cell(row, clip(job.last_error)); cell(row, time(job.created_at)); cell(row, time(job.finished_at));
     jobsBody.append(row);
   }
+  labelCells($("#jobs"));
 
   const attempts = data.attempts || [];
   const attemptsBody = $("#attempts tbody");
@@ -292,6 +299,7 @@ async function detail(jti) {
     cell(row, shortId(attempt.worker, { head: 8, tail: 4 }));
     attemptsBody.append(row);
   }
+  labelCells($("#attempts"));
   $("#attempts-count").replaceChildren(countChip(attempts.length === 1 ? "attempt" : "attempts", attempts.length, "neutral"));
   $("#attempts-empty").hidden = attempts.length > 0;
 }
@@ -326,6 +334,7 @@ async function sessions(path) {
     cell(row, time(item.revoked_at)); cell(row, item.revoked_reason);
     body.append(row);
   }
+  labelCells($("#sessions"));
   const active = data.items.filter((item) => item.active).length;
   $("#sessions-count").replaceChildren(countChip("active", active, "good"), countChip(data.next_cursor ? "shown" : "in all", data.items.length, "neutral"));
   if (!data.items.length) $("#sessions-note").textContent = "No sessions.";
@@ -345,11 +354,12 @@ async function timeline(path) {
     cell(row, time(item.event_time)); cell(row, typeTag(item.type ?? item.raw_type)); cell(row, badge(item.status)); cell(row, item.effect);
     cell(row, item.revoked_sessions, "num");
     cell(row, item.email_withheld ? el("span", { className: "muted", text: "withheld" }) : item.email);
-    cell(row, el("span", { className: "chevron", text: "›", attrs: { "aria-hidden": "true" } }));
+    cell(row, el("span", { className: "chevron", text: "›", attrs: { "aria-hidden": "true" } }), "go");
     row.addEventListener("click", () => detail(item.jti));
     row.addEventListener("keydown", (event) => { if (event.key === "Enter") detail(item.jti); });
     body.append(row);
   }
+  labelCells($("#timeline"));
   $("#timeline-count").replaceChildren(countChip(data.items.length === 1 ? "notification" : "notifications", data.items.length, "neutral"));
   $("#email-note").hidden = !data.items.some((item) => item.email_withheld);
 }
@@ -477,6 +487,7 @@ async function rejections() {
     cell(row, item.remote_addr);
     body.appendChild(row);
   }
+  labelCells($("#rejections"));
   $("#rejections-empty").hidden = data.items.length > 0;
   const totals = (data.totals || []).map((total) => ({ reason: total.reason, count: (total.recorded || 0) + (total.sampled_out || 0) }))
     .sort((a, b) => b.count - a.count);
@@ -509,6 +520,7 @@ async function alerts() {
     cell(row, item.count, "num"); cell(row, item.baseline, "num"); cell(row, time(item.started_at)); cell(row, time(item.resolved_at));
     body.appendChild(row);
   }
+  labelCells($("#alerts"));
 }
 
 document.addEventListener("DOMContentLoaded", () => {
