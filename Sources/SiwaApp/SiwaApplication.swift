@@ -74,7 +74,7 @@ package struct SiwaApplication: Sendable {
                 bundleIDs: Set(config.apple.bundleIDs), clientIDs: config.apple.clientIDs, sessionTTL: config.accounts.sessionTTL, clockSkew: config.apple.clockSkew,
                 databaseTimeout: config.database.timeout), clock: clock)
         self.history = !config.receives ? nil : HistoryController(
-            history: HistoryStore(client: client, logger: logger), rejections: rejectionStore)
+            history: HistoryStore(client: client, logger: logger), rejections: rejectionStore, callbackURL: config.callbacks.url)
         self.alertsAPI = !config.receives ? nil : AlertsController(alerts: AlertStore(client: client, logger: logger))
         self.databaseTimeout = config.database.timeout
         self.metricsToken = config.http.metricsToken

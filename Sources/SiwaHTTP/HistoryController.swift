@@ -10,10 +10,23 @@ import SiwaStore
 package struct HistoryController: Sendable {
     let history: HistoryStore
     let rejections: RejectionStore
+    /// Where callbacks go (`SIWA_CALLBACK_URL`), without credentials, query or fragment.
+    let callbackURL: String?
 
-    package init(history: HistoryStore, rejections: RejectionStore) {
+    package init(history: HistoryStore, rejections: RejectionStore, callbackURL: URL? = nil) {
         self.history = history
         self.rejections = rejections
+        self.callbackURL = callbackURL.map(Self.shown)
+    }
+
+    /// A URL as the dashboard may show it: a password or token in it stays out.
+    static func shown(_ url: URL) -> String {
+        guard var parts = URLComponents(url: url, resolvingAgainstBaseURL: false) else { return "" }
+        parts.user = nil
+        parts.password = nil
+        parts.query = nil
+        parts.fragment = nil
+        return parts.string ?? ""
     }
 
     package func register(on group: RouterGroup<SiwaRequestContext>) {
@@ -108,7 +121,9 @@ package struct HistoryController: Sendable {
         try context.require(.notificationsRead)
         let jti = context.parameters.get("jti")?.removingPercentEncoding ?? ""
         guard let detail = try await history.notification(jti: jti) else { throw APIError.notFound("no notification with jti \(jti)") }
-        return .json(detail.json(email: context.emailVisibility))
+        var object = detail.json(email: context.emailVisibility).objectValue ?? [:]
+        object["callback_url"] = callbackURL.map(JSONValue.string) ?? .null
+        return .json(.object(object))
     }
 
     @Sendable func timeline(_ request: Request, context: SiwaRequestContext) async throws -> Response {

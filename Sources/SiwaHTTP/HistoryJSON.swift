@@ -47,12 +47,28 @@ extension NotificationDetail {
 
     package func json(email visibility: EmailVisibility) -> JSONValue {
         var object = record.json(email: visibility).objectValue ?? [:]
-        object["verification"] = ["kid": .string(kid), "iat": .string(iso8601(issuedAt)), "exp": time(expiresAt), "jti_derived": .bool(jtiDerived)]
+        object["verification"] = [
+            "kid": .string(kid), "alg": algorithm.map(JSONValue.string) ?? .null, "iss": issuer.map(JSONValue.string) ?? .null,
+            "iat": .string(iso8601(issuedAt)), "exp": time(expiresAt), "jti_derived": .bool(jtiDerived),
+            "remote_addr": remoteAddress.map(JSONValue.string) ?? .null,
+        ]
         object["last_delivery_at"] = .string(iso8601(lastDeliveryAt))
         object["attempts"] = .array(attempts.map(\.json))
         // The id the backend saw on its callback (and `callbacks redeliver` takes), once one was sent.
         object["webhook_id"] = attempts.contains { $0.lane == .callbacks } ? .string(CallbackStore.webhookID(notificationID: record.id)) : .null
+        object["jobs"] = .array(jobs.map(\.json))
         return .object(object)
+    }
+}
+
+extension NotificationJob {
+    package var json: JSONValue {
+        [
+            "id": .number(Double(id)), "lane": .string(lane.rawValue), "state": .string(state.rawValue), "attempt": .number(Double(attempt)),
+            "max_attempts": .number(Double(maxAttempts)), "created_at": .string(iso8601(createdAt)), "run_at": .string(iso8601(runAt)),
+            "finished_at": time(finishedAt), "last_status": lastStatus.map { .number(Double($0)) } ?? .null,
+            "last_error": lastError.map(JSONValue.string) ?? .null, "webhook_id": webhookID.map(JSONValue.string) ?? .null,
+        ]
     }
 }
 

@@ -49,7 +49,13 @@ package struct NotificationDetail: Sendable {
     package var expiresAt: Date?
     package var lastDeliveryAt: Date
     package var jtiDerived: Bool
+    /// The signed header's `alg` and the claims' `iss`, as verified.
+    package var algorithm: String?
+    package var issuer: String?
+    /// The address the delivery came from (after trusted proxies).
+    package var remoteAddress: String?
     package var attempts: [AttemptRecord]
+    package var jobs: [NotificationJob]
 }
 
 package struct TimelineEntry: Sendable {
@@ -123,16 +129,23 @@ package struct HistoryStore: Sendable {
         var detail: NotificationDetail?
         for try await row in try await client.bounded.query(
             """
-            SELECT \(unescaped: Self.columns), 0::bigint, kid, issued_at, expires_at, last_delivery_at, jti_derived
+            SELECT \(unescaped: Self.columns), 0::bigint, kid, issued_at, expires_at, last_delivery_at, jti_derived,
+                header->>'alg', claims->>'iss', remote_addr
             FROM notifications WHERE jti = \(jti)
             """, logger: logger
-        ).decode((Int, String, String, String?, String?, String?, String, String?, Date?, Date, Int, String?, Bool?, Date?, Int64, String, Date, Date?, Date, Bool).self) {
+        ).decode(
+            (Int, String, String, String?, String?, String?, String, String?, Date?, Date, Int, String?, Bool?, Date?, Int64, String, Date, Date?, Date, Bool,
+             String?, String?, String?).self
+        ) {
             let record = Self.record((row.0, row.1, row.2, row.3, row.4, row.5, row.6, row.7, row.8, row.9, row.10, row.11, row.12, row.13, row.14))
             detail = NotificationDetail(
-                record: record, kid: row.15, issuedAt: row.16, expiresAt: row.17, lastDeliveryAt: row.18, jtiDerived: row.19, attempts: [])
+                record: record, kid: row.15, issuedAt: row.16, expiresAt: row.17, lastDeliveryAt: row.18, jtiDerived: row.19, algorithm: row.20,
+                issuer: row.21, remoteAddress: row.22, attempts: [], jobs: [])
         }
         guard var found = detail else { return nil }
-        found.attempts = try await JobQueue(client: client, logger: logger).attempts(notificationID: found.record.id)
+        let queue = JobQueue(client: client, logger: logger)
+        found.attempts = try await queue.attempts(notificationID: found.record.id)
+        found.jobs = try await queue.jobs(notificationID: found.record.id)
         return found
     }
 

@@ -21,8 +21,11 @@ package struct EffectHarness {
         self.workers = workers
     }
 
-    package static func start(_ configure: (inout EffectWorkers.Configuration) -> Void = { _ in }) async throws -> EffectHarness {
-        let h = try await Harness.start()
+    /// `server` adjusts the receiver's configuration (its API), `configure` the workers'.
+    package static func start(
+        _ configure: (inout EffectWorkers.Configuration) -> Void = { _ in }, server: (inout Configuration) -> Void = { _ in }
+    ) async throws -> EffectHarness {
+        let h = try await Harness.start(server)
         var configuration = EffectWorkers.Configuration()
         configuration.workers = 1
         configure(&configuration)

@@ -1,47 +1,90 @@
 import Foundation
 import NIOHTTP1
+import SiwaApp
 import SiwaDomain
 import SiwaEmbeddedPostgres
 import SiwaStore
 import SiwaTestSupport
+import SiwaWorkers
 import Testing
 
 /// The dashboard in a real browser (headless Chromium driven by selenium; scripts/test installs
-/// both when missing). The screenshot is kept in .build/test-artifacts/dashboard.png.
+/// both when missing). Screenshots at 390, 1280 and 1920 px, and of the notification detail, are
+/// kept in .build/test-artifacts/.
 @Suite("Dashboard in headless Chromium")
 struct DashboardTests {
 
-    @Test("serves its shell with a strict CSP, signs in with a token, finds a user's notifications and timeline, and keeps data as text")
+    @Test(
+        "serves its shell with a strict CSP, signs in, opens a notification's attempts and a user's sessions in view, keeps data as text, reads at 390-1920 px"
+    )
     func dashboard() async throws {
-        let e = try await EffectHarness.start()
+        let endpoint = try await CallbackEndpoint.start()
+        let e = try await EffectHarness.start(
+            { configuration in
+                configuration.callbacks = .init(url: endpoint.url, signer: try! WebhookSigner(secrets: TestWebhooks.secret))
+                configuration.backoff = RetryBackoff(base: .zero, cap: .zero)  // a retry is due at once
+            },
+            // The API shows where callbacks go without what could be a secret in the URL.
+            server: { $0.callbacks.url = URL(string: endpoint.url.absoluteString.replacingOccurrences(of: "http://", with: "http://hook:s3cret@") + "?token=abc")! })
         let shell = try await e.h.server.request(.GET, "/")
         #expect(shell.status == 200)
         let csp = shell.headers.first(name: "content-security-policy") ?? ""
         #expect(csp.contains("script-src 'self'") && !csp.contains("unsafe-inline"))
         #expect(!shell.body.contains("<script>"))  // no inline script
+        #expect(!shell.body.contains("style="))  // no inline style either (style-src 'self')
 
-        let token = try await API.token(e.h, [.notificationsRead, .alertsRead])
+        let token = try await API.token(e.h, [.notificationsRead, .alertsRead, .sessionsRead])
         let spike = AlertEpisode(
             key: AlertKey(kind: .revocationSpike, aud: Harness.aud, type: "revocations"), startedAt: Date(), value: 42, peak: 42, baseline: 3.5,
             threshold: 20)
         _ = try await AlertStore(client: e.client, logger: e.h.logs.logger()).fire(spike, window: .seconds(300)) { _ in [] }
-        try await e.post("consent-revoked", sub: "dash-user-1", at: 1_000, jti: "dash-jti-1")
+
+        // A user as Apple names them, with a session, whose consent revocation is applied and
+        // called back: the first callback answered 500, the retry 200.
+        let sub = "001847.5f2c9e0b7a4d4c1e8b3f6a2d9c0e7b14.1032"
+        let jti = "c8d2f0a4-6b1e-4f7a-9c3d-2e5b8a1f7d60"
+        _ = try await e.session(sub: sub, createdAt: 500)
+        try await e.post("consent-revoked", sub: sub, at: 1_000, jti: jti)
+        #expect(try await e.drain() == 1)
+        endpoint.answer([500])
+        #expect(try await e.deliverCallbacks() == 1)
+        #expect(try await e.deliverCallbacks() == 1)
+        #expect(endpoint.received.map(\.status) == [500, 200])
+
         try await e.post("email-disabled", sub: "dash-user-2", at: 1_000, email: "d2@privaterelay.appleid.com")
+        try await e.post("email-enabled", sub: "dash-user-2", at: 1_500, email: "d2@privaterelay.appleid.com")
         let xss = "<img src=x onerror=window.__xss=1>"
         try await e.post("consent-revoked", sub: xss, at: 2_000)
         try await e.drain()
+        _ = try await e.h.server.post(jws: try e.h.forged(header: ["alg": "none", "kid": "x"]))
+        _ = try await e.h.server.post(jws: try e.h.forged { $0["iss"] = .string("https://example.com") })
+        await e.h.flushRejections()
+
+        // The detail the page shows: the callback's webhook-id and where it went.
+        let detail = try await API.call(e.h, .GET, "/v1/notifications/\(jti)", token: token)
+        let callback = try #require(detail.json?["jobs"]?.arrayValue?.first { $0["lane"] == .string("callbacks") })
+        let webhookID = try #require(callback["webhook_id"]?.stringValue)
+        #expect(webhookID.hasPrefix("msg_") && callback["state"] == .string("completed") && callback["last_status"] == .number(200))
+        #expect(detail.json?["callback_url"] == .string(endpoint.url.absoluteString))
+        #expect(!detail.body.contains("s3cret") && !detail.body.contains("token=abc"))
 
         let artifacts = Repository.root.appendingPathComponent(".build/test-artifacts")
         try FileManager.default.createDirectory(at: artifacts, withIntermediateDirectories: true)
-        let screenshot = artifacts.appendingPathComponent("dashboard.png").path
         let python = try #require(
             ["/root/.pyenv/shims/python3", "/usr/local/bin/python3", "/usr/bin/python3"].first { FileManager.default.isExecutableFile(atPath: $0) },
             "python3 is missing: scripts/test installs it")
         let result = try await Subprocess.run(
-            python, [Repository.root.appendingPathComponent("Tests/browser/dashboard.py").path, e.h.server.adminBaseURL, token, "dash-user-1", "dash-jti-1", xss, screenshot],
+            python,
+            [
+                Repository.root.appendingPathComponent("Tests/browser/dashboard.py").path, e.h.server.adminBaseURL, token, sub, jti, xss, webhookID,
+                artifacts.path,
+            ],
             environment: ProcessInfo.processInfo.environment)
         #expect(result.succeeded, "\(result.standardOutput.suffix(5000))\n\(result.standardError.suffix(3000))")
-        #expect(FileManager.default.fileExists(atPath: screenshot))
+        for name in ["dashboard-390.png", "dashboard-1280.png", "dashboard-1920.png", "dashboard-detail.png", "dashboard-user.png"] {
+            #expect(FileManager.default.fileExists(atPath: artifacts.appendingPathComponent(name).path), "\(name)")
+        }
         await e.stop()
+        await endpoint.stop()
     }
 }

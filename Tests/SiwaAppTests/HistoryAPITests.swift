@@ -69,6 +69,12 @@ struct HistoryAPITests {
         let shown = try await API.call(e.h, .GET, "/v1/notifications/c-2", token: token)
         #expect(shown.status == 200)
         #expect(shown.json?["verification"]?["kid"]?.stringValue?.isEmpty == false)
+        #expect(shown.json?["verification"]?["alg"] == .string("RS256"))
+        #expect(shown.json?["verification"]?["iss"] == .string("https://appleid.apple.com"))
+        // The job in each lane as it stands: the effect is done; callbacks are off on this server.
+        let jobs = shown.json?["jobs"]?.arrayValue ?? []
+        #expect(jobs.map { [$0["lane"], $0["state"], $0["attempt"], $0["webhook_id"]] } == [[.string("effects"), .string("completed"), .number(1), .null]])
+        #expect(shown.json?["callback_url"] == .null)
         let attempts = shown.json?["attempts"]?.arrayValue ?? []
         #expect(attempts.count == 1)
         #expect(attempts.first?["outcome"] == .string("applied"))

@@ -4,7 +4,9 @@
 "use strict";
 
 const $ = (selector) => document.querySelector(selector);
+const svgNS = "http://www.w3.org/2000/svg";
 let nextCursor = null;
+let chartData = null;
 
 function token() { return sessionStorage.getItem("siwa-token"); }
 
@@ -19,12 +21,139 @@ async function api(path) {
   return body;
 }
 
-function cell(row, value) {
-  const td = document.createElement("td");
-  td.textContent = value == null ? "–" : String(value);
+// MARK: Building blocks (text only)
+
+/** An element with text (never markup), a class and attributes. */
+function el(tag, options = {}, children = []) {
+  const node = document.createElement(tag);
+  if (options.className) node.className = options.className;
+  if (options.text != null) node.textContent = String(options.text);
+  if (options.title != null) node.title = String(options.title);
+  for (const [name, value] of Object.entries(options.attrs || {})) node.setAttribute(name, String(value));
+  for (const child of children) if (child != null) node.append(child);
+  return node;
+}
+
+function cell(row, content, className) {
+  const td = el("td", { className });
+  if (content == null || content === "") td.append(el("span", { className: "none", text: "–" }));
+  else if (content instanceof Node) td.append(content);
+  else td.textContent = String(content);
   row.appendChild(td);
   return td;
 }
+
+/** "2026-11-25 14:20:42" (UTC) with the full ISO time on hover. */
+function time(iso) {
+  if (!iso) return null;
+  return el("time", { className: "ts", text: String(iso).slice(0, 19).replace("T", " "), attrs: { datetime: iso }, title: iso });
+}
+
+function duration(startISO, endISO) {
+  const ms = Date.parse(endISO) - Date.parse(startISO);
+  if (!Number.isFinite(ms)) return null;
+  return ms < 1000 ? ms + " ms" : (ms / 1000).toFixed(ms < 10000 ? 1 : 0) + " s";
+}
+
+// Statuses and outcomes: the word, on a colour that says good / in progress / needs a look / bad.
+const tones = {
+  applied: "good", delivered: "good", completed: "good", resolved: "good", active: "good",
+  pending: "info", available: "info", running: "info",
+  retrying: "warn", retryable: "warn", lease_expired: "warn", silenced: "muted",
+  discarded: "bad", firing: "bad", revoked: "bad", expired: "muted", skipped: "muted",
+};
+const typeClasses = {
+  "consent-revoked": "type-revoked", "account-delete": "type-delete", "email-disabled": "type-email-off", "email-enabled": "type-email-on",
+};
+
+function badge(value) {
+  if (value == null) return null;
+  return el("span", { className: "badge tone-" + (tones[value] || "neutral"), text: value });
+}
+
+function typeTag(value) {
+  if (value == null) return null;
+  return el("span", { className: "tag " + (typeClasses[value] || "type-other"), text: value });
+}
+
+function laneTag(value) {
+  return el("span", { className: "lane", text: value });
+}
+
+async function copy(text, button) {
+  try {
+    await navigator.clipboard.writeText(text);
+  } catch {
+    const area = el("textarea", { className: "visually-hidden" });
+    area.value = text;
+    document.body.append(area);
+    area.select();
+    document.execCommand("copy");
+    area.remove();
+  }
+  button.classList.add("copied");
+  button.title = "Copied";
+  setTimeout(() => { button.classList.remove("copied"); button.title = "Copy " + text; }, 1200);
+}
+
+function copyIcon() {
+  const svg = document.createElementNS(svgNS, "svg");
+  svg.setAttribute("viewBox", "0 0 16 16");
+  svg.setAttribute("aria-hidden", "true");
+  for (const [x, y] of [[5, 5], [2, 2]]) {
+    const rect = document.createElementNS(svgNS, "rect");
+    rect.setAttribute("x", String(x)); rect.setAttribute("y", String(y));
+    rect.setAttribute("width", "9"); rect.setAttribute("height", "9"); rect.setAttribute("rx", "1.5");
+    svg.append(rect);
+  }
+  return svg;
+}
+
+function copyButton(value) {
+  const button = el("button", { className: "copy", title: "Copy " + value, attrs: { type: "button", "aria-label": "Copy " + value } }, [copyIcon()]);
+  button.addEventListener("click", (event) => { event.stopPropagation(); copy(value, button); });
+  return button;
+}
+
+/** A long identifier as its first and last characters, the whole value in its title, with a
+ *  copy button. `onOpen` makes the short form a link-like button. */
+function shortId(value, options = {}) {
+  if (value == null) return null;
+  const full = String(value);
+  const head = options.head ?? 8, tail = options.tail ?? 4;
+  const text = full.length > head + tail + 1 ? full.slice(0, head) + "…" + full.slice(-tail) : full;
+  const label = options.onOpen
+    ? el("button", { className: "link id", text, title: full, attrs: { type: "button", "data-full": full } })
+    : el("span", { className: "id", text, title: full, attrs: { "data-full": full } });
+  if (options.onOpen) label.addEventListener("click", (event) => { event.stopPropagation(); options.onOpen(); });
+  return el("span", { className: "idbox" }, [label, copyButton(full)]);
+}
+
+/** Names each cell after its column, for the phone layout that shows rows as cards. */
+function labelCells(table) {
+  const names = Array.from(table.tHead.rows[0].cells, (th) => th.textContent.trim());
+  for (const row of table.tBodies[0].rows) Array.from(row.cells).forEach((td, index) => { td.dataset.label = names[index] || ""; });
+}
+
+function clip(value, className = "clip") {
+  if (value == null || value === "") return null;
+  return el("span", { className, text: value, title: value });
+}
+
+function fact(list, term, value) {
+  list.append(el("dt", { text: term }));
+  const dd = el("dd");
+  if (value == null || value === "") dd.append(el("span", { className: "none", text: "–" }));
+  else if (value instanceof Node) dd.append(value);
+  else dd.textContent = String(value);
+  list.append(dd);
+}
+
+function countChip(label, count, tone) {
+  return el("span", { className: "count tone-" + tone }, [el("strong", { text: count }), " " + label]);
+}
+
+// MARK: Sign-in
 
 function showApp(signedIn) {
   $("#signin").hidden = signedIn;
@@ -44,9 +173,11 @@ async function signIn(value) {
   }
   $("#signin-error").textContent = "";
   showApp(true);
-  $("#who").textContent = "signed in";
+  $("#who").textContent = "Signed in";
   await Promise.all([search(false), chart(), rejections(), alerts()]);
 }
+
+// MARK: Notifications
 
 // Query strings are built with encodeURIComponent: URLSearchParams writes a space as "+", which
 // servers need not read back as a space.
@@ -75,84 +206,295 @@ async function search(append) {
   const body = $("#results tbody");
   if (!append) body.replaceChildren();
   for (const item of page.items) {
-    const row = document.createElement("tr");
-    cell(row, item.received_at); cell(row, item.type); cell(row, item.status); cell(row, item.aud);
-    const subCell = cell(row, "");
-    if (item.sub != null) {
-      const link = document.createElement("button");
-      link.type = "button";
-      link.className = "link";
-      link.textContent = item.sub;
-      link.addEventListener("click", () => timeline(item.aud, item.sub));
-      subCell.replaceChildren(link);
-    }
-    cell(row, item.event_time); cell(row, item.jti);
+    const row = el("tr", { className: "clickable", attrs: { tabindex: "0", "data-jti": item.jti } });
+    cell(row, time(item.received_at), "received"); cell(row, typeTag(item.type ?? item.raw_type), "type"); cell(row, badge(item.status), "status");
+    cell(row, item.aud, "aud");
+    cell(row, item.sub == null ? null : shortId(item.sub, { head: 10, tail: 5, onOpen: () => user(item.aud, item.sub) }), "sub");
+    cell(row, time(item.event_time), "event"); cell(row, shortId(item.jti), "jti");
+    cell(row, el("span", { className: "chevron", text: "›", attrs: { "aria-hidden": "true" } }), "go");
+    row.addEventListener("click", () => detail(item.jti));
+    row.addEventListener("keydown", (event) => { if (event.key === "Enter" && event.target === row) detail(item.jti); });
     body.appendChild(row);
   }
   nextCursor = page.next_cursor;
   $("#more").hidden = !nextCursor;
+  const shown = body.rows.length;
+  $("#results-count").textContent = shown + (nextCursor ? "+" : "") + (shown === 1 ? " notification" : " notifications");
+  $("#results-empty").hidden = shown > 0;
 }
 
-async function timeline(aud, sub) {
-  const data = await api("/v1/accounts/" + encodeURIComponent(aud) + "/" + encodeURIComponent(sub) + "/timeline");
-  $("#timeline-hint").textContent = "Timeline of " + sub + " (" + aud + ")";
-  const body = $("#timeline tbody");
-  body.replaceChildren();
-  for (const item of data.items) {
-    const row = document.createElement("tr");
-    cell(row, item.event_time); cell(row, item.type); cell(row, item.status); cell(row, item.effect); cell(row, item.revoked_sessions);
-    cell(row, item.email_withheld ? "withheld" : item.email);
-    body.appendChild(row);
+// MARK: Notification detail
+
+function openDialog(dialog) {
+  if (!dialog.open) dialog.showModal();
+  dialog.querySelector(".drawer-body").scrollTop = 0;
+}
+
+async function detail(jti) {
+  const dialog = $("#detail");
+  $("#detail-title").replaceChildren(shortId(jti, { head: 12, tail: 6 }));
+  for (const id of ["#facts", "#callback", "#detail-badges"]) $(id).replaceChildren();
+  for (const id of ["#jobs tbody", "#attempts tbody"]) $(id).replaceChildren();
+  $("#detail-error").textContent = "";
+  openDialog(dialog);
+  let data;
+  try {
+    data = await api("/v1/notifications/" + encodeURIComponent(jti));
+  } catch (error) {
+    $("#detail-error").textContent = error.message;
+    return;
   }
+  $("#detail-badges").replaceChildren(...[typeTag(data.type ?? data.raw_type), badge(data.status), data.skip_reason ? clip(data.skip_reason, "muted") : null].filter(Boolean));
+
+  const facts = $("#facts");
+  const verification = data.verification || {};
+  fact(facts, "aud", data.aud);
+  fact(facts, "sub", data.sub == null ? null : shortId(data.sub, { head: 10, tail: 5, onOpen: () => user(data.aud, data.sub) }));
+  fact(facts, "event type", data.raw_type && data.raw_type !== data.type ? data.type + " (sent as " + data.raw_type + ")" : data.type);
+  fact(facts, "event time", time(data.event_time));
+  fact(facts, "received", time(data.received_at));
+  fact(facts, "deliveries", data.deliveries > 1 ? data.deliveries + " (last " + String(data.last_delivery_at).slice(0, 19).replace("T", " ") + ")" : data.deliveries);
+  fact(facts, "kid", shortId(verification.kid, { head: 10, tail: 4 }));
+  fact(facts, "alg", verification.alg);
+  fact(facts, "iss", verification.iss);
+  fact(facts, "issued (iat)", time(verification.iat));
+  fact(facts, "expires (exp)", time(verification.exp));
+  fact(facts, "jti from", verification.jti_derived ? "derived: SHA-256 of the payload (none was sent)" : "the token");
+  fact(facts, "from address", verification.remote_addr);
+  fact(facts, "email", data.email_withheld ? el("span", { className: "muted", text: "withheld (needs accounts:read)" }) : data.email);
+  if (data.erased_at) fact(facts, "erased", time(data.erased_at));
+
+  const jobs = data.jobs || [];
+  const callbackJob = jobs.find((job) => job.lane === "callbacks");
+  const callback = $("#callback");
+  if (callbackJob) {
+    fact(callback, "webhook-id", shortId(callbackJob.webhook_id, { head: 16, tail: 4 }));
+    fact(callback, "URL", data.callback_url ? clip(data.callback_url, "clip url") : null);
+    fact(callback, "state", badge(callbackJob.state));
+    fact(callback, "last HTTP status", callbackJob.last_status);
+    fact(callback, "attempts", callbackJob.attempt + " of " + callbackJob.max_attempts);
+    fact(callback, "job id", callbackJob.id);
+    if (callbackJob.last_error) fact(callback, "last error", clip(callbackJob.last_error));
+  } else {
+    callback.append(el("dd", { className: "muted wide", text: data.callback_url ? "No callback for this notification (none is sent until its effect is applied)." : "Callbacks are off on this server (SIWA_CALLBACK_URL is not set)." }));
+  }
+
+  const jobsBody = $("#jobs tbody");
+  for (const job of jobs) {
+    const row = el("tr");
+    cell(row, laneTag(job.lane)); cell(row, job.id, "num"); cell(row, badge(job.state)); cell(row, job.attempt + " / " + job.max_attempts, "num");
+    cell(row, job.last_status, "num"); cell(row, clip(job.last_error)); cell(row, time(job.created_at)); cell(row, time(job.finished_at));
+    jobsBody.append(row);
+  }
+  labelCells($("#jobs"));
+
+  const attempts = data.attempts || [];
+  const attemptsBody = $("#attempts tbody");
+  for (const attempt of attempts) {
+    const row = el("tr", { attrs: { "data-lane": attempt.lane } });
+    cell(row, laneTag(attempt.lane)); cell(row, attempt.attempt, "num"); cell(row, badge(attempt.outcome)); cell(row, attempt.http_status, "num");
+    cell(row, time(attempt.started_at)); cell(row, duration(attempt.started_at, attempt.finished_at), "num");
+    const revoked = attempt.revoked_sessions ? " (" + attempt.revoked_sessions + (attempt.revoked_sessions === 1 ? " session)" : " sessions)") : "";
+    cell(row, attempt.effect == null ? null : attempt.effect + revoked); cell(row, clip(attempt.error));
+    cell(row, shortId(attempt.worker, { head: 8, tail: 4 }));
+    attemptsBody.append(row);
+  }
+  labelCells($("#attempts"));
+  $("#attempts-count").replaceChildren(countChip(attempts.length === 1 ? "attempt" : "attempts", attempts.length, "neutral"));
+  $("#attempts-empty").hidden = attempts.length > 0;
+}
+
+// MARK: User view
+
+async function user(aud, sub) {
+  $("#user-title").replaceChildren(shortId(sub, { head: 14, tail: 6 }));
+  $("#user-aud").textContent = aud;
+  for (const id of ["#sessions tbody", "#timeline tbody", "#sessions-count", "#timeline-count"]) $(id).replaceChildren();
+  $("#sessions-note").textContent = "";
+  $("#email-note").hidden = true;
+  openDialog($("#user"));
+  const path = "/v1/accounts/" + encodeURIComponent(aud) + "/" + encodeURIComponent(sub);
+  await Promise.all([sessions(path), timeline(path)]);
+}
+
+// Sessions need the sessions:read scope; without it the timeline still shows.
+async function sessions(path) {
+  let data;
+  try {
+    data = await api(path + "/sessions?limit=100");
+  } catch (error) {
+    $("#sessions-note").textContent = error.status === 403 ? "This token lacks the sessions:read scope." : error.message;
+    return;
+  }
+  const body = $("#sessions tbody");
+  for (const item of data.items) {
+    const state = item.active ? "active" : item.revoked_at ? "revoked" : "expired";
+    const row = el("tr");
+    cell(row, shortId(item.id, { head: 8, tail: 4 })); cell(row, badge(state)); cell(row, time(item.created_at)); cell(row, time(item.expires_at));
+    cell(row, time(item.revoked_at)); cell(row, item.revoked_reason);
+    body.append(row);
+  }
+  labelCells($("#sessions"));
+  const active = data.items.filter((item) => item.active).length;
+  $("#sessions-count").replaceChildren(countChip("active", active, "good"), countChip(data.next_cursor ? "shown" : "in all", data.items.length, "neutral"));
+  if (!data.items.length) $("#sessions-note").textContent = "No sessions.";
+}
+
+async function timeline(path) {
+  let data;
+  try {
+    data = await api(path + "/timeline");
+  } catch (error) {
+    $("#sessions-note").textContent = error.message;
+    return;
+  }
+  const body = $("#timeline tbody");
+  for (const item of data.items) {
+    const row = el("tr", { className: "clickable", attrs: { tabindex: "0", "data-jti": item.jti } });
+    cell(row, time(item.event_time)); cell(row, typeTag(item.type ?? item.raw_type)); cell(row, badge(item.status)); cell(row, item.effect);
+    cell(row, item.revoked_sessions, "num");
+    cell(row, item.email_withheld ? el("span", { className: "muted", text: "withheld" }) : item.email);
+    cell(row, el("span", { className: "chevron", text: "›", attrs: { "aria-hidden": "true" } }), "go");
+    row.addEventListener("click", () => detail(item.jti));
+    row.addEventListener("keydown", (event) => { if (event.key === "Enter") detail(item.jti); });
+    body.append(row);
+  }
+  labelCells($("#timeline"));
+  $("#timeline-count").replaceChildren(countChip(data.items.length === 1 ? "notification" : "notifications", data.items.length, "neutral"));
   $("#email-note").hidden = !data.items.some((item) => item.email_withheld);
 }
 
+// MARK: Chart
+
 async function chart() {
-  const from = new Date(Date.now() - 7 * 86400 * 1000).toISOString();
-  const data = await api("/v1/stats/notifications?bucket=hour&from=" + encodeURIComponent(from));
-  const svgNS = "http://www.w3.org/2000/svg";
-  const hours = 7 * 24, width = 840, height = 150;
-  const start = Date.parse(from);
-  const series = { revocations: new Array(hours).fill(0), email: new Array(hours).fill(0) };
+  const from = new Date(Math.floor(Date.now() / 3600000) * 3600000 - (7 * 24 - 1) * 3600000).toISOString();
+  let data;
+  try {
+    data = await api("/v1/stats/notifications?bucket=hour&from=" + encodeURIComponent(from));
+  } catch (error) {
+    $("#chart-readout").textContent = error.message;
+    return;
+  }
+  const hours = 7 * 24, start = Date.parse(from);
+  const series = { revocations: new Array(hours).fill(0), email: new Array(hours).fill(0), other: new Array(hours).fill(0) };
   for (const bucket of data.items) {
     const index = Math.floor((Date.parse(bucket.start) - start) / 3600000);
     if (index < 0 || index >= hours) continue;
-    const counts = bucket.counts || {};
-    series.revocations[index] += (counts["consent-revoked"] || 0) + (counts["account-delete"] || 0);
-    series.email[index] += (counts["email-disabled"] || 0) + (counts["email-enabled"] || 0);
+    for (const [type, count] of Object.entries(bucket.counts || {})) {
+      const name = type === "consent-revoked" || type === "account-delete" ? "revocations" : type.startsWith("email-") ? "email" : "other";
+      series[name][index] += Number(count) || 0;
+    }
   }
-  const max = Math.max(1, ...series.revocations, ...series.email);
-  const svg = document.createElementNS(svgNS, "svg");
-  svg.setAttribute("viewBox", "0 0 " + width + " " + height);
-  const barWidth = width / hours / 2;
-  ["revocations", "email"].forEach((name, offset) => {
-    series[name].forEach((count, index) => {
-      if (count === 0) return;
-      const rect = document.createElementNS(svgNS, "rect");
-      const barHeight = Math.max(1, (count / max) * (height - 10));
-      rect.setAttribute("x", String(index * barWidth * 2 + offset * barWidth));
-      rect.setAttribute("y", String(height - barHeight));
-      rect.setAttribute("width", String(barWidth));
-      rect.setAttribute("height", String(barHeight));
-      rect.setAttribute("class", name);
-      const title = document.createElementNS(svgNS, "title");
-      title.textContent = count + " at " + new Date(start + index * 3600000).toISOString();
-      rect.appendChild(title);
-      svg.appendChild(rect);
-    });
-  });
-  $("#chart").replaceChildren(svg);
+  chartData = { start, hours, series };
+  const sum = (values) => values.reduce((a, b) => a + b, 0);
+  const revocations = sum(series.revocations), email = sum(series.email), other = sum(series.other);
+  $("#chart-total").replaceChildren(
+    countChip("notifications", revocations + email + other, "neutral"), countChip("revocations", revocations, "revocations"),
+    countChip("email changes", email, "email"));
+  drawChart();
 }
 
+/** A step of 1, 2 or 5 × 10^n that puts about four ticks on the axis. */
+function niceStep(max) {
+  const rough = Math.max(1, max / 4);
+  const power = Math.pow(10, Math.floor(Math.log10(rough)));
+  for (const factor of [1, 2, 5, 10]) if (factor * power >= rough) return factor * power;
+  return 10 * power;
+}
+
+function svg(tag, attrs, text) {
+  const node = document.createElementNS(svgNS, tag);
+  for (const [name, value] of Object.entries(attrs)) node.setAttribute(name, String(value));
+  if (text != null) node.textContent = String(text);
+  return node;
+}
+
+function hourLabel(ms) { return new Date(ms).toISOString().slice(0, 16).replace("T", " ") + " UTC"; }
+
+const readoutHint = "Point at a bar for its hour and counts.";
+
+function drawChart() {
+  if (!chartData) return;
+  const { start, hours, series } = chartData;
+  const container = $("#chart");
+  const width = Math.max(280, container.clientWidth || 800), height = 220;
+  const left = 44, right = 12, top = 12, bottom = 42;
+  const plotWidth = width - left - right, plotHeight = height - top - bottom;
+  const totals = series.revocations.map((value, index) => value + series.email[index] + series.other[index]);
+  const step = niceStep(Math.max(...totals, 1));
+  const max = Math.max(step, Math.ceil(Math.max(...totals, 1) / step) * step);
+  const y = (value) => top + plotHeight - (value / max) * plotHeight;
+  const slot = plotWidth / hours;
+  const root = svg("svg", { viewBox: "0 0 " + width + " " + height, width, height, class: "chart" });
+  root.addEventListener("mouseleave", () => { $("#chart-readout").textContent = readoutHint; });
+
+  // Y axis: grid lines with their values, and what is counted.
+  for (let value = 0; value <= max; value += step) {
+    root.append(svg("line", { x1: left, x2: width - right, y1: y(value), y2: y(value), class: value === 0 ? "axis" : "grid" }));
+    root.append(svg("text", { x: left - 6, y: y(value) + 4, class: "tick", "text-anchor": "end" }, value));
+  }
+  root.append(svg("text", { x: 12, y: top + plotHeight / 2, class: "axis-title", "text-anchor": "middle", transform: "rotate(-90 12 " + (top + plotHeight / 2) + ")" }, "per hour"));
+
+  // X axis: a tick at each UTC midnight, labelled with the date.
+  const firstMidnight = Math.ceil(start / 86400000) * 86400000;
+  const labelEvery = 24 * slot < 46 ? 2 : 1;  // every other date when a day is too narrow for its label
+  for (let day = firstMidnight, index = 0; day < start + hours * 3600000; day += 86400000, index++) {
+    const x = left + ((day - start) / 3600000) * slot;
+    root.append(svg("line", { x1: x, x2: x, y1: top, y2: top + plotHeight + 4, class: "grid day" }));
+    if (index % labelEvery) continue;
+    const label = new Date(day).toLocaleDateString("en", { month: "short", day: "numeric", timeZone: "UTC" });
+    root.append(svg("text", { x, y: top + plotHeight + 17, class: "tick", "text-anchor": "middle" }, label));
+  }
+  root.append(svg("text", { x: left + plotWidth / 2, y: height - 4, class: "axis-title", "text-anchor": "middle" }, "day (UTC), one bar per hour"));
+
+  // Bars, stacked: revocations at the bottom, then email, then anything else.
+  const barWidth = Math.max(1, slot - (slot > 4 ? 1 : 0));
+  for (let index = 0; index < hours; index++) {
+    const x = left + index * slot;
+    let base = 0;
+    for (const name of ["revocations", "email", "other"]) {
+      const count = series[name][index];
+      if (!count) continue;
+      root.append(svg("rect", { x, y: y(base + count), width: barWidth, height: Math.max(1, y(base) - y(base + count)), class: "bar " + name }));
+      base += count;
+    }
+    // A full-height target per hour: its title is the tooltip; pointing at it fills the readout.
+    const text = hourLabel(start + index * 3600000) + ": " + totals[index] + " (" + series.revocations[index] + " revocations, " + series.email[index] + " email"
+      + (series.other[index] ? ", " + series.other[index] + " other" : "") + ")";
+    const target = svg("rect", { x, y: top, width: slot, height: plotHeight, class: "hover", "data-hour": index });
+    target.append(svg("title", {}, text));
+    target.addEventListener("mouseenter", () => { $("#chart-readout").textContent = text; });
+    root.append(target);
+  }
+  container.replaceChildren(root);
+}
+
+// MARK: Rejections and alerts
+
 async function rejections() {
-  const data = await api("/v1/rejections?limit=20");
+  let data;
+  try {
+    data = await api("/v1/rejections?limit=20");
+  } catch (error) {
+    $("#rejections-since").textContent = error.message;
+    return;
+  }
   const body = $("#rejections tbody");
   body.replaceChildren();
   for (const item of data.items) {
-    const row = document.createElement("tr");
-    cell(row, item.received_at); cell(row, item.reason); cell(row, item.message); cell(row, item.remote_addr);
+    const row = el("tr");
+    cell(row, time(item.received_at)); cell(row, el("span", { className: "badge tone-warn", text: item.reason })); cell(row, clip(item.message, "clip message"));
+    cell(row, item.remote_addr);
     body.appendChild(row);
   }
+  labelCells($("#rejections"));
+  $("#rejections-empty").hidden = data.items.length > 0;
+  const totals = (data.totals || []).map((total) => ({ reason: total.reason, count: (total.recorded || 0) + (total.sampled_out || 0) }))
+    .sort((a, b) => b.count - a.count);
+  const all = totals.reduce((sum, total) => sum + total.count, 0);
+  const hours = Math.round((Date.now() - Date.parse(data.totals_since)) / 3600000);
+  $("#rejections-since").textContent = all + (Number.isFinite(hours) ? " in the last " + hours + " h" : "");
+  $("#rejection-counts").replaceChildren(...totals.map((total) => el("li", {}, [countChip(total.reason, total.count, "warn")])));
 }
 
 // Alerts need the alerts:read scope; a token without it still sees everything else.
@@ -168,14 +510,17 @@ async function alerts() {
   }
   const items = data.items.filter((item) => item.kind !== "test")
     .sort((a, b) => (a.state === b.state ? 0 : a.state === "firing" ? -1 : 1));
-  $("#alerts-note").textContent = items.some((item) => item.state === "firing") ? "Firing now." : items.length ? "Nothing firing." : "No alerts yet.";
+  const firing = items.filter((item) => item.state === "firing").length;
+  $("#alerts-counts").replaceChildren(countChip("firing", firing, firing ? "bad" : "good"), countChip("resolved", items.length - firing, "neutral"));
+  $("#alerts-note").textContent = firing ? "Firing now." : items.length ? "Nothing firing." : "No alerts yet.";
   for (const item of items) {
-    const row = document.createElement("tr");
-    row.className = item.state;
-    cell(row, item.state + (item.silenced ? " (silenced)" : "")); cell(row, item.kind); cell(row, item.aud); cell(row, item.series?.length ? item.series.join(", ") : null);
-    cell(row, item.count); cell(row, item.baseline); cell(row, item.started_at); cell(row, item.resolved_at);
+    const row = el("tr", { className: item.state === "firing" ? "firing" : "resolved" });
+    const state = el("span", { className: "badges" }, [badge(item.state === "firing" ? "firing" : "resolved"), item.silenced ? badge("silenced") : null]);
+    cell(row, state); cell(row, item.kind); cell(row, item.aud); cell(row, item.series?.length ? item.series.join(", ") : null);
+    cell(row, item.count, "num"); cell(row, item.baseline, "num"); cell(row, time(item.started_at)); cell(row, time(item.resolved_at));
     body.appendChild(row);
   }
+  labelCells($("#alerts"));
 }
 
 document.addEventListener("DOMContentLoaded", () => {
@@ -183,5 +528,16 @@ document.addEventListener("DOMContentLoaded", () => {
   $("#search").addEventListener("submit", (event) => { event.preventDefault(); search(false); });
   $("#more").addEventListener("click", () => search(true));
   $("#signout").addEventListener("click", () => { sessionStorage.removeItem("siwa-token"); showApp(false); $("#who").textContent = ""; });
+  for (const dialog of document.querySelectorAll("dialog")) {
+    dialog.querySelector("[data-close]").addEventListener("click", () => dialog.close());
+    // A click on the backdrop (outside the panel) closes it too.
+    dialog.addEventListener("click", (event) => { if (event.target === dialog) dialog.close(); });
+  }
+  // The chart is drawn to its box's width: again whenever that width changes.
+  let drawnWidth = 0;
+  new ResizeObserver(() => {
+    const width = $("#chart").clientWidth;
+    if (width && width !== drawnWidth) { drawnWidth = width; drawChart(); }
+  }).observe($("#chart"));
   if (token()) signIn(token()); else showApp(false);
 });
