@@ -224,7 +224,7 @@ let package = Package(
         .testTarget(
             name: "SiwaStoreTests",
             dependencies: [
-                "SiwaTestSupport", "SiwaRuntime", "SiwaStore", "SiwaDomain", "SiwaEmbeddedPostgres", "SiwaApp", "SiwaWorkers",
+                "SiwaTestSupport", "SiwaRuntime", "SiwaStore", "SiwaDomain", "SiwaEmbeddedPostgres", "SiwaApp", "SiwaWorkers", "SiwaKeys",
             ] + integrationTestDependencies,
             swiftSettings: swiftSettings
         ),

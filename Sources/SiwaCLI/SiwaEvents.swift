@@ -77,8 +77,8 @@ struct Serve: AsyncParsableCommand, ReadsSettings {
         do {
             try await Server.serve(config, logger: try makeLogger(defaultLevel: .info))
         } catch let error as ConfigurationError {
-            // Found only when opening the database (DATABASE_URL unusable, or missing with
-            // SIWA_EMBEDDED_DATABASE=off): a configuration error all the same.
+            // Found only when opening the database (DATABASE_URL refused or missing with
+            // SIWA_EMBEDDED_DATABASE=off) or binding (a port in use): a configuration error all the same.
             printError("siwa-events: \(error.description)")
             throw ExitCode(78)  // EX_CONFIG
         }
