@@ -18,8 +18,8 @@ struct TokensCommand: AsyncParsableCommand {
             abstract: "Create a token; prints it once, on stdout.",
             discussion: """
                 Examples:
-                  siwa-events tokens create --name backend --scope sessions:write --scope sessions:read
-                  siwa-events tokens create --name dashboard --scope admin --expires 90d --json
+                  siwa-events tokens create --name backend --scope sessions:write
+                  siwa-events tokens create --name ops --scope admin --expires 90d --json
                 """)
         static let settingGroups: [SettingGroup] = [.database, .logging]
         @OptionGroup var options: ConfigOptions

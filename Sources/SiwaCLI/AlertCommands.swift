@@ -106,7 +106,8 @@ struct AlertsCommand: AsyncParsableCommand {
             abstract: "Silence an alert kind (for one app or all) for a while: alerts are still recorded, sinks are not told.",
             discussion: """
                 Examples:
-                  siwa-events alerts silence --kind revocation_spike --aud com.example.app --for 2h --reason \"planned migration\"
+                  siwa-events alerts silence --kind revocation_spike --for 2h
+                  siwa-events alerts silence --kind queue_lag --for 30m --reason upgrade
                 """)
         static let settingGroups: [SettingGroup] = [.database, .logging]
         @OptionGroup var options: ConfigOptions

@@ -16,8 +16,8 @@ struct NotificationsCommand: AsyncParsableCommand {
             discussion: """
                 Examples:
                   siwa-events notifications list
-                  siwa-events notifications list --type consent-revoked --status applied --limit 20
-                  siwa-events notifications list --aud com.example.app --sub 001234.abcd --json
+                  siwa-events notifications list --type consent-revoked --limit 20
+                  siwa-events notifications list --sub 001234.abcd --json
                 """)
         static let settingGroups: [SettingGroup] = [.database, .logging]
         @OptionGroup var options: ConfigOptions
@@ -142,7 +142,7 @@ extension NotificationsCommand {
             discussion: """
                 Examples:
                   siwa-events notifications export --output notifications.ndjson
-                  siwa-events notifications export --type account-delete --from 2026-11-01T00:00:00Z > deletions.ndjson
+                  siwa-events notifications export --type account-delete > deleted.ndjson
                 """)
         static let settingGroups: [SettingGroup] = [.database, .logging]
         @OptionGroup var options: ConfigOptions
@@ -224,7 +224,7 @@ extension NotificationsCommand {
             discussion: """
                 Examples:
                   siwa-events notifications stats
-                  siwa-events notifications stats --bucket day --from 7d --type consent-revoked --json
+                  siwa-events notifications stats --bucket day --from 7d --json
                 """)
         static let settingGroups: [SettingGroup] = [.database, .logging]
         @OptionGroup var options: ConfigOptions
@@ -332,7 +332,7 @@ struct RejectionsCommand: AsyncParsableCommand {
                 Use after fixing SIWA_APPLE_BUNDLE_IDS: genuine notifications refused as wrong_audience are recorded as if they had been accepted when they arrived.
 
                 Examples:
-                  SIWA_APPLE_BUNDLE_IDS=com.example.app,com.example.fixed siwa-events rejections replay
+                  siwa-events rejections replay --bundle-ids com.example.app,com.example.fixed
                 """)
         static let settingGroups: [SettingGroup] = [.database, .apple, .logging]
         @OptionGroup var options: ConfigOptions

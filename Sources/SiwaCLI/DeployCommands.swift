@@ -59,7 +59,7 @@ struct Doctor: AsyncParsableCommand {
 
             Examples:
               siwa-events doctor --url https://siwa.example.com/apple/notifications
-              siwa-events doctor --url https://staging.example.com/apple/notifications --ca-file staging-ca.pem
+              siwa-events doctor --url https://$HOST/apple/notifications --ca-file ca.pem
             """)
 
     @Option(help: "The URL registered with Apple, e.g. https://siwa.example.com/apple/notifications.")

@@ -13,7 +13,7 @@ struct SiwaEvents: AsyncParsableCommand {
             Examples:
               siwa-events serve --bundle-ids com.example.app
               siwa-events notifications list
-              siwa-events tokens create --name backend --scope sessions:write --scope sessions:read
+              siwa-events tokens create --name backend --scope sessions:write
               siwa-events <command> --help
             """,
         subcommands: [
@@ -66,7 +66,7 @@ struct Serve: AsyncParsableCommand, ReadsSettings {
 
             Examples:
               siwa-events serve --bundle-ids com.example.app
-              DATABASE_URL=postgres://siwa:secret@db.internal:5432/siwa SIWA_APPLE_BUNDLE_IDS=com.example.app siwa-events serve
+              DATABASE_URL=postgres://siwa:secret@db:5432/siwa siwa-events serve
               siwa-events serve --role worker --workers 8
             """)
     static let settingGroups = SettingGroup.allCases
@@ -92,7 +92,7 @@ struct Migrate: AsyncParsableCommand, ReadsSettings {
             `serve` applies them itself unless SIWA_MIGRATE_ON_START=false.
 
             Examples:
-              DATABASE_URL=postgres://siwa:secret@db.internal:5432/siwa siwa-events migrate
+              DATABASE_URL=postgres://siwa:secret@db:5432/siwa siwa-events migrate
             """)
     static let settingGroups: [SettingGroup] = [.database, .logging]
     @OptionGroup var options: ConfigOptions

@@ -16,8 +16,8 @@ struct Verify: AsyncParsableCommand {
             (same reason words as the endpoint), 2 when it could not check (unreadable file, JWKS unreachable).
 
             Examples:
-              siwa-events verify @notification.json --jwks https://appleid.apple.com/auth/keys --aud com.example.app
-              siwa-events verify eyJraWQiOi... --jwks keys/jwks.json --at 2026-11-21T08:00:00Z
+              siwa-events verify @body.json --jwks https://appleid.apple.com/auth/keys
+              siwa-events verify @body.json --jwks keys/jwks.json --at 1763712000
             """)
 
     @Argument(help: "A compact JWS, or @file holding a JWS or a JSON object with a payload (Apple's POST body) or jws field.")
