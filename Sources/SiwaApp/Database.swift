@@ -2,8 +2,11 @@ import Foundation
 import Logging
 import PostgresNIO
 import SiwaEmbeddedPostgres
+import SiwaDomain
 import SiwaKeys
+import SiwaRuntime
 import SiwaStore
+import UnixSignals
 
 extension NotificationStore: KeySetPersistence {}
 
@@ -16,14 +19,23 @@ package struct Database: Sendable {
     package let description: String
 
     /// `serving`: a long-running `serve` process, whose pool runs without keep-alive timers (see
-    /// `tuneForServing`); one-shot commands open connections as they need them.
-    package static func open(_ config: Configuration, logger: Logger, serving: Bool = false) async throws -> Database {
+    /// `tuneForServing`); one-shot commands open connections as they need them, after one bounded
+    /// attempt that names DATABASE_URL when it fails. `creating`: may start a new embedded cluster
+    /// (`serve`, `migrate`); other commands name where they looked instead.
+    package static func open(_ config: Configuration, logger: Logger, serving: Bool = false, creating: Bool = false) async throws -> Database {
         if let url = config.database.url {
             var configuration: PostgresClient.Configuration
             do {
                 configuration = try DatabaseURL.configuration(url)
             } catch {
                 throw ConfigurationError(variable: "DATABASE_URL", message: error.description)
+            }
+            if !serving {
+                switch await DatabaseProbe.probe(url, timeout: commandConnectTimeout, logger: logger) {
+                case .reachable: break
+                case .refused(let reason): throw refused(url, reason)
+                case .unreachable(let reason): throw DatabaseUnreachable(url: DatabaseURL.redacted(url), reason: reason)
+                }
             }
             configuration.options.maximumConnections = config.database.poolSize
             if serving { configuration.options.tuneForServing() }
@@ -37,6 +49,11 @@ package struct Database: Sendable {
         let embedded = EmbeddedPostgres(
             options: .init(dataDirectory: config.database.dataDirectory, durable: true, binDirectory: config.database.postgresBinaries, extraSettings: ["max_connections": "\(max(100, config.database.poolSize * 2 + 10))"]),
             logger: logger)
+        guard creating || embedded.clusterExists else {
+            throw ConfigurationError(
+                variable: "DATABASE_URL",
+                message: "is not set, and there is no embedded database in \(embedded.clusterDirectory): set DATABASE_URL=postgres://user:password@host:5432/db, or run this from the directory where `siwa-events serve` runs (or set SIWA_DATA_DIR to its .siwa directory); `siwa-events serve` creates the embedded database on first start")
+        }
         let connection = try await embedded.start()
         logger.notice(
             "EMBEDDED POSTGRESQL IN USE — data in \(config.database.dataDirectory); set DATABASE_URL for production",
@@ -58,8 +75,10 @@ package struct Database: Sendable {
     }
 
     /// Runs `body` with the client running, then closes. For CLI commands.
-    package static func with<T: Sendable>(_ config: Configuration, logger: Logger, _ body: @Sendable (Database) async throws -> T) async throws -> T {
-        let database = try await open(config, logger: logger)
+    package static func with<T: Sendable>(
+        _ config: Configuration, logger: Logger, creating: Bool = false, _ body: @Sendable (Database) async throws -> T
+    ) async throws -> T {
+        let database = try await open(config, logger: logger, creating: creating)
         do {
             let result = try await withThrowingTaskGroup(of: Void.self) { group in
                 group.addTask { await database.client.run() }
@@ -73,6 +92,56 @@ package struct Database: Sendable {
             throw error
         }
     }
+}
+
+extension Database {
+    /// How long a one-shot command tries to reach DATABASE_URL before saying it cannot.
+    static let commandConnectTimeout: Duration = .seconds(5)
+
+    /// `serve` on DATABASE_URL: waits until the database lets us in, retrying (with a warning
+    /// naming DATABASE_URL) only what may heal; a refusal (authentication, unknown role or
+    /// database) is a configuration error at once. False when SIGTERM/SIGINT came first.
+    package static func waitUntilReachable(_ config: Configuration, logger: Logger) async throws(ConfigurationError) -> Bool {
+        guard let url = config.database.url else { return true }
+        let stop = Doorbell()
+        let signals = await UnixSignalsSequence(trapping: .sigterm, .sigint)
+        let watcher = Task {
+            for await _ in signals {
+                stop.close()
+                return
+            }
+        }
+        defer { watcher.cancel() }
+        var delay: Duration = .seconds(1)
+        while true {
+            switch await DatabaseProbe.probe(url, timeout: .seconds(5), logger: logger) {
+            case .reachable:
+                return true
+            case .refused(let reason):
+                throw refused(url, reason)
+            case .unreachable(let reason):
+                logger.warning(
+                    "cannot reach the database DATABASE_URL names; retrying",
+                    metadata: ["database": "\(DatabaseURL.redacted(url))", "error": "\(reason)", "retry_in": "\(DurationSyntax.format(delay))"])
+            }
+            await stop.wait(timeout: delay)
+            if stop.isClosed { return false }
+            delay = min(delay * 2, .seconds(10))
+        }
+    }
+
+    static func refused(_ url: String, _ reason: String) -> ConfigurationError {
+        ConfigurationError(
+            variable: "DATABASE_URL",
+            message: "\(DatabaseURL.redacted(url)) refused us: \(reason); fix the user, password or database name in DATABASE_URL (or create them on the server)")
+    }
+}
+
+/// A one-shot command could not reach DATABASE_URL's database (exit 69, EX_UNAVAILABLE).
+package struct DatabaseUnreachable: Error, CustomStringConvertible {
+    package let url: String
+    package let reason: String
+    package var description: String { "DATABASE_URL: cannot reach \(url): \(reason); is PostgreSQL running there, and is DATABASE_URL right?" }
 }
 
 extension PostgresClient.Configuration.Options {

@@ -156,8 +156,9 @@ package struct SiwaApplication: Sendable {
     /// application — whose service group also runs the PostgreSQL client, the key-set refresher,
     /// the rejection writer, the jobs notifier, the group committer, each worker loop and the
     /// alert evaluator — then the admin one.
-    /// Before the public server binds: migrations (or the check that none is pending) and the key
-    /// set load; the workers, the evaluator and the admin server start after the migrations.
+    /// Before the public server binds: migrations (or the check that none is pending); the key set
+    /// load (which the listeners do not wait for), the workers, the evaluator and the admin server
+    /// start after them.
     package func services(
         config: Configuration, client: PostgresClient, logger: Logger, servers: (public: HTTPServerBuilder, admin: HTTPServerBuilder)? = nil,
         onPublicRunning: @escaping @Sendable (any Channel) async -> Void = { _ in },
@@ -171,11 +172,10 @@ package struct SiwaApplication: Sendable {
             router: publicRouter(),
             server: servers.public,
             configuration: .init(address: .hostname(config.http.host, port: config.http.port), serverName: nil),
-            services: [client] + (config.receives ? [keys, rejections, store.jobsNotifier, committer] : [])
-                + loops.map { GatedService(gate: migrated, service: $0) },
+            services: [client] + (config.receives ? [rejections, store.jobsNotifier, committer] : [])
+                + (config.receives ? [keys] + loops : loops).map { GatedService(gate: migrated, service: $0) },
             onServerRunning: onPublicRunning,
             logger: logger)
-        let keys = self.keys
         publicApp.beforeServerStarts {
             let migrator = Migrator(client: client, logger: logger)
             if config.database.migrateOnStart {
@@ -184,7 +184,6 @@ package struct SiwaApplication: Sendable {
                 try await migrator.checkUpToDate()
             }
             migrated.open()
-            if config.receives { await keys.load() }
         }
         var adminApp = Application(
             router: adminRouter(),
@@ -193,7 +192,34 @@ package struct SiwaApplication: Sendable {
             onServerRunning: onAdminRunning,
             logger: logger)
         adminApp.beforeServerStarts { await migrated.wait() }
-        return [publicApp, adminApp]
+        return [
+            ListenerService(app: publicApp, address: "\(config.http.host):\(config.http.port)", host: Settings.host.info, port: Settings.port.info),
+            ListenerService(app: adminApp, address: "\(config.http.adminHost):\(config.http.adminPort)", host: Settings.adminHost.info, port: Settings.adminPort.info),
+        ]
+    }
+}
+
+/// A listener's application, whose failure to bind names the address and the setting to change
+/// (instead of NIO's `bind(descriptor:ptr:bytes:): Address already in use`).
+struct ListenerService<App: Service>: Service {
+    let app: App
+    let address: String
+    let host: SettingInfo
+    let port: SettingInfo
+
+    func run() async throws {
+        do {
+            try await app.run()
+        } catch let error as IOError where "\(error)".hasPrefix("bind") {
+            let message: String =
+                switch error.errnoCode {
+                case EADDRINUSE: "\(address) is already in use: stop what listens there, or choose another port with \(port.name)"
+                case EACCES: "\(address) needs privileges this process lacks: choose a port of 1024 or more with \(port.name)"
+                case EADDRNOTAVAIL: "\(address) is not an address of this machine: set \(host.name) to one of its addresses (or 0.0.0.0)"
+                default: "cannot listen on \(address) (\(error)): check \(host.name) and \(port.name)"
+                }
+            throw ConfigurationError(variable: port.variable, message: message)
+        }
     }
 }
 
@@ -216,7 +242,8 @@ struct ListenerCounters: Sendable {
 package enum Server {
     package static func serve(_ config: Configuration, logger: Logger) async throws {
         _ = try config.http.tlsConfiguration()  // a bad certificate stops start-up before the database opens
-        let database = try await Database.open(config, logger: logger, serving: true)
+        guard try await Database.waitUntilReachable(config, logger: logger) else { return }  // stopped while waiting
+        let database = try await Database.open(config, logger: logger, serving: true, creating: true)
         let receiver = SiwaApplication(config: config, client: database.client, logger: logger)
         let services = try receiver.services(
             config: config, client: database.client, logger: logger,

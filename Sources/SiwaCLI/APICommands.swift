@@ -14,7 +14,13 @@ struct TokensCommand: AsyncParsableCommand {
         commandName: "tokens", abstract: "Bearer tokens for the backend API (stored as hashes only).", subcommands: [Create.self, List.self, Revoke.self])
 
     struct Create: AsyncParsableCommand, ReadsSettings {
-        static let configuration = CommandConfiguration(abstract: "Create a token; prints it once, on stdout.")
+        static let configuration = CommandConfiguration(
+            abstract: "Create a token; prints it once, on stdout.",
+            discussion: """
+                Examples:
+                  siwa-events tokens create --name backend --scope sessions:write
+                  siwa-events tokens create --name ops --scope admin --expires 90d --json
+                """)
         static let settingGroups: [SettingGroup] = [.database, .logging]
         @OptionGroup var options: ConfigOptions
         @Option(help: "A name for it (letters, digits, . _ -), unique among live tokens.") var name: String
@@ -62,7 +68,12 @@ struct TokensCommand: AsyncParsableCommand {
     }
 
     struct List: AsyncParsableCommand, ReadsSettings {
-        static let configuration = CommandConfiguration(abstract: "List tokens (never the tokens themselves).")
+        static let configuration = CommandConfiguration(
+            abstract: "List tokens (never the tokens themselves).",
+            discussion: """
+                Examples:
+                  siwa-events tokens list
+                """)
         static let settingGroups: [SettingGroup] = [.database, .logging]
         @OptionGroup var options: ConfigOptions
         @Flag(help: "Include revoked tokens.") var all = false
@@ -97,7 +108,12 @@ struct TokensCommand: AsyncParsableCommand {
     }
 
     struct Revoke: AsyncParsableCommand, ReadsSettings {
-        static let configuration = CommandConfiguration(abstract: "Revoke a token by name or id: it answers 401 from now on.")
+        static let configuration = CommandConfiguration(
+            abstract: "Revoke a token by name or id: it answers 401 from now on.",
+            discussion: """
+                Examples:
+                  siwa-events tokens revoke backend
+                """)
         static let settingGroups: [SettingGroup] = [.database, .logging]
         @OptionGroup var options: ConfigOptions
         @Argument(help: "The token's name or id.") var token: String
@@ -122,11 +138,18 @@ struct AuditCommand: AsyncParsableCommand {
         commandName: "audit", abstract: "The audit log: token creation and revocation, privacy erasures.", subcommands: [List.self])
 
     struct List: AsyncParsableCommand, ReadsSettings {
-        static let configuration = CommandConfiguration(abstract: "List audit entries, newest first.")
+        static let configuration = CommandConfiguration(
+            abstract: "List audit entries, newest first.",
+            discussion: """
+                Examples:
+                  siwa-events audit list --limit 20
+                """)
         static let settingGroups: [SettingGroup] = [.database, .logging]
         @OptionGroup var options: ConfigOptions
-        @Option(help: "At most this many (1-10000).") var limit: Int = 50
+        @Option(help: ListFlags.limitHelp) var limit: Int = 50
         @Flag(help: "One JSON object per line.") var json = false
+
+        func validate() throws { try ListFlags.checkLimit(limit) }
 
         func run() async throws {
             let config = try options.load(requireBundleIDs: false)
@@ -156,7 +179,11 @@ struct AccountsCommand: AsyncParsableCommand {
 
     struct Erase: AsyncParsableCommand, ReadsSettings {
         static let configuration = CommandConfiguration(
-            abstract: "A privacy request: erase the user's email everywhere and revoke their sessions (audited).")
+            abstract: "A privacy request: erase the user's email everywhere and revoke their sessions (audited).",
+            discussion: """
+                Examples:
+                  siwa-events accounts erase --aud com.example.app --sub 001234.abcd
+                """)
         static let settingGroups: [SettingGroup] = [.database, .logging]
         @OptionGroup var options: ConfigOptions
         @Option(help: "The app's bundle ID.") var aud: String
@@ -180,7 +207,11 @@ struct DatabaseCommand: AsyncParsableCommand {
     struct GrantBackend: AsyncParsableCommand, ReadsSettings {
         static let configuration = CommandConfiguration(
             commandName: "grant-backend",
-            abstract: "Grant an existing role exactly what the README's session SQL needs (sessions, accounts), nothing else.")
+            abstract: "Grant an existing role exactly what the README's session SQL needs (sessions, accounts), nothing else.",
+            discussion: """
+                Examples:
+                  siwa-events db grant-backend --role backend_app
+                """)
         static let settingGroups: [SettingGroup] = [.database, .logging]
         @OptionGroup var options: ConfigOptions
         @Option(help: "The PostgreSQL role your backend connects as (must exist).") var role: String

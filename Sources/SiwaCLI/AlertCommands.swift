@@ -10,16 +10,22 @@ struct AlertsCommand: AsyncParsableCommand {
         subcommands: [List.self, Test.self, Silence.self, Silences.self])
 
     struct List: AsyncParsableCommand, ReadsSettings {
-        static let configuration = CommandConfiguration(abstract: "List alerts, newest first.")
+        static let configuration = CommandConfiguration(
+            abstract: "List alerts, newest first.",
+            discussion: """
+                Examples:
+                  siwa-events alerts list
+                  siwa-events alerts list --state firing --json
+                """)
         static let settingGroups: [SettingGroup] = [.database, .logging]
         @OptionGroup var options: ConfigOptions
         @Option(help: "firing or resolved (default: both).") var state: String?
-        @Option(help: "At most this many (1-10000).") var limit: Int = 50
+        @Option(help: ListFlags.limitHelp) var limit: Int = 50
         @Flag(help: "One JSON object per line.") var json = false
 
         func validate() throws {
             if let state, !["firing", "resolved"].contains(state) { throw ValidationError("--state must be firing or resolved (got \"\(state)\")") }
-            if !(1...10_000).contains(limit) { throw ValidationError("--limit must be between 1 and 10000 (got \(limit))") }
+            try ListFlags.checkLimit(limit)
         }
 
         func run() async throws {
@@ -47,7 +53,11 @@ struct AlertsCommand: AsyncParsableCommand {
 
     struct Test: AsyncParsableCommand, ReadsSettings {
         static let configuration = CommandConfiguration(
-            abstract: "Send a test alert through every configured sink and wait for each outcome (a running worker process delivers it).")
+            abstract: "Send a test alert through every configured sink and wait for each outcome (a running worker process delivers it).",
+            discussion: """
+                Examples:
+                  siwa-events alerts test
+                """)
         static let settingGroups: [SettingGroup] = [.database, .alerts, .logging]
         @OptionGroup var options: ConfigOptions
         @Option(help: "How long to wait for the deliveries, e.g. 30s.") var wait: String = "30s"
@@ -93,7 +103,12 @@ struct AlertsCommand: AsyncParsableCommand {
 
     struct Silence: AsyncParsableCommand, ReadsSettings {
         static let configuration = CommandConfiguration(
-            abstract: "Silence an alert kind (for one app or all) for a while: alerts are still recorded, sinks are not told.")
+            abstract: "Silence an alert kind (for one app or all) for a while: alerts are still recorded, sinks are not told.",
+            discussion: """
+                Examples:
+                  siwa-events alerts silence --kind revocation_spike --for 2h
+                  siwa-events alerts silence --kind queue_lag --for 30m --reason upgrade
+                """)
         static let settingGroups: [SettingGroup] = [.database, .logging]
         @OptionGroup var options: ConfigOptions
         @Option(help: "revocation_spike, jobs_discarded, queue_lag or bad_signatures.") var kind: String
@@ -122,7 +137,13 @@ struct AlertsCommand: AsyncParsableCommand {
     }
 
     struct Silences: AsyncParsableCommand, ReadsSettings {
-        static let configuration = CommandConfiguration(abstract: "List silences still running (with --expired, also those ended in the last day).")
+        static let configuration = CommandConfiguration(
+            abstract: "List silences still running (with --expired, also those ended in the last day).",
+            discussion: """
+                Examples:
+                  siwa-events alerts silences
+                  siwa-events alerts silences --expired
+                """)
         static let settingGroups: [SettingGroup] = [.database, .logging]
         @OptionGroup var options: ConfigOptions
         @Flag(help: "Include silences that ended in the last day.") var expired = false

@@ -10,12 +10,20 @@ struct CallbacksCommand: AsyncParsableCommand {
         subcommands: [List.self, Redeliver.self, Secret.self])
 
     struct List: AsyncParsableCommand, ReadsSettings {
-        static let configuration = CommandConfiguration(abstract: "List callbacks, newest first.")
+        static let configuration = CommandConfiguration(
+            abstract: "List callbacks, newest first.",
+            discussion: """
+                Examples:
+                  siwa-events callbacks list
+                  siwa-events callbacks list --failed --json
+                """)
         static let settingGroups: [SettingGroup] = [.database, .logging]
         @OptionGroup var options: ConfigOptions
         @Flag(help: "Only callbacks not delivered after an attempt (retrying or discarded).") var failed = false
-        @Option(help: "At most this many (1-10000).") var limit: Int = 50
+        @Option(help: ListFlags.limitHelp) var limit: Int = 50
         @Flag(help: "One JSON object per line.") var json = false
+
+        func validate() throws { try ListFlags.checkLimit(limit) }
 
         func run() async throws {
             let config = try options.load(requireBundleIDs: false)
@@ -92,7 +100,11 @@ struct CallbacksCommand: AsyncParsableCommand {
 
     struct Secret: AsyncParsableCommand {
         static let configuration = CommandConfiguration(
-            abstract: "Print a new signing secret for SIWA_CALLBACK_SECRET (whsec_…). To rotate, set \"NEW OLD\", then drop OLD.")
+            abstract: "Print a new signing secret for SIWA_CALLBACK_SECRET (whsec_…). To rotate, set \"NEW OLD\", then drop OLD.",
+            discussion: """
+                Examples:
+                  SIWA_CALLBACK_SECRET=$(siwa-events callbacks secret)
+                """)
 
         func run() {
             print(WebhookSigner.generateSecret())

@@ -11,27 +11,33 @@ struct NotificationsCommand: AsyncParsableCommand {
         subcommands: [List.self, Show.self, Timeline.self, Export.self, Stats.self])
 
     struct List: AsyncParsableCommand, ReadsSettings {
-        static let configuration = CommandConfiguration(abstract: "List notifications, newest first.")
+        static let configuration = CommandConfiguration(
+            abstract: "List notifications, newest first.",
+            discussion: """
+                Examples:
+                  siwa-events notifications list
+                  siwa-events notifications list --type consent-revoked --limit 20
+                  siwa-events notifications list --sub 001234.abcd --json
+                """)
         static let settingGroups: [SettingGroup] = [.database, .logging]
         @OptionGroup var options: ConfigOptions
         @Option(help: "Only this user (Apple's team-scoped sub).") var sub: String?
         @Option(help: "Only this bundle ID.") var aud: String?
-        @Option(help: "Only this type: email-disabled, email-enabled, consent-revoked, account-delete.") var type: String?
+        @Option(help: "Only this type: \(EventType.filterValues).") var type: String?
         @Option(help: "Only this status: pending, applied, skipped, retrying, discarded.") var status: String?
-        @Option(help: "At most this many (1-10000).") var limit: Int = 50
+        @Option(help: ListFlags.limitHelp) var limit: Int = 50
         @Flag(help: "One JSON object per line.") var json = false
 
         func validate() throws {
-            if let status, ProcessingStatus(rawValue: status) == nil {
-                throw ValidationError("--status must be one of \(ProcessingStatus.allCases.map(\.rawValue).joined(separator: ", ")) (got \"\(status)\")")
-            }
-            guard (1...10_000).contains(limit) else { throw ValidationError("--limit must be between 1 and 10000 (got \(limit))") }
+            try ListFlags.checkTypes(type.map { [$0] } ?? [])
+            try ListFlags.checkStatuses(status.map { [$0] } ?? [])
+            try ListFlags.checkLimit(limit)
         }
 
         func run() async throws {
             let config = try options.load(requireBundleIDs: false)
             let logger = try makeLogger()
-            let filter = NotificationFilter(sub: sub, aud: aud, type: type, status: status.flatMap(ProcessingStatus.init), limit: limit)
+            let filter = NotificationFilter(sub: sub, aud: aud, type: type.map { ListFlags.canonical([$0])[0] }, status: status.flatMap(ProcessingStatus.init), limit: limit)
             let items = try await Database.with(config, logger: logger) { database in
                 try await NotificationStore(client: database.client, logger: logger).list(filter)
             }
@@ -53,7 +59,13 @@ struct NotificationsCommand: AsyncParsableCommand {
 
 extension NotificationsCommand {
     struct Show: AsyncParsableCommand, ReadsSettings {
-        static let configuration = CommandConfiguration(abstract: "One notification: verification facts, deliveries and every attempt.")
+        static let configuration = CommandConfiguration(
+            abstract: "One notification: verification facts, deliveries and every attempt.",
+            discussion: """
+                Examples:
+                  siwa-events notifications show 5f8c1f0e-jti-from-the-list
+                  siwa-events notifications show 5f8c1f0e-jti-from-the-list --json
+                """)
         static let settingGroups: [SettingGroup] = [.database, .logging]
         @OptionGroup var options: ConfigOptions
         @Argument(help: "The notification's jti.") var jti: String
@@ -91,7 +103,12 @@ extension NotificationsCommand {
     }
 
     struct Timeline: AsyncParsableCommand, ReadsSettings {
-        static let configuration = CommandConfiguration(abstract: "A user's notifications in event_time order, with what each changed.")
+        static let configuration = CommandConfiguration(
+            abstract: "A user's notifications in event_time order, with what each changed.",
+            discussion: """
+                Examples:
+                  siwa-events notifications timeline --aud com.example.app --sub 001234.abcd
+                """)
         static let settingGroups: [SettingGroup] = [.database, .logging]
         @OptionGroup var options: ConfigOptions
         @Option(help: "The app's bundle ID.") var aud: String
@@ -102,7 +119,7 @@ extension NotificationsCommand {
             let config = try options.load(requireBundleIDs: false)
             let logger = try makeLogger()
             let entries = try await Database.with(config, logger: logger) { database in
-                try await HistoryStore(client: database.client, logger: logger).timeline(aud: aud, sub: sub, limit: 10_000)
+                try await HistoryStore(client: database.client, logger: logger).timeline(aud: aud, sub: sub, limit: ListLimit.maximum)
             }
             if json {
                 for entry in entries { print(entry.json.jsonText) }
@@ -120,12 +137,18 @@ extension NotificationsCommand {
     }
 
     struct Export: AsyncParsableCommand, ReadsSettings {
-        static let configuration = CommandConfiguration(abstract: "Stream notifications as NDJSON (newest first), with progress on stderr.")
+        static let configuration = CommandConfiguration(
+            abstract: "Stream notifications as NDJSON (newest first), with progress on stderr.",
+            discussion: """
+                Examples:
+                  siwa-events notifications export --output notifications.ndjson
+                  siwa-events notifications export --type account-delete > deleted.ndjson
+                """)
         static let settingGroups: [SettingGroup] = [.database, .logging]
         @OptionGroup var options: ConfigOptions
         @Option(help: "Only this bundle ID.") var aud: String?
         @Option(help: "Only this user.") var sub: String?
-        @Option(help: "Only these types (repeat).") var type: [String] = []
+        @Option(help: "Only these types (repeat): \(EventType.filterValues).") var type: [String] = []
         @Option(help: "Only these statuses (repeat).") var status: [String] = []
         @Option(help: "From this ISO-8601 time (inclusive).") var from: String?
         @Option(help: "To this ISO-8601 time (exclusive).") var to: String?
@@ -134,9 +157,8 @@ extension NotificationsCommand {
 
         func validate() throws {
             if HistoryQuery.TimeField(rawValue: timeField) == nil { throw ValidationError("--time-field must be received_at or event_time (got \"\(timeField)\")") }
-            if let bad = status.first(where: { ProcessingStatus(rawValue: $0) == nil }) {
-                throw ValidationError("--status must be one of \(ProcessingStatus.allCases.map(\.rawValue).joined(separator: ", ")) (got \"\(bad)\")")
-            }
+            try ListFlags.checkTypes(type)
+            try ListFlags.checkStatuses(status)
             for (flag, value) in [("--from", from), ("--to", to)] where value != nil && parseSince(value!, now: Date()) == nil {
                 throw ValidationError("\(flag) must be an ISO-8601 time like 2026-11-21T08:00:00Z (got \"\(value!)\")")
             }
@@ -153,7 +175,7 @@ extension NotificationsCommand {
             query.timeField = HistoryQuery.TimeField(rawValue: timeField)!
             query.from = from.flatMap { parseSince($0, now: Date()) }
             query.to = to.flatMap { parseSince($0, now: Date()) }
-            query.limit = 1000
+            query.limit = ListLimit.maximum
             let first = query
             let handle: FileHandle
             if let output {
@@ -197,18 +219,25 @@ extension NotificationsCommand {
     }
 
     struct Stats: AsyncParsableCommand, ReadsSettings {
-        static let configuration = CommandConfiguration(abstract: "Notifications per time bucket and type.")
+        static let configuration = CommandConfiguration(
+            abstract: "Notifications per time bucket and type.",
+            discussion: """
+                Examples:
+                  siwa-events notifications stats
+                  siwa-events notifications stats --bucket day --from 7d --json
+                """)
         static let settingGroups: [SettingGroup] = [.database, .logging]
         @OptionGroup var options: ConfigOptions
         @Option(help: "minute, hour (default) or day.") var bucket: String = "hour"
         @Option(help: "From this time: ISO-8601 or a duration ago (default: 1h, 7d or 90d before --to).") var from: String?
         @Option(help: "To this ISO-8601 time (default: now).") var to: String?
         @Option(help: "Only this bundle ID.") var aud: String?
-        @Option(help: "Only these types (repeat).") var type: [String] = []
+        @Option(help: "Only these types (repeat): \(EventType.filterValues).") var type: [String] = []
         @Flag(help: "One JSON object per line.") var json = false
 
         func validate() throws {
             if HistoryStore.buckets[bucket] == nil { throw ValidationError("--bucket must be minute, hour or day (got \"\(bucket)\")") }
+            try ListFlags.checkTypes(type)
             for (flag, value) in [("--from", from), ("--to", to)] where value != nil && parseSince(value!, now: Date()) == nil {
                 throw ValidationError("\(flag) must be an ISO-8601 time like 2026-11-21T08:00:00Z or a duration like 2h (got \"\(value!)\")")
             }
@@ -239,12 +268,23 @@ struct RejectionsCommand: AsyncParsableCommand {
         commandName: "rejections", abstract: "Refused deliveries: why a notification didn't arrive.", subcommands: [List.self, Replay.self])
 
     struct List: AsyncParsableCommand, ReadsSettings {
-        static let configuration = CommandConfiguration(abstract: "List recorded rejections, newest first, with per-reason totals.")
+        static let configuration = CommandConfiguration(
+            abstract: "List recorded rejections, newest first, with per-reason totals.",
+            discussion: """
+                Examples:
+                  siwa-events rejections list
+                  siwa-events rejections list --reason wrong_audience --json
+                """)
         static let settingGroups: [SettingGroup] = [.database, .logging]
         @OptionGroup var options: ConfigOptions
         @Option(help: "Only this reason (e.g. wrong_audience, bad_signature, unknown_key).") var reason: String?
-        @Option(help: "At most this many (1-10000).") var limit: Int = 50
+        @Option(help: ListFlags.limitHelp) var limit: Int = 50
         @Flag(help: "One JSON object per line.") var json = false
+
+        func validate() throws {
+            try ListFlags.checkReason(reason)
+            try ListFlags.checkLimit(limit)
+        }
 
         func run() async throws {
             let config = try options.load(requireBundleIDs: false)
@@ -288,7 +328,12 @@ struct RejectionsCommand: AsyncParsableCommand {
     struct Replay: AsyncParsableCommand, ReadsSettings {
         static let configuration = CommandConfiguration(
             abstract: "Re-check kept tokens with the current configuration and record those that now pass.",
-            discussion: "Use after fixing SIWA_APPLE_BUNDLE_IDS: genuine notifications refused as wrong_audience are recorded as if they had been accepted when they arrived.")
+            discussion: """
+                Use after fixing SIWA_APPLE_BUNDLE_IDS: genuine notifications refused as wrong_audience are recorded as if they had been accepted when they arrived.
+
+                Examples:
+                  siwa-events rejections replay --bundle-ids com.example.app,com.example.fixed
+                """)
         static let settingGroups: [SettingGroup] = [.database, .apple, .logging]
         @OptionGroup var options: ConfigOptions
         @Option(help: "The reason to replay; only wrong_audience rejections keep their token.") var reason: String = "wrong_audience"

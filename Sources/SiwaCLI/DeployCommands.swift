@@ -12,7 +12,12 @@ import SiwaDomain
 /// answers 200, 1 otherwise; the answer's body is printed either way.
 struct Healthcheck: AsyncParsableCommand {
     static let configuration = CommandConfiguration(
-        abstract: "GET a health route of a running siwa-events (exit 0 when it answers 200): the container's HEALTHCHECK.")
+        abstract: "GET a health route of a running siwa-events (exit 0 when it answers 200): the container's HEALTHCHECK.",
+        discussion: """
+            Examples:
+              siwa-events healthcheck
+              siwa-events healthcheck --url http://127.0.0.1:8080/health/live --timeout 2s
+            """)
 
     @Option(help: "The route to ask. Default: http://127.0.0.1:$SIWA_PORT/health/ready.")
     var url: String?
@@ -51,6 +56,10 @@ struct Doctor: AsyncParsableCommand {
             Prints one line per check (ok, warn, FAIL) and exits 0 when nothing failed, 1 otherwise. \
             The route check POSTs a malformed notification ({"siwa_events_doctor": …}, no payload): \
             siwa-events answers 400 JSON and records it as a rejection (reason malformed_request); nothing is accepted.
+
+            Examples:
+              siwa-events doctor --url https://siwa.example.com/apple/notifications
+              siwa-events doctor --url https://$HOST/apple/notifications --ca-file ca.pem
             """)
 
     @Option(help: "The URL registered with Apple, e.g. https://siwa.example.com/apple/notifications.")

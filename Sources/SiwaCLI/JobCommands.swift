@@ -9,11 +9,17 @@ struct JobsCommand: AsyncParsableCommand {
         commandName: "jobs", abstract: "The effect queue: inspect and retry jobs.", subcommands: [List.self, Retry.self])
 
     struct List: AsyncParsableCommand, ReadsSettings {
-        static let configuration = CommandConfiguration(abstract: "List jobs, newest first.")
+        static let configuration = CommandConfiguration(
+            abstract: "List jobs, newest first.",
+            discussion: """
+                Examples:
+                  siwa-events jobs list
+                  siwa-events jobs list --state discarded --json
+                """)
         static let settingGroups: [SettingGroup] = [.database, .logging]
         @OptionGroup var options: ConfigOptions
         @Option(help: "Only this state: available, running, retryable, completed, discarded.") var state: String?
-        @Option(help: "At most this many (1-10000).") var limit: Int = 50
+        @Option(help: ListFlags.limitHelp) var limit: Int = 50
         @Flag(help: "One JSON object per line.") var json = false
 
         func validate() throws {
@@ -21,6 +27,7 @@ struct JobsCommand: AsyncParsableCommand {
             if let state, JobState(rawValue: state) == nil {
                 throw ValidationError("--state must be one of \(states.joined(separator: ", ")) (got \"\(state)\")")
             }
+            try ListFlags.checkLimit(limit)
         }
 
         func run() async throws {
@@ -50,7 +57,13 @@ struct JobsCommand: AsyncParsableCommand {
     }
 
     struct Retry: AsyncParsableCommand, ReadsSettings {
-        static let configuration = CommandConfiguration(abstract: "Put a job, or every discarded job, back in the queue.")
+        static let configuration = CommandConfiguration(
+            abstract: "Put a job, or every discarded job, back in the queue.",
+            discussion: """
+                Examples:
+                  siwa-events jobs retry 42
+                  siwa-events jobs retry --discarded --type account-delete
+                """)
         static let settingGroups: [SettingGroup] = [.database, .logging]
         @OptionGroup var options: ConfigOptions
         @Argument(help: "The job id (see `jobs list`).") var id: Int?
@@ -81,7 +94,11 @@ struct JobsCommand: AsyncParsableCommand {
 
 struct ReplayCommand: AsyncParsableCommand, ReadsSettings {
     static let configuration = CommandConfiguration(
-        commandName: "replay", abstract: "Re-run a stored notification's effect (idempotent).")
+        commandName: "replay", abstract: "Re-run a stored notification's effect (idempotent).",
+        discussion: """
+            Examples:
+              siwa-events replay 5f8c1f0e-jti-from-the-list
+            """)
     static let settingGroups: [SettingGroup] = [.database, .logging]
     @OptionGroup var options: ConfigOptions
     @Argument(help: "The notification's jti.") var jti: String

@@ -154,6 +154,13 @@ extension SiwaEvents {
                 try command.run()
             }
             exit(withError: nil)
+        } catch let error as ConfigurationError {
+            // Found only when opening the database (DATABASE_URL refused, no embedded cluster).
+            printError("siwa-events: \(error.description)")
+            Foundation.exit(78)  // EX_CONFIG
+        } catch let error as DatabaseUnreachable {
+            printError("siwa-events: \(error.description)")
+            Foundation.exit(69)  // EX_UNAVAILABLE
         } catch {
             exit(withError: error)
         }

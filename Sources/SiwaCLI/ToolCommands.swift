@@ -14,6 +14,10 @@ struct Verify: AsyncParsableCommand {
         discussion: """
             Prints {"valid","reason","message","header","claims","event"}. Exit 0 when valid, 1 when not \
             (same reason words as the endpoint), 2 when it could not check (unreadable file, JWKS unreachable).
+
+            Examples:
+              siwa-events verify @body.json --jwks https://appleid.apple.com/auth/keys
+              siwa-events verify @body.json --jwks keys/jwks.json --at 1763712000
             """)
 
     @Argument(help: "A compact JWS, or @file holding a JWS or a JSON object with a payload (Apple's POST body) or jws field.")

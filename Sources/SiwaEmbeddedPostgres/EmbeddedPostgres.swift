@@ -142,6 +142,15 @@ package struct EmbeddedPostgres: Sendable {
         }
     }
 
+    /// Where the cluster lives (or would): `<dataDirectory>/pgdata`, absolute.
+    package var clusterDirectory: String { ClusterLayout.absoluteStandardized(options.dataDirectory) + "/pgdata" }
+
+    /// Whether initdb has made a cluster there (`start()` would make one otherwise).
+    package var clusterExists: Bool {
+        guard let layout = try? ClusterLayout(dataDirectory: options.dataDirectory, port: Self.port) else { return false }
+        return Cluster.hasCluster(layout)
+    }
+
     /// Whether a postmaster serves this data directory (per `pg_ctl status`). False when
     /// anything needed to tell (cluster, binaries, account) is missing.
     package func isRunning() async -> Bool {

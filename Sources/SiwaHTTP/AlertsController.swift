@@ -20,7 +20,7 @@ package struct AlertsController: Sendable {
         try context.require(.alertsRead)
         let state = QueryParameters(request)["state"].map(String.init)
         if let state, !["firing", "resolved"].contains(state) { throw APIError.invalid("state must be firing or resolved (got \(state))") }
-        let limit = try JSONBody.limit(request, default: 100, maximum: 1000)
+        let limit = try JSONBody.limit(request, default: 100, maximum: ListLimit.maximum)
         let items = try await alerts.list(state: state, limit: limit)
         let silences = try await alerts.silences(includeExpired: false)
         return .json(["items": .array(items.map(\.json)), "silences": .array(silences.map(\.json))])

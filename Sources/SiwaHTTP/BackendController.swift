@@ -171,7 +171,7 @@ package struct BackendController: Sendable {
     @Sendable func listSessions(_ request: Request, context: SiwaRequestContext) async throws -> Response {
         try context.require(.sessionsRead)
         let (aud, sub) = try Self.user(context)
-        let limit = try JSONBody.limit(request, default: 100, maximum: 1000)
+        let limit = try JSONBody.limit(request, default: 100, maximum: ListLimit.maximum)
         let after = try KeysetCursor.parameter(
             request, scope: "sessions", id: UUID.init(uuidString:), message: "cursor is not valid: pass back the next_cursor of the previous page")
         let rows = try await accounts.sessions(aud: aud, sub: sub, limit: limit + 1, after: after)

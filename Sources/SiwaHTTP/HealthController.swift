@@ -30,11 +30,11 @@ package struct HealthController: Sendable {
                 ready = false
             }
             if let keys {
-                if keys.isLoaded {
-                    checks["apple_keys"] = .string("loaded")
-                } else {
-                    checks["apple_keys"] = .string("not loaded")
+                if let reason = keys.notLoadedReason {
+                    checks["apple_keys"] = .string(reason)
                     ready = false
+                } else {
+                    checks["apple_keys"] = .string("loaded")
                 }
             }
             return Response.json(

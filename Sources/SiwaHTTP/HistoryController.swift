@@ -38,7 +38,15 @@ package struct HistoryController: Sendable {
         group.get("rejections", use: listRejections)
     }
 
-    static let statuses: Set<String> = ["pending", "applied", "skipped", "retrying", "discarded"]
+    /// The `type` parameters as canonical types; 400 naming the valid ones for any other.
+    static func types(_ parameters: QueryParameters) throws -> [String] {
+        try parameters.getAll("type").map { text in
+            guard let type = EventType(apple: String(text)) else {
+                throw APIError.invalid("type \(text) is not one of \(EventType.filterValues)")
+            }
+            return type.rawValue
+        }
+    }
 
     /// The filters shared by list and export, from the query string; errors name the parameter.
     static func query(_ request: Request, limit: (default: Int, maximum: Int)) throws -> HistoryQuery {
@@ -46,10 +54,12 @@ package struct HistoryController: Sendable {
         var query = HistoryQuery()
         query.aud = parameters["aud"].map(String.init)
         query.sub = parameters["sub"].map(String.init)
-        query.types = parameters.getAll("type").map { EventType(apple: String($0))?.rawValue ?? String($0) }
-        query.statuses = parameters.getAll("status").map { String($0) }
-        if let unknown = query.statuses.first(where: { !statuses.contains($0) }) {
-            throw APIError.invalid("status \(unknown) is not one of \(statuses.sorted().joined(separator: ", "))")
+        query.types = try types(parameters)
+        query.statuses = try parameters.getAll("status").map { text in
+            guard let status = ProcessingStatus(rawValue: String(text)) else {
+                throw APIError.invalid("status \(text) is not one of \(ProcessingStatus.allCases.map(\.rawValue).joined(separator: ", "))")
+            }
+            return status.rawValue
         }
         if let field = parameters["time_field"] {
             guard let timeField = HistoryQuery.TimeField(rawValue: String(field)) else {
@@ -77,7 +87,7 @@ package struct HistoryController: Sendable {
 
     @Sendable func list(_ request: Request, context: SiwaRequestContext) async throws -> Response {
         try context.require(.notificationsRead)
-        var query = try Self.query(request, limit: (100, 1000))
+        var query = try Self.query(request, limit: (100, ListLimit.maximum))
         let limit = query.limit
         query.limit = limit + 1
         let rows = try await history.notifications(query)
@@ -86,12 +96,12 @@ package struct HistoryController: Sendable {
         return .json(["items": .array(page.items.map { $0.json(email: email) }), "next_cursor": page.next])
     }
 
-    /// NDJSON, one notification a line, newest first, read in keyset pages of 1,000 and written as
-    /// they come: memory stays flat whatever the range.
+    /// NDJSON, one notification a line, newest first, read in keyset pages of `ListLimit.maximum`
+    /// and written as they come: memory stays flat whatever the range.
     @Sendable func export(_ request: Request, context: SiwaRequestContext) async throws -> Response {
         try context.require(.notificationsRead)
-        var first = try Self.query(request, limit: (1000, 1000))
-        first.limit = 1000
+        var first = try Self.query(request, limit: (ListLimit.maximum, ListLimit.maximum))
+        first.limit = ListLimit.maximum
         // The first page is read before the answer starts, so that a failure is still a proper
         // error status; a failure after that can only cut the stream short.
         let firstPage = try await history.notifications(first)
@@ -129,7 +139,7 @@ package struct HistoryController: Sendable {
     @Sendable func timeline(_ request: Request, context: SiwaRequestContext) async throws -> Response {
         try context.require(.notificationsRead)
         let (aud, sub) = try BackendController.user(context)
-        let limit = try JSONBody.limit(request, default: 1000, maximum: 10_000)
+        let limit = try JSONBody.limit(request, default: ListLimit.maximum, maximum: ListLimit.maximum)
         let entries = try await history.timeline(aud: aud, sub: sub, limit: limit)
         let email = context.emailVisibility
         return .json(["aud": .string(aud), "sub": .string(sub), "items": .array(entries.map { $0.json(email: email) })])
@@ -144,7 +154,7 @@ package struct HistoryController: Sendable {
         // At most 10,000 buckets, the latest: the answer's `from` says where they start.
         let earliest = to.addingTimeInterval(-10_000 * size.seconds)
         let from = max(try Self.date(parameters["from"], name: "from") ?? to.addingTimeInterval(-size.defaultRange), earliest)
-        let types = parameters.getAll("type").map { EventType(apple: String($0))?.rawValue ?? String($0) }
+        let types = try Self.types(parameters)
         let rows = try await history.stats(bucket: bucket, from: from, to: to, aud: parameters["aud"].map(String.init), types: types)
         var buckets: [(Date, [String: JSONValue])] = []
         for row in rows {
@@ -162,7 +172,7 @@ package struct HistoryController: Sendable {
 
     @Sendable func listRejections(_ request: Request, context: SiwaRequestContext) async throws -> Response {
         try context.require(.notificationsRead)
-        let limit = try JSONBody.limit(request, default: 100, maximum: 1000)
+        let limit = try JSONBody.limit(request, default: 100, maximum: ListLimit.maximum)
         let reason = QueryParameters(request)["reason"].map(String.init)
         if let reason, RejectionReason(rawValue: reason) == nil {
             throw APIError.invalid("reason must be one of \(RejectionReason.allCases.map(\.rawValue).joined(separator: ", ")) (got \(reason))")

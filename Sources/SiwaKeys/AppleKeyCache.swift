@@ -74,6 +74,8 @@ package final class AppleKeyCache: Service, Sendable {
     private let state = Mutex(State())
     private let onRefresh: @Sendable (_ succeeded: Bool) -> Void
     private let clock: @Sendable () -> ContinuousClock.Instant
+    /// Opens when start-up's `load` has finished, loaded or not.
+    private let started = StartGate()
 
     /// `onRefresh` is told the outcome of every fetch from the source (metrics); `clock` times the
     /// unknown-kid cooldown.
@@ -95,6 +97,17 @@ package final class AppleKeyCache: Service, Sendable {
     /// Fetch attempts so far (for tests and metrics).
     package var fetchAttempts: Int { state.withLock { $0.fetches } }
 
+    /// Why the cache is not ready (nil once a set is loaded): still loading, or the last error.
+    package var notLoadedReason: String? {
+        let (loaded, lastError) = state.withLock { ($0.loaded, $0.lastError) }
+        if loaded { return nil }
+        if let lastError { return "not loaded: \(lastError)" }
+        return "not loaded yet: fetching \(sourceKey)"
+    }
+
+    /// Returns once start-up's `load` has finished (loaded or not).
+    package func waitUntilStarted() async { await started.wait() }
+
     /// When the key set in use was fetched from its source (nil: none loaded).
     package var fetchedAt: Date? { state.withLock { $0.fetchedAt } }
     private var sourceKey: String { configuration.sourceURL.absoluteString }
@@ -102,6 +115,8 @@ package final class AppleKeyCache: Service, Sendable {
     /// Start-up: the persisted set for this source URL first (so a restart works while Apple is
     /// unreachable), then a fresh fetch. Never throws: an empty cache just isn't ready.
     package func load() async {
+        defer { started.open() }
+        logger.notice("loading apple keys", metadata: ["source": "\(sourceKey)"])
         if let persistence {
             do {
                 if let stored = try await persistence.loadKeySetDocument(sourceURL: sourceKey) {
@@ -122,7 +137,12 @@ package final class AppleKeyCache: Service, Sendable {
 
     /// Looks up `kid`, refreshing once (single-flight, rate limited) when it is unknown.
     package func resolve(kid: String) async -> KeyResolution {
-        if let key = state.withLock({ $0.keys[kid] }) { return .key(key) }
+        let (found, loaded) = state.withLock { ($0.keys[kid], $0.loaded) }
+        if let found { return .key(found) }
+        // Before start-up's load has finished, nothing is known yet: no key is "unknown" (401).
+        if !loaded && !started.isOpen {
+            return .unavailable(retryAfter: configuration.retryWhileEmpty, why: "Apple's key set is not loaded yet (fetching \(sourceKey))")
+        }
         let now = clock()
         enum Plan { case join, lead, coolingDown(Duration) }
         let plan: Plan = state.withLock { state in
@@ -256,8 +276,11 @@ package final class AppleKeyCache: Service, Sendable {
     /// The next scheduled refresh: every `refreshInterval`, more often while nothing is loaded.
     private var nextRefresh: Duration { isLoaded ? configuration.refreshInterval : configuration.retryWhileEmpty }
 
-    /// Scheduled refreshes until graceful shutdown (the first one interval after start-up's `load`).
+    /// Start-up's `load` (in the background: the listeners do not wait for Apple), then scheduled
+    /// refreshes until graceful shutdown, the first one interval after it.
     package func run() async throws {
+        await cancelWhenGracefulShutdown { await self.load() }
+        if Task.isCancelled || Task.isShuttingDownGracefully { return }
         var schedule = Schedule(interval: configuration.refreshInterval)
         schedule.firstWait = nextRefresh
         await Scheduler.run(schedule, once: { await self.runOnce() }, pace: { _ in .after(self.nextRefresh) }) { _ in }

@@ -50,6 +50,9 @@ package final class Doorbell: Sendable {
         }
     }
 
+    /// Whether `close()` was called.
+    package var isClosed: Bool { state.withLock { $0.closed } }
+
     /// Returns when rung (or already rung since the last wait), or closed, or after `timeout`.
     package func wait(timeout: Duration) async {
         await withCheckedContinuation { (continuation: CheckedContinuation<Void, Never>) in

@@ -23,6 +23,8 @@ package final class StartGate: Sendable {
         for waiter in waiters { waiter.resume() }
     }
 
+    package var isOpen: Bool { state.withLock { $0.isOpen } }
+
     /// Returns when the gate opens, or when the task is cancelled.
     package func wait() async {
         let id = state.withLock { state in

@@ -5,6 +5,7 @@ import NIOHTTP1
 import PostgresNIO
 import SiwaDomain
 import SiwaEmbeddedPostgres
+import SiwaRuntime
 import Synchronization
 import Testing
 
@@ -52,6 +53,59 @@ package enum TestBinary {
     }
 
     private static let handedOut = Mutex(Set<Int>())
+
+    /// A loopback port held in the LISTEN state by a socket that never accepts: a connection to
+    /// it completes (the kernel's backlog) and then never gets an answer; and no one else can bind it.
+    package final class SilentListener: Sendable {
+        package let port: Int
+        private let descriptor: Int32
+
+        package init() {
+            descriptor = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
+            precondition(descriptor >= 0, "socket: \(String(cString: strerror(errno)))")
+            var address = sockaddr_in()
+            address.sin_family = sa_family_t(AF_INET)
+            address.sin_addr.s_addr = inet_addr("127.0.0.1")
+            var length = socklen_t(MemoryLayout<sockaddr_in>.size)
+            let descriptor = self.descriptor
+            let bound = withUnsafeMutablePointer(to: &address) {
+                $0.withMemoryRebound(to: sockaddr.self, capacity: 1) {
+                    bind(descriptor, $0, length) == 0 && listen(descriptor, 16) == 0 && getsockname(descriptor, $0, &length) == 0
+                }
+            }
+            precondition(bound, "bind/listen: \(String(cString: strerror(errno)))")
+            port = Int(UInt16(bigEndian: address.sin_port))
+        }
+
+        deinit { close(descriptor) }
+    }
+
+    /// Runs the binary with its stdout and stderr in one file, SIGKILLed (status 137) if it has not
+    /// exited within `limit`: for a command that must stop by itself.
+    package static func run(
+        _ arguments: [String], environment: [String: String], directory: String, within limit: Duration
+    ) async throws -> (status: Int32, output: String) {
+        let log = "\(directory)/run-\(UUID().uuidString.prefix(6)).log"
+        defer { try? FileManager.default.removeItem(atPath: log) }
+        let child = try Subprocess.start(
+            url.path, arguments, environment: ProcessInfo.processInfo.environment.merging(environment) { $1 }, workingDirectory: directory,
+            outputPath: log)
+        let watchdog = after(limit) { child.signal(SIGKILL) }
+        let status = await child.waitForExit()
+        watchdog.cancel()
+        let output = (try? String(contentsOfFile: log, encoding: .utf8)) ?? ""
+        return (status & 0x7f == 0 ? (status >> 8) & 0xff : 128 + (status & 0x7f), output)
+    }
+
+    /// Whether `file` comes to contain `text` within `seconds` (read every 100 ms).
+    package static func wait(for text: String, in file: String, seconds: Int = 30) async -> Bool {
+        let deadline = ContinuousClock.now + .seconds(seconds)
+        while ContinuousClock.now < deadline {
+            if let contents = try? String(contentsOfFile: file, encoding: .utf8), contents.contains(text) { return true }
+            try? await Task.sleep(for: .milliseconds(100))
+        }
+        return false
+    }
 
     /// A DATABASE_URL for a fresh migrated test database (unix socket).
     package static func databaseURL() async throws -> String {

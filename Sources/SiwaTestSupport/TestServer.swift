@@ -65,6 +65,8 @@ package final class TestServer: Sendable {
         }
         let port = try await started.public.value
         let adminPort = try await started.admin.value
+        // Serving starts while Apple's keys load; tests start from a loaded (or failed) key set.
+        if config.receives { await application.keys.waitUntilStarted() }
         return TestServer(port: port, adminPort: adminPort, application: application, client: client, task: task, group: group)
     }
 

@@ -58,6 +58,40 @@ struct HistoryAPITests {
         await e.stop()
     }
 
+    @Test("An unknown filter value is a 400 naming the valid ones; every list has the one maximum, and over it is a 400 naming it")
+    func unknownFiltersAndTheMaximum() async throws {
+        let e = try await EffectHarness.start()
+        let token = try await API.token(e.h, [.admin])
+        try await e.post("consent-revoked", sub: "filter-a", at: 10, jti: "filter-1")
+        let types = "email-disabled, email-enabled, consent-revoked, account-delete"
+        for (path, named) in [
+            ("/v1/notifications?type=consent_revoked", types), ("/v1/notifications/export?type=revoked", types),
+            ("/v1/stats/notifications?type=consent_revoked", types), ("/v1/notifications?status=done", "pending, applied, skipped, retrying, discarded"),
+            ("/v1/rejections?reason=unknown_kid", "unknown_key"), ("/v1/alerts?state=open", "firing or resolved"),
+        ] {
+            let answer = try await API.call(e.h, .GET, path, token: token)
+            #expect(answer.status == 400 && answer.json?["error"] == .string("invalid_request"), "\(path): \(answer.status) \(answer.body)")
+            #expect(answer.json?["message"]?.stringValue?.contains(named) == true, "\(path): \(answer.body)")
+        }
+        // Both spellings of the deletion event filter alike; a valid type answers its rows.
+        for query in ["type=consent-revoked", "type=account-deleted&type=consent-revoked"] {
+            let answer = try await API.call(e.h, .GET, "/v1/notifications?\(query)", token: token)
+            #expect(Self.items(answer).map { $0["jti"] } == [.string("filter-1")], "\(query): \(answer.body)")
+        }
+        for path in [
+            "/v1/notifications", "/v1/accounts/com.example.app/filter-a/timeline", "/v1/rejections", "/v1/alerts",
+            "/v1/accounts/com.example.app/filter-a/sessions",
+        ] {
+            let atMaximum = try await API.call(e.h, .GET, "\(path)?limit=\(ListLimit.maximum)", token: token)
+            #expect(atMaximum.status == 200, "\(path): \(atMaximum.body)")
+            let over = try await API.call(e.h, .GET, "\(path)?limit=\(ListLimit.maximum + 1)", token: token)
+            #expect(over.status == 400 && over.json?["message"]?.stringValue?.contains("from 1 to \(ListLimit.maximum)") == true, "\(path): \(over.body)")
+        }
+        let document = try await e.h.server.request(.GET, "/openapi.yaml")
+        #expect(document.body.contains("maximum: \(ListLimit.maximum)}") && !document.body.contains("maximum: 10000"))
+        await e.stop()
+    }
+
     @Test("show: verification facts, deliveries and the attempt log; timeline: the user's events with what each changed")
     func showAndTimeline() async throws {
         let e = try await EffectHarness.start()

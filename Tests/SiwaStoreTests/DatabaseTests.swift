@@ -10,6 +10,7 @@ import SiwaApp
 import SiwaDomain
 import SiwaEmbeddedPostgres
 import SiwaHTTP
+import SiwaKeys
 import SiwaStore
 import SiwaTestSupport
 import Testing
@@ -77,7 +78,7 @@ struct DatabaseTests {
         let logger = Logger(label: "restart")
 
         for round in 1...2 {
-            let database = try await Database.open(config, logger: logger)
+            let database = try await Database.open(config, logger: logger, creating: true)
             #expect(database.startedEmbedded)
             let receiver = SiwaApplication(config: config, client: database.client, logger: logger)
             let started = OnceContinuation<Int>()
@@ -85,6 +86,7 @@ struct DatabaseTests {
             let group = ServiceGroup(configuration: .init(services: services, logger: logger))
             let task = Task { try await group.run() }
             let port = try await started.value
+            await receiver.keys.waitUntilStarted()  // serving starts while the keys load
             let jws = try signer.notification(aud: Harness.aud, type: "consent-revoked", sub: "001.restart.\(round)", jti: "restart-\(round)")
             var request = HTTPClientRequestBuilder.post("http://127.0.0.1:\(port)/apple/notifications", body: AppleStyleSigner.body(jws))
             #expect(try await request.send() == 200)
