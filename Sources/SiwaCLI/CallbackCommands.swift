@@ -58,7 +58,12 @@ struct CallbacksCommand: AsyncParsableCommand {
 
     struct Redeliver: AsyncParsableCommand, ReadsSettings {
         static let configuration = CommandConfiguration(
-            abstract: "Send a callback again (same webhook-id), or every callback created since a time.")
+            abstract: "Send a callback again (same webhook-id), or every callback created since a time.",
+            discussion: """
+                Examples:
+                  siwa-events callbacks redeliver msg_12
+                  siwa-events callbacks redeliver --since 2h
+                """)
         static let settingGroups: [SettingGroup] = [.database, .logging]
         @OptionGroup var options: ConfigOptions
         @Argument(help: "The callback's webhook-id (msg_12, as your backend saw it), or its job id (see `callbacks list`).")

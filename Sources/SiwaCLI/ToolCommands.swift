@@ -126,7 +126,15 @@ struct KeysCommand: AsyncParsableCommand {
         commandName: "keys", abstract: "Local signing keys for trying the server without Apple.", subcommands: [Generate.self, IDToken.self])
 
     struct Generate: AsyncParsableCommand {
-        static let configuration = CommandConfiguration(abstract: "Write a new RSA-2048 key: DIR/private-key.pem and DIR/jwks.json.")
+        static let configuration = CommandConfiguration(
+            abstract: "Write a new RSA-2048 key: DIR/private-key.pem and DIR/jwks.json.",
+            discussion: """
+                A local stand-in for Apple's key, for `send` and `keys id-token`; a server trusts it only
+                when started with SIWA_APPLE_JWKS_URL=file://DIR/jwks.json.
+
+                Examples:
+                  siwa-events keys generate --dir siwa-keys
+                """)
         @Option(help: "Directory to write the key into (created if missing).") var dir: String
 
         func run() async throws {
@@ -150,7 +158,16 @@ struct KeysCommand: AsyncParsableCommand {
         static let configuration = CommandConfiguration(
             commandName: "id-token",
             abstract: "Print a test Sign in with Apple identity token signed with a key from `keys generate`.",
-            discussion: "Trusted only by a server started with SIWA_APPLE_JWKS_URL=file://DIR/jwks.json.")
+            discussion: """
+                Trusted only by a server started with SIWA_APPLE_JWKS_URL=file://DIR/jwks.json.
+
+                Examples:
+                  siwa-events keys id-token --keys siwa-keys --aud com.example.app \\
+                    --sub 001.a.1
+                  siwa-events keys id-token --keys siwa-keys --aud com.example.app \\
+                    --sub 001.a.1 --email x7k2q@privaterelay.appleid.com --private \\
+                    --nonce "$NONCE"
+                """)
         @Option(help: "Directory written by `keys generate`.") var keys: String
         @Option(help: "Client ID to put in aud: a bundle ID, or a Services ID for a web sign-in.") var aud: String
         @Option(help: "The user (Apple's team-scoped sub).") var sub: String
@@ -191,7 +208,15 @@ func localSigner(_ directory: String) throws -> AppleStyleSigner {
 /// `send`: a local stand-in for Apple that signs and POSTs a notification.
 struct Send: AsyncParsableCommand {
     static let configuration = CommandConfiguration(
-        abstract: "Sign a notification exactly as Apple does and POST it to a running server.")
+        abstract: "Sign a notification exactly as Apple does and POST it to a running server.",
+        discussion: """
+            Examples:
+              siwa-events send consent-revoked --sub 001.a.1 --keys siwa-keys \\
+                --aud com.example.app --url http://127.0.0.1:8080
+              siwa-events send email-disabled --sub 001.a.1 --keys siwa-keys \\
+                --aud com.example.app --url http://127.0.0.1:8080 \\
+                --email x7k2q@privaterelay.appleid.com --private
+            """)
 
     @Argument(help: "email-disabled, email-enabled, consent-revoked, account-delete (any string is sent as is).")
     var type: String
