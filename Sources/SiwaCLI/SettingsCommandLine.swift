@@ -2,8 +2,8 @@ import ArgumentParser
 import Foundation
 import SiwaApp
 
-/// A command that reads settings: the groups it declares are the only settings' flags it takes
-/// (another's is an unknown option) and the ones its `--help` lists.
+/// A command that reads settings: the groups it declares are the only settings it reads, from flags
+/// (another's flag is an unknown option) or the environment, and the ones its `--help` lists.
 protocol ReadsSettings {
     static var settingGroups: [SettingGroup] { get }
 }
@@ -13,10 +13,18 @@ protocol ReadsSettings {
 enum CommandLineSettings {
     /// `--flag=value` for each setting flag given (the last one when repeated).
     nonisolated(unsafe) static var arguments: [String] = []
+    /// The running command's groups (nil: every group). The environment's variables of other groups
+    /// are not read, so one exported for `serve` (e.g. a lone SIWA_CALLBACK_SECRET) does not stop
+    /// `tokens create`.
+    nonisolated(unsafe) static var groups: [SettingGroup]?
 
     /// Flags first, then the environment.
     static func source() -> SettingSource {
-        SettingSource(environment: ProcessInfo.processInfo.environment, arguments: arguments)
+        var environment = ProcessInfo.processInfo.environment
+        if let groups {
+            for setting in Settings.all where !groups.contains(setting.group) { environment[setting.variable] = nil }
+        }
+        return SettingSource(environment: environment, arguments: arguments)
     }
 
     /// The command the words name (`notifications list`), and whether help was asked for.
@@ -137,6 +145,7 @@ extension SiwaEvents {
         do {
             let (settings, rest) = try CommandLineSettings.split(arguments, groups: reader.settingGroups)
             CommandLineSettings.arguments = settings
+            CommandLineSettings.groups = reader.settingGroups
             await runParsed(rest)
         } catch {
             // Worded and numbered as ArgumentParser's own usage errors.

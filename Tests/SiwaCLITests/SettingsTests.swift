@@ -81,4 +81,13 @@ struct SettingsTests {
         let notHere = try await TestBinary.run(["callbacks", "secret", "--port", "1"], directory: "/tmp")
         #expect(notHere.status == 64, "\(notHere.stderr)")
     }
+
+    @Test("A command reads only its groups' variables: one exported for serve (a lone callback secret) stops serve, not tokens create")
+    func otherGroupsVariablesIgnored() async throws {
+        let environment = ["DATABASE_URL": try await TestBinary.databaseURL(), "SIWA_CALLBACK_SECRET": TestWebhooks.secret, "SIWA_PORT": "not-a-port"]
+        let created = try await TestBinary.run(["tokens", "create", "--name", "exported", "--scope", "sessions:read"], environment: environment, directory: "/tmp")
+        #expect(created.status == 0 && created.stdout.hasPrefix("siwa_"), "\(created.stdout) \(created.stderr)")
+        let serve = try await TestBinary.run(["serve"], environment: environment.merging(["SIWA_APPLE_BUNDLE_IDS": "com.example.app"]) { $1 }, directory: "/tmp")
+        #expect(serve.status == 78 && (serve.stderr.contains("SIWA_CALLBACK_URL") || serve.stderr.contains("SIWA_PORT")), "\(serve.stderr)")
+    }
 }
