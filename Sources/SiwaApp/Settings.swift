@@ -202,7 +202,7 @@ package enum Settings {
     package static let callbackURL = Setting<String?>.optionalText(
         "SIWA_CALLBACK_URL", flag: "callback-url", .callbacks, shown: "none",
         help: "http(s) endpoint POSTed a signed callback after each effect (unset: none)",
-        docs: "`https://` (or `http://`) endpoint of your backend, POSTed a signed callback after each effect (see \"Callbacks\").")
+        docs: "`https://` (or `http://`) endpoint of your backend, POSTed a signed callback after each effect (see [docs/reference.md, \"Callbacks\"](docs/reference.md#callbacks)).")
     package static let callbackSecret = Setting<String?>.optionalText(
         "SIWA_CALLBACK_SECRET", flag: "callback-secret", .callbacks, shown: "— (required with a URL)",
         help: "space-separated whsec_ secrets that sign callbacks (all sign: rotation)",

@@ -207,7 +207,7 @@ struct DatabaseCommand: AsyncParsableCommand {
     struct GrantBackend: AsyncParsableCommand, ReadsSettings {
         static let configuration = CommandConfiguration(
             commandName: "grant-backend",
-            abstract: "Grant an existing role exactly what the README's session SQL needs (sessions, accounts), nothing else.",
+            abstract: "Grant an existing role exactly what docs/integration.md's session SQL needs (sessions, accounts), nothing else.",
             discussion: """
                 Examples:
                   siwa-events db grant-backend --role backend_app

@@ -15,7 +15,7 @@ package enum BackendGrantsError: Error, Sendable, CustomStringConvertible {
 }
 
 /// Least privilege for a backend that shares the database instead of calling the API: exactly
-/// what the README's session SQL needs — create a session (aud, sub, expires_at, identity_issued_at), read sessions
+/// what docs/integration.md's session SQL needs — create a session (aud, sub, expires_at, identity_issued_at), read sessions
 /// and accounts, log a session out — and nothing else (no notifications, tokens, jobs, audit).
 package struct BackendGrants: Sendable {
     package let client: PostgresClient

@@ -310,7 +310,7 @@ struct BackendAPITests {
         await e.stop()
     }
 
-    @Test("db grant-backend: the role can run the README's session SQL (refused after a consent revocation or deletion) and cannot read notifications or tokens")
+    @Test("db grant-backend: the role can run docs/integration.md's session SQL (refused after a consent revocation or deletion) and cannot read notifications or tokens")
     func grantBackend() async throws {
         let database = try await TestCluster.shared.makeDatabase()
         let h = try await Harness.start(database: database)
@@ -346,7 +346,7 @@ struct BackendAPITests {
                 }
             }
             // The database holds the API's rules: after a consent revocation only an identity token
-            // issued after it (README's SQL, identity_issued_at); never for a deleted Apple ID.
+            // issued after it (the guide's SQL, identity_issued_at); never for a deleted Apple ID.
             try await h.server.client.query(
                 "INSERT INTO accounts (aud, sub, consent_revoked_at) VALUES ('com.example.app', '001.grant.revoked', now() - interval '1 minute')")
             try await h.server.client.query("INSERT INTO accounts (aud, sub, deleted_at) VALUES ('com.example.app', '001.grant.deleted', now())")

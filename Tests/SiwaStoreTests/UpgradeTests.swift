@@ -62,7 +62,7 @@ struct UpgradeTests {
         #expect(Set(ids).isSuperset(of: ["up-1", "up-2", "up-3", "up-4"]), "\(listed.body)")
         await h.stop()
 
-        // The backend role granted before the upgrade still runs the README's session SQL.
+        // The backend role granted before the upgrade still runs docs/integration.md's session SQL.
         var backend = database
         backend.username = Self.role
         let client = PostgresClient(configuration: backend)
