@@ -2,6 +2,7 @@ import AsyncHTTPClient
 import Foundation
 import NIOCore
 import NIOHTTP1
+import PostgresNIO
 import SiwaDomain
 import SiwaEmbeddedPostgres
 import SiwaTestSupport
@@ -58,6 +59,32 @@ struct StartupErrorTests {
             #expect(list.status == 78 && list.stderr.contains("DATABASE_URL") && list.stderr.contains(shown), "\(list.status): \(list.stderr)")
             #expect(!list.stderr.contains("hunter2"))
         }
+    }
+
+    @Test("DATABASE_URL with a wrong password: serve stops at once with exit 78 naming the database and 28P01, password hidden")
+    func wrongPassword() async throws {
+        let directory = try Self.directory("password")
+        defer { try? FileManager.default.removeItem(atPath: directory) }
+        let good = try await TestBinary.databaseURL()
+        let components = try #require(URLComponents(string: good))
+        let socket = try #require(components.queryItems?.first { $0.name == "host" }?.value)
+        let database = String(components.path.dropFirst())
+        // A role of its own that must give a password (the test cluster trusts every other one).
+        let role = "siwa_password_\(UUID().uuidString.prefix(6).lowercased())"
+        let hba = "\(TestCluster.directory)/pgdata/pg_hba.conf"
+        let rules = try String(contentsOfFile: hba, encoding: .utf8)
+        try ("local all \(role) scram-sha-256\n" + rules).write(toFile: hba, atomically: false, encoding: .utf8)
+        try await TestBinary.withDatabase(good) { client in
+            try await client.query(PostgresQuery(unsafeSQL: "CREATE ROLE \(role) LOGIN PASSWORD 'the-right-one'"))
+            _ = try await client.query("SELECT pg_reload_conf()")
+        }
+        let url = "postgres://\(role):hunter2@/\(database)?host=\(socket)"
+        let serve = try await TestBinary.run(["serve"], environment: Self.serving(["DATABASE_URL": url]), directory: directory, within: .seconds(60))
+        #expect(serve.status == 78, "\(serve.status): \(serve.output.suffix(3000))")
+        #expect(serve.output.contains("DATABASE_URL") && serve.output.contains("postgres://\(role):***@/\(database)") && serve.output.contains("28P01"), "\(serve.output.suffix(3000))")
+        #expect(!serve.output.contains("hunter2"))
+        let list = try await TestBinary.run(["notifications", "list"], environment: ["DATABASE_URL": url], directory: directory)
+        #expect(list.status == 78 && list.stderr.contains("28P01") && !list.stderr.contains("hunter2"), "\(list.status): \(list.stderr)")
     }
 
     @Test("DATABASE_URL's port refusing connections: serve waits with a warning naming DATABASE_URL and stops cleanly on SIGTERM; a command fails at once")
