@@ -71,11 +71,23 @@ package enum Subprocess {
         workingDirectory: String = "/",
         outputPath: String = "/dev/null"
     ) throws -> ChildProcess {
-        let null = open(outputPath, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0o644)
-        defer { if null >= 0 { close(null) } }
-        return try ChildProcess(
+        let output = open(outputPath, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0o644)
+        defer { if output >= 0 { close(output) } }
+        return try start(executable, arguments, environment: environment, workingDirectory: workingDirectory, output: output)
+    }
+
+    /// Starts a long-running child whose stdout and stderr go to `output` (a descriptor the caller
+    /// keeps and closes: e.g. a pipe's write end).
+    package static func start(
+        _ executable: String,
+        _ arguments: [String],
+        environment: [String: String],
+        workingDirectory: String = "/",
+        output: Int32
+    ) throws -> ChildProcess {
+        try ChildProcess(
             spawning: executable, arguments: arguments, environment: environment, workingDirectory: workingDirectory,
-            standardOutput: null, standardError: null)
+            standardOutput: output, standardError: output)
     }
 }
 

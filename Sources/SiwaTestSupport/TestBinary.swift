@@ -97,16 +97,6 @@ package enum TestBinary {
         return (status & 0x7f == 0 ? (status >> 8) & 0xff : 128 + (status & 0x7f), output)
     }
 
-    /// Whether `file` comes to contain `text` within `seconds` (read every 100 ms).
-    package static func wait(for text: String, in file: String, seconds: Int = 30) async -> Bool {
-        let deadline = ContinuousClock.now + .seconds(seconds)
-        while ContinuousClock.now < deadline {
-            if let contents = try? String(contentsOfFile: file, encoding: .utf8), contents.contains(text) { return true }
-            try? await Task.sleep(for: .milliseconds(100))
-        }
-        return false
-    }
-
     /// A DATABASE_URL for a fresh migrated test database (unix socket).
     package static func databaseURL() async throws -> String {
         let database = try await TestCluster.shared.makeDatabase()

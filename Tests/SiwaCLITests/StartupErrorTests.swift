@@ -93,14 +93,13 @@ struct StartupErrorTests {
         defer { try? FileManager.default.removeItem(atPath: directory) }
         let port = TestBinary.freePort()
         let url = "postgres://siwa:hunter2@127.0.0.1:\(port)/siwa"
-        let log = "\(directory)/serve.log"
-        let server = try Subprocess.start(
+        let (server, serveOutput) = try ChildOutput.start(
             TestBinary.url.path, ["serve"], environment: ProcessInfo.processInfo.environment.merging(Self.serving(["DATABASE_URL": url])) { $1 },
-            workingDirectory: directory, outputPath: log)
-        #expect(await TestBinary.wait(for: "127.0.0.1:\(port)/siwa", in: log), "the warning names the database")
+            workingDirectory: directory)
+        #expect(await serveOutput.wait(for: "127.0.0.1:\(port)/siwa"), "the warning names the database: \(serveOutput.text)")
         server.signal(SIGTERM)
         #expect(await server.waitForExit() == 0)
-        let output = (try? String(contentsOfFile: log, encoding: .utf8)) ?? ""
+        let output = serveOutput.text
         #expect(output.contains("DATABASE_URL") && output.contains("postgres://siwa:***@127.0.0.1:\(port)/siwa") && output.contains("refused"), "\(output)")
         #expect(!output.contains("hunter2") && !output.contains("poolShutdown"), "\(output)")
 
