@@ -97,6 +97,14 @@ package enum TestBinary {
         return (status & 0x7f == 0 ? (status >> 8) & 0xff : 128 + (status & 0x7f), output)
     }
 
+    /// A new directory `/tmp/siwa-NAME-xxxxxx`, open to other users (0755): the embedded
+    /// cluster's unprivileged account must reach what a test puts there.
+    package static func makeDirectory(_ name: String) throws -> String {
+        let directory = "/tmp/siwa-\(name)-\(UUID().uuidString.prefix(6).lowercased())"
+        try FileManager.default.createDirectory(atPath: directory, withIntermediateDirectories: true, attributes: [.posixPermissions: 0o755])
+        return directory
+    }
+
     /// A DATABASE_URL for a fresh migrated test database (unix socket).
     package static func databaseURL() async throws -> String {
         let database = try await TestCluster.shared.makeDatabase()

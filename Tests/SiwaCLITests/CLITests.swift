@@ -13,8 +13,7 @@ struct CLITests {
 
     @Test("serve on the embedded database, send, SIGTERM (exit 0, PostgreSQL stopped), then the stored notifications are still listed")
     func serveSendStopList() async throws {
-        let directory = "/tmp/siwa-cli-\(UUID().uuidString.prefix(6).lowercased())"
-        try FileManager.default.createDirectory(atPath: directory, withIntermediateDirectories: true, attributes: [.posixPermissions: 0o755])
+        let directory = try TestBinary.makeDirectory("cli")
         defer { try? FileManager.default.removeItem(atPath: directory) }
         #expect(try await TestBinary.run(["keys", "generate", "--dir", "keys"], directory: directory).status == 0)
         let port = TestBinary.freePort()
@@ -82,8 +81,7 @@ struct CLITests {
 
     @Test("The embedded PostgreSQL's processes see none of our variables (no SIWA_* secret, no DATABASE_URL); keys generate writes its private key 0600")
     func embeddedEnvironment() async throws {
-        let directory = "/tmp/siwa-env-\(UUID().uuidString.prefix(6).lowercased())"
-        try FileManager.default.createDirectory(atPath: directory, withIntermediateDirectories: true, attributes: [.posixPermissions: 0o755])
+        let directory = try TestBinary.makeDirectory("env")
         defer { try? FileManager.default.removeItem(atPath: directory) }
         #expect(try await TestBinary.run(["keys", "generate", "--dir", "keys"], directory: directory).status == 0)
         #expect(try FileManager.default.attributesOfItem(atPath: "\(directory)/keys/private-key.pem")[.posixPermissions] as? Int == 0o600)

@@ -231,8 +231,7 @@ struct DeployTests {
 
     @Test("/health/ready follows PostgreSQL down and back without a restart; a worker is ready without Apple's keys, a receiver is not")
     func readinessFollowsDatabase() async throws {
-        let directory = "/tmp/siwa-ready-\(UUID().uuidString.prefix(6).lowercased())"
-        try FileManager.default.createDirectory(atPath: directory, withIntermediateDirectories: true, attributes: [.posixPermissions: 0o755])
+        let directory = try TestBinary.makeDirectory("ready")
         defer { try? FileManager.default.removeItem(atPath: directory) }
         let cluster = EmbeddedPostgres(options: .init(dataDirectory: "\(directory)/db", durable: false), logger: Logger(label: "ready"))
         let connection = try await cluster.start()

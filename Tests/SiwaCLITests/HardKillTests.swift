@@ -15,8 +15,7 @@ import Testing
 struct HardKillTests {
     @Test("SIGKILL of the server (and of its PostgreSQL) under concurrent load: every acknowledged notification and its job are in the store")
     func acknowledgedSurviveHardKill() async throws {
-        let directory = "/tmp/siwa-kill-\(UUID().uuidString.prefix(6).lowercased())"
-        try FileManager.default.createDirectory(atPath: directory, withIntermediateDirectories: true, attributes: [.posixPermissions: 0o755])
+        let directory = try TestBinary.makeDirectory("kill")
         defer { try? FileManager.default.removeItem(atPath: directory) }
         #expect(try await TestBinary.run(["keys", "generate", "--dir", "keys"], directory: directory).status == 0)
         let signer = try AppleStyleSigner(pem: String(contentsOfFile: "\(directory)/keys/private-key.pem", encoding: .utf8))

@@ -58,8 +58,8 @@ struct IntegrationGuideTests {
         #expect(Set(blocks.keys) == expected, "docs/integration.md's tested blocks changed: run each new one here")
         func block(_ name: String) throws -> String { try #require(blocks[name]?.code, "docs/integration.md has no tested block \(name)") }
 
-        let directory = "/tmp/siwa-guide-\(UUID().uuidString.prefix(6).lowercased())"
-        try FileManager.default.createDirectory(atPath: "\(directory)/bin", withIntermediateDirectories: true, attributes: [.posixPermissions: 0o755])
+        let directory = try TestBinary.makeDirectory("guide")
+        try FileManager.default.createDirectory(atPath: "\(directory)/bin", withIntermediateDirectories: false, attributes: [.posixPermissions: 0o755])
         defer { try? FileManager.default.removeItem(atPath: directory) }
         try FileManager.default.createSymbolicLink(atPath: "\(directory)/bin/siwa-events", withDestinationPath: TestBinary.url.path)
         try FileManager.default.createSymbolicLink(atPath: "\(directory)/docs", withDestinationPath: Repository.root.appendingPathComponent("docs").path)
@@ -153,8 +153,7 @@ struct IntegrationGuideTests {
 
     @Test("callbacks redeliver msg_<n> sends the same webhook-id again; an unknown msg id, or a malformed one, is a clear error")
     func redeliverByWebhookID() async throws {
-        let directory = "/tmp/siwa-redeliver-\(UUID().uuidString.prefix(6).lowercased())"
-        try FileManager.default.createDirectory(atPath: directory, withIntermediateDirectories: true, attributes: [.posixPermissions: 0o755])
+        let directory = try TestBinary.makeDirectory("redeliver")
         defer { try? FileManager.default.removeItem(atPath: directory) }
         #expect(try await TestBinary.run(["keys", "generate", "--dir", "keys"], directory: directory).status == 0)
         let databaseURL = try await TestBinary.databaseURL()
@@ -211,8 +210,7 @@ struct IntegrationGuideTests {
 
     @Test("keys id-token: its token passes the sessions verifier with its nonce, fails with another; bad flags name the flag")
     func idTokenFlags() async throws {
-        let directory = "/tmp/siwa-idtoken-\(UUID().uuidString.prefix(6).lowercased())"
-        try FileManager.default.createDirectory(atPath: directory, withIntermediateDirectories: true, attributes: [.posixPermissions: 0o755])
+        let directory = try TestBinary.makeDirectory("idtoken")
         defer { try? FileManager.default.removeItem(atPath: directory) }
         #expect(try await TestBinary.run(["keys", "generate", "--dir", "keys"], directory: directory).status == 0)
         let made = try await TestBinary.run(

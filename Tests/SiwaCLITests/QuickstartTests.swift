@@ -20,8 +20,8 @@ struct QuickstartTests {
                 .replacingOccurrences(of: "127.0.0.1:8081", with: "127.0.0.1:\(adminPort)")
         }
 
-        let directory = "/tmp/siwa-quickstart-\(UUID().uuidString.prefix(6).lowercased())"
-        try FileManager.default.createDirectory(atPath: "\(directory)/bin", withIntermediateDirectories: true, attributes: [.posixPermissions: 0o755])
+        let directory = try TestBinary.makeDirectory("quickstart")
+        try FileManager.default.createDirectory(atPath: "\(directory)/bin", withIntermediateDirectories: false, attributes: [.posixPermissions: 0o755])
         defer { try? FileManager.default.removeItem(atPath: directory) }
         try FileManager.default.createSymbolicLink(atPath: "\(directory)/bin/siwa-events", withDestinationPath: TestBinary.url.path)
         let environment = ProcessInfo.processInfo.environment.filter { !$0.key.hasPrefix("SIWA_") && $0.key != "DATABASE_URL" }

@@ -12,12 +12,6 @@ import Testing
 /// binary names the setting and the fix, and stops (or waits) as the failure deserves.
 @Suite("Start-up errors that name the fix")
 struct StartupErrorTests {
-    static func directory(_ name: String) throws -> String {
-        let directory = "/tmp/siwa-\(name)-\(UUID().uuidString.prefix(6).lowercased())"
-        try FileManager.default.createDirectory(atPath: directory, withIntermediateDirectories: true, attributes: [.posixPermissions: 0o755])
-        return directory
-    }
-
     /// `serve`'s environment on free ports, with the settings given.
     static func serving(_ settings: [String: String]) -> [String: String] {
         ["SIWA_APPLE_BUNDLE_IDS": "com.example.errors", "SIWA_PORT": "\(TestBinary.freePort())", "SIWA_ADMIN_PORT": "\(TestBinary.freePort())", "SIWA_DATA_DIR": ""]
@@ -26,7 +20,7 @@ struct StartupErrorTests {
 
     @Test("A command run where there is no database says where it looked and which variable to set, exits 78, and creates nothing")
     func noDatabaseHere() async throws {
-        let directory = try Self.directory("nodb")
+        let directory = try TestBinary.makeDirectory("nodb")
         defer { try? FileManager.default.removeItem(atPath: directory) }
         for command in [
             ["notifications", "list"], ["tokens", "create", "--name", "ci", "--scope", "admin"], ["rejections", "list"], ["alerts", "list"],
@@ -42,7 +36,7 @@ struct StartupErrorTests {
 
     @Test("DATABASE_URL naming an unknown role or database: serve stops at once with exit 78 naming the database, password hidden; a command says the same")
     func databaseRefuses() async throws {
-        let directory = try Self.directory("refused")
+        let directory = try TestBinary.makeDirectory("refused")
         defer { try? FileManager.default.removeItem(atPath: directory) }
         let good = try #require(URLComponents(string: try await TestBinary.databaseURL()))
         let socket = try #require(good.queryItems?.first { $0.name == "host" }?.value)
@@ -63,7 +57,7 @@ struct StartupErrorTests {
 
     @Test("DATABASE_URL with a wrong password: serve stops at once with exit 78 naming the database and 28P01, password hidden")
     func wrongPassword() async throws {
-        let directory = try Self.directory("password")
+        let directory = try TestBinary.makeDirectory("password")
         defer { try? FileManager.default.removeItem(atPath: directory) }
         let good = try await TestBinary.databaseURL()
         let components = try #require(URLComponents(string: good))
@@ -89,7 +83,7 @@ struct StartupErrorTests {
 
     @Test("DATABASE_URL's port refusing connections: serve waits with a warning naming DATABASE_URL and stops cleanly on SIGTERM; a command fails at once")
     func databaseUnreachable() async throws {
-        let directory = try Self.directory("unreachable")
+        let directory = try TestBinary.makeDirectory("unreachable")
         defer { try? FileManager.default.removeItem(atPath: directory) }
         let port = TestBinary.freePort()
         let url = "postgres://siwa:hunter2@127.0.0.1:\(port)/siwa"
@@ -110,7 +104,7 @@ struct StartupErrorTests {
 
     @Test("A port in use: serve names the address and SIWA_PORT (or SIWA_ADMIN_PORT) and exits 78")
     func portInUse() async throws {
-        let directory = try Self.directory("port")
+        let directory = try TestBinary.makeDirectory("port")
         defer { try? FileManager.default.removeItem(atPath: directory) }
         let busy = TestBinary.SilentListener()
         let url = try await TestBinary.databaseURL()
@@ -127,7 +121,7 @@ struct StartupErrorTests {
 
     @Test("Apple's keys not loaded yet: serve listens anyway, readiness says why, and a notification gets 503 with Retry-After, never 401, and no rejection")
     func keysStillLoading() async throws {
-        let directory = try Self.directory("keys")
+        let directory = try TestBinary.makeDirectory("keys")
         defer { try? FileManager.default.removeItem(atPath: directory) }
         let keys = try await TestBinary.Keys.make()
         defer { keys.remove() }
