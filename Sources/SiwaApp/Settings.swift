@@ -286,7 +286,7 @@ package enum Settings {
         docs: "`trace`, `debug`, `info`, `notice`, `warning`, `error` or `critical`; anything else stops the command (exit 78)."
     ) { text throws(SettingValueError) in
         guard let level = Logger.Level(rawValue: text.lowercased()) else {
-            throw SettingValueError("must be one of \(Logger.Level.allCases.map(\.rawValue).joined(separator: ", ")) (got \"\(text)\")")
+            throw SettingValueError("must be one of \(Logger.Level.valueNames) (got \"\(text)\")")
         }
         return level
     }

@@ -24,14 +24,14 @@ struct TokensCommand: AsyncParsableCommand {
         static let settingGroups: [SettingGroup] = [.database, .logging]
         @OptionGroup var options: ConfigOptions
         @Option(help: "A name for it (letters, digits, . _ -), unique among live tokens.") var name: String
-        @Option(name: .customLong("scope"), help: "A scope it grants (repeat for several): \(APIScope.list).") var scopes: [String] = []
+        @Option(name: .customLong("scope"), help: "A scope it grants (repeat for several): \(APIScope.valueNames).") var scopes: [String] = []
         @Option(help: "Lifetime, e.g. 90d (default: until revoked).") var expires: String?
         @Flag(help: "Print {\"id\",\"name\",\"token\",\"scopes\",\"expires_at\"} instead of the bare token.") var json = false
 
         func validate() throws {
-            if scopes.isEmpty { throw ValidationError("give at least one --scope: \(APIScope.list)") }
+            if scopes.isEmpty { throw ValidationError("give at least one --scope: \(APIScope.valueNames)") }
             if let unknown = scopes.first(where: { APIScope(rawValue: $0) == nil }) {
-                throw ValidationError("--scope \(unknown) is not a scope; scopes: \(APIScope.list)")
+                throw ValidationError("--scope \(unknown) is not a scope; scopes: \(APIScope.valueNames)")
             }
             if name.range(of: "^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$", options: .regularExpression) == nil {
                 throw ValidationError("--name must be 1-100 letters, digits, '.', '_' or '-', starting with a letter or digit (got \"\(name)\")")

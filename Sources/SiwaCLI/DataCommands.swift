@@ -23,7 +23,7 @@ struct NotificationsCommand: AsyncParsableCommand {
         @OptionGroup var options: ConfigOptions
         @Option(help: "Only this user (Apple's team-scoped sub).") var sub: String?
         @Option(help: "Only this bundle ID.") var aud: String?
-        @Option(help: "Only this type: \(EventType.filterValues).") var type: String?
+        @Option(help: "Only this type: \(EventType.valueNames).") var type: String?
         @Option(help: "Only this status: pending, applied, skipped, retrying, discarded.") var status: String?
         @Option(help: ListFlags.limitHelp) var limit: Int = 50
         @Flag(help: "One JSON object per line.") var json = false
@@ -148,7 +148,7 @@ extension NotificationsCommand {
         @OptionGroup var options: ConfigOptions
         @Option(help: "Only this bundle ID.") var aud: String?
         @Option(help: "Only this user.") var sub: String?
-        @Option(help: "Only these types (repeat): \(EventType.filterValues).") var type: [String] = []
+        @Option(help: "Only these types (repeat): \(EventType.valueNames).") var type: [String] = []
         @Option(help: "Only these statuses (repeat).") var status: [String] = []
         @Option(help: "From this ISO-8601 time (inclusive).") var from: String?
         @Option(help: "To this ISO-8601 time (exclusive).") var to: String?
@@ -232,7 +232,7 @@ extension NotificationsCommand {
         @Option(help: "From this time: ISO-8601 or a duration ago (default: 1h, 7d or 90d before --to).") var from: String?
         @Option(help: "To this ISO-8601 time (default: now).") var to: String?
         @Option(help: "Only this bundle ID.") var aud: String?
-        @Option(help: "Only these types (repeat): \(EventType.filterValues).") var type: [String] = []
+        @Option(help: "Only these types (repeat): \(EventType.valueNames).") var type: [String] = []
         @Flag(help: "One JSON object per line.") var json = false
 
         func validate() throws {

@@ -14,19 +14,19 @@ enum ListFlags {
 
     static func checkTypes(_ types: [String]) throws {
         if let bad = types.first(where: { EventType(apple: $0) == nil }) {
-            throw ValidationError("--type must be one of \(EventType.filterValues) (got \"\(bad)\")")
+            throw ValidationError("--type must be one of \(EventType.valueNames) (got \"\(bad)\")")
         }
     }
 
     static func checkStatuses(_ statuses: [String]) throws {
         if let bad = statuses.first(where: { ProcessingStatus(rawValue: $0) == nil }) {
-            throw ValidationError("--status must be one of \(ProcessingStatus.allCases.map(\.rawValue).joined(separator: ", ")) (got \"\(bad)\")")
+            throw ValidationError("--status must be one of \(ProcessingStatus.valueNames) (got \"\(bad)\")")
         }
     }
 
     static func checkReason(_ reason: String?) throws {
         if let reason, RejectionReason(rawValue: reason) == nil {
-            throw ValidationError("--reason must be one of \(RejectionReason.allCases.map(\.rawValue).joined(separator: ", ")) (got \"\(reason)\")")
+            throw ValidationError("--reason must be one of \(RejectionReason.valueNames) (got \"\(reason)\")")
         }
     }
 

@@ -10,8 +10,6 @@ package enum APIScope: String, Sendable, CaseIterable, Hashable {
     case notificationsRead = "notifications:read"
     case alertsRead = "alerts:read"
     case admin
-
-    package static var list: String { allCases.map(\.rawValue).joined(separator: ", ") }
 }
 
 extension Set<APIScope> {

@@ -4,9 +4,3 @@ package enum ListLimit {
     package static let maximum = 1000
     package static let range = 1...maximum
 }
-
-extension EventType {
-    /// The `type` filter values, as error messages name them (Apple's other spelling of the
-    /// deletion event, `account-deleted`, is accepted too).
-    package static var filterValues: String { allCases.map(\.rawValue).joined(separator: ", ") }
-}

@@ -42,7 +42,7 @@ package struct HistoryController: Sendable {
     static func types(_ parameters: QueryParameters) throws -> [String] {
         try parameters.getAll("type").map { text in
             guard let type = EventType(apple: String(text)) else {
-                throw APIError.invalid("type \(text) is not one of \(EventType.filterValues)")
+                throw APIError.invalid("type \(text) is not one of \(EventType.valueNames)")
             }
             return type.rawValue
         }
@@ -57,7 +57,7 @@ package struct HistoryController: Sendable {
         query.types = try types(parameters)
         query.statuses = try parameters.getAll("status").map { text in
             guard let status = ProcessingStatus(rawValue: String(text)) else {
-                throw APIError.invalid("status \(text) is not one of \(ProcessingStatus.allCases.map(\.rawValue).joined(separator: ", "))")
+                throw APIError.invalid("status \(text) is not one of \(ProcessingStatus.valueNames)")
             }
             return status.rawValue
         }
@@ -175,7 +175,7 @@ package struct HistoryController: Sendable {
         let limit = try JSONBody.limit(request, default: 100, maximum: ListLimit.maximum)
         let reason = QueryParameters(request)["reason"].map(String.init)
         if let reason, RejectionReason(rawValue: reason) == nil {
-            throw APIError.invalid("reason must be one of \(RejectionReason.allCases.map(\.rawValue).joined(separator: ", ")) (got \(reason))")
+            throw APIError.invalid("reason must be one of \(RejectionReason.valueNames) (got \(reason))")
         }
         let since = try Self.date(QueryParameters(request)["since"], name: "since") ?? Date().addingTimeInterval(-86_400)
         let after = try KeysetCursor.parameter(
