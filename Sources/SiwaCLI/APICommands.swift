@@ -220,10 +220,18 @@ struct DatabaseCommand: AsyncParsableCommand {
             let config = try options.load(requireBundleIDs: false)
             let logger = try makeLogger()
             do {
-                let statements = try await Database.with(config, logger: logger) { database in
+                let outcome = try await Database.with(config, logger: logger) { database in
                     try await BackendGrants(client: database.client, logger: logger).grant(role: role)
                 }
-                for statement in statements { print(statement + ";") }
+                for statement in outcome.statements { print(statement + ";") }
+                // Valid SQL as a whole: what PUBLIC keeps is said in comments, with its revocation.
+                if outcome.publicPrivileges.isEmpty {
+                    print("-- PUBLIC holds neither TEMPORARY on this database nor CREATE on schema public: \(role) can create no objects of its own.")
+                } else {
+                    print("-- PUBLIC, and so \(role), still holds what lets a role create objects of its own; the session trigger")
+                    print("-- resolves no name through them (sql/015), but a database owner can take them away:")
+                    for held in outcome.publicPrivileges { print("--   \(held.revoke);   (\(held.privilege))") }
+                }
             } catch let error as BackendGrantsError {
                 printError("siwa-events: \(error.description)")
                 throw ExitCode(1)

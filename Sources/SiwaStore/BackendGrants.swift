@@ -33,8 +33,25 @@ package struct BackendGrants: Sendable {
         "GRANT SELECT ON accounts TO %I",
     ]
 
-    /// Applies the grants in one transaction; returns the statements run.
-    package func grant(role: String) async throws -> [String] {
+    /// What `grant` did and what every role still holds through PUBLIC.
+    package struct Outcome: Sendable {
+        /// The statements run, in order.
+        package var statements: [String]
+        /// What PUBLIC (so the granted role too) still holds that could shadow our objects, each
+        /// with the statement that takes it away; empty when nothing is left.
+        package var publicPrivileges: [PublicPrivilege]
+    }
+
+    /// A privilege PUBLIC holds by default that a role could use to create objects of its own.
+    package struct PublicPrivilege: Sendable, Equatable {
+        /// `TEMPORARY` on the database, or `CREATE` on schema public (the default before PostgreSQL 15).
+        package var privilege: String
+        /// The statement an owner runs to revoke it.
+        package var revoke: String
+    }
+
+    /// Applies the grants in one transaction; returns the statements run and what PUBLIC still has.
+    package func grant(role: String) async throws -> Outcome {
         guard role.range(of: "^[a-z_][a-z0-9_]{0,62}$", options: .regularExpression) != nil else { throw BackendGrantsError.invalidRole(role) }
         let logger = self.logger
         return try await client.bounded.transaction(logger: logger) { connection in
@@ -55,7 +72,20 @@ package struct BackendGrants: Sendable {
                 try await connection.query(PostgresQuery(unsafeSQL: sql), logger: logger)
                 run.append(sql)
             }
-            return run
+            var held: [PublicPrivilege] = []
+            let query: PostgresQuery = """
+                SELECT format('REVOKE TEMPORARY ON DATABASE %I FROM PUBLIC', d.datname)
+                FROM pg_database d, aclexplode(coalesce(d.datacl, acldefault('d', d.datdba))) a
+                WHERE d.datname = current_database() AND a.grantee = 0 AND a.privilege_type = 'TEMPORARY'
+                UNION ALL
+                SELECT 'REVOKE CREATE ON SCHEMA public FROM PUBLIC'
+                FROM pg_namespace n, aclexplode(coalesce(n.nspacl, acldefault('n', n.nspowner))) a
+                WHERE n.nspname = 'public' AND a.grantee = 0 AND a.privilege_type = 'CREATE'
+                """
+            for try await (revoke,) in try await connection.query(query, logger: logger).decode((String,).self) {
+                held.append(PublicPrivilege(privilege: revoke.contains("TEMPORARY") ? "TEMPORARY on the database" : "CREATE on schema public", revoke: revoke))
+            }
+            return Outcome(statements: run, publicPrivileges: held)
         }
     }
 }

@@ -316,8 +316,8 @@ struct BackendAPITests {
         let h = try await Harness.start(database: database)
         let role = "backend_\(UUID().uuidString.prefix(8).lowercased())"
         try await h.server.client.query(PostgresQuery(unsafeSQL: "CREATE ROLE \(role) LOGIN"))
-        let statements = try await BackendGrants(client: h.server.client, logger: h.logs.logger()).grant(role: role)
-        #expect(statements.count == 5)
+        let outcome = try await BackendGrants(client: h.server.client, logger: h.logs.logger()).grant(role: role)
+        #expect(outcome.statements.count == 5)
         await #expect(throws: BackendGrantsError.self) { try await BackendGrants(client: h.server.client, logger: h.logs.logger()).grant(role: "no_such_role_x") }
 
         var configuration = database
@@ -369,6 +369,15 @@ struct BackendAPITests {
             await #expect(throws: PSQLError.self) {
                 try await backend.query("INSERT INTO sessions (aud, sub, revoked_at, revoked_reason) VALUES ('a', 'b', now(), 'logout')")
             }
+            // A revocation is final: the role may log a session out, never clear or rename a
+            // revocation (the logged-out session above, and one revoked because Apple deleted the ID).
+            #expect(await refusal("UPDATE sessions SET revoked_at = NULL, revoked_reason = NULL WHERE id = \(id)::uuid") == "SE003")
+            try await h.server.client.query(
+                "INSERT INTO sessions (aud, sub, revoked_at, revoked_reason, revoked_event_time) VALUES ('com.example.app', '001.grant.gone', now(), 'account-delete', now())")
+            #expect(await refusal("UPDATE sessions SET revoked_at = NULL, revoked_reason = NULL WHERE sub = '001.grant.gone'") == "SE003")
+            #expect(await refusal("UPDATE sessions SET revoked_reason = 'logout' WHERE sub = '001.grant.gone'") == "SE003")
+            #expect(await refusal("UPDATE sessions SET revoked_at = now() - interval '1 day' WHERE sub = '001.grant.gone'") == "SE003")
+            #expect(try await h.count("SELECT count(*) FROM sessions WHERE sub = '001.grant.gone' AND revoked_reason = 'account-delete'") == 1)
             group.cancelAll()
         }
         await h.stop()

@@ -168,7 +168,7 @@ struct CLITests {
         #expect(serve.stderr.contains("whsec_"))
     }
 
-    @Test("db grant-backend --role: grants an existing role, names CREATE ROLE for a missing one; a setting of another command is an unknown option")
+    @Test("db grant-backend --role: grants an existing role, names what PUBLIC keeps and its REVOKE, names CREATE ROLE for a missing one; a setting of another command is an unknown option")
     func grantBackend() async throws {
         let url = try await TestBinary.databaseURL()
         let role = "siwa_cli_grant_\(UUID().uuidString.prefix(6).lowercased())"
@@ -176,6 +176,20 @@ struct CLITests {
         let granted = try await TestBinary.run(["db", "grant-backend", "--role", role], environment: ["DATABASE_URL": url], directory: "/tmp")
         #expect(granted.status == 0, "\(granted.stderr)")
         #expect(granted.stdout.contains("GRANT SELECT ON accounts TO \(role);"), "\(granted.stdout)")
+        // What PUBLIC keeps (PostgreSQL's default TEMPORARY) is named with its revocation, as SQL comments.
+        let database = try #require(URLComponents(string: url)?.path.dropFirst())
+        #expect(granted.stdout.contains("--   REVOKE TEMPORARY ON DATABASE \(database) FROM PUBLIC;"), "\(granted.stdout)")
+        #expect(!granted.stdout.contains("CREATE ON SCHEMA public"), "\(granted.stdout)")
+        try await TestBinary.withDatabase(url) { client in
+            _ = try await client.query(PostgresQuery(unsafeSQL: "REVOKE TEMPORARY ON DATABASE \(database) FROM PUBLIC"))
+            _ = try await client.query("GRANT CREATE ON SCHEMA public TO PUBLIC")  // PostgreSQL 14's default
+        }
+        let regranted = try await TestBinary.run(["db", "grant-backend", "--role", role], environment: ["DATABASE_URL": url], directory: "/tmp")
+        #expect(!regranted.stdout.contains("REVOKE TEMPORARY"), "\(regranted.stdout)")
+        #expect(regranted.stdout.contains("--   REVOKE CREATE ON SCHEMA public FROM PUBLIC;"), "\(regranted.stdout)")
+        try await TestBinary.withDatabase(url) { client in _ = try await client.query("REVOKE CREATE ON SCHEMA public FROM PUBLIC") }
+        let bare = try await TestBinary.run(["db", "grant-backend", "--role", role], environment: ["DATABASE_URL": url], directory: "/tmp")
+        #expect(bare.stdout.contains("-- PUBLIC holds neither TEMPORARY on this database nor CREATE on schema public"), "\(bare.stdout)")
         let missing = try await TestBinary.run(["db", "grant-backend", "--role", "no_such_role_cli"], environment: ["DATABASE_URL": url], directory: "/tmp")
         #expect(missing.status == 1 && missing.stderr.contains("CREATE ROLE no_such_role_cli"), "\(missing.stderr)")
         let foreign = try await TestBinary.run(["migrate", "--workers", "8"], environment: ["DATABASE_URL": url], directory: "/tmp")
