@@ -183,6 +183,9 @@ package struct SiwaApplication: Sendable {
             } else {
                 try await migrator.checkUpToDate()
             }
+            if let problem = try? await ConnectedRole.read(client, logger: logger).superuserProblem {
+                logger.warning("\(problem)")
+            }
             migrated.open()
         }
         var adminApp = Application(

@@ -6,7 +6,10 @@ import NIOHTTP1
 import NIOPosix
 import NIOSSL
 import NIOTLS
+import Logging
+import SiwaApp
 import SiwaDomain
+import SiwaStore
 
 /// `healthcheck`: the container's HEALTHCHECK (the runtime image has no curl). Exit 0 when the URL
 /// answers 200, 1 otherwise; the answer's body is printed either way.
@@ -49,19 +52,23 @@ struct Healthcheck: AsyncParsableCommand {
 /// endpoint: the name resolves (to a public address), TLS 1.2+ with a publicly trusted chain for
 /// that name, and the route answers a malformed notification with siwa-events' 400 JSON — not a
 /// 404 (wrong path or proxy), a redirect, a 5xx, or a 2xx (something that accepts anything).
-struct Doctor: AsyncParsableCommand {
+struct Doctor: AsyncParsableCommand, ReadsSettings {
+    static let settingGroups: [SettingGroup] = [.database, .logging]
     static let configuration = CommandConfiguration(
         abstract: "Check an endpoint the way Apple will call it: DNS, TLS version and certificate chain, and the route.",
         discussion: """
             Prints one line per check (ok, warn, FAIL) and exits 0 when nothing failed, 1 otherwise. \
             The route check POSTs a malformed notification ({"siwa_events_doctor": …}, no payload): \
-            siwa-events answers 400 JSON and records it as a rejection (reason malformed_request); nothing is accepted.
+            siwa-events answers 400 JSON and records it as a rejection (reason malformed_request); nothing is accepted. \
+            With DATABASE_URL (or an embedded database here) it also checks the database role: \
+            connected as a superuser is a failure.
 
             Examples:
               siwa-events doctor --url https://siwa.example.com/apple/notifications
               siwa-events doctor --url https://$HOST/apple/notifications --ca-file ca.pem
             """)
 
+    @OptionGroup var options: ConfigOptions
     @Option(help: "The URL registered with Apple, e.g. https://siwa.example.com/apple/notifications.")
     var url: String
     @Option(name: .customLong("ca-file"), help: "Also trust this PEM CA certificate (a staging CA; Apple trusts only public CAs, so it is a warning).")
@@ -145,10 +152,38 @@ struct Doctor: AsyncParsableCommand {
             report.fail("route", "POST \(url) failed: \(error)")
         }
 
+        await checkDatabase(&report)
+
         for line in report.lines { print(line) }
         if report.failed {
             printError("doctor: \(report.failures) check(s) failed")
             throw ExitCode.failure
+        }
+    }
+
+    /// The database the service would use: reachable, and not as a superuser.
+    func checkDatabase(_ report: inout DoctorReport) async {
+        let config: Configuration
+        do {
+            config = try options.load(requireBundleIDs: false)
+        } catch {
+            report.fail("database", "the database settings are invalid (see above)")
+            return
+        }
+        let logger = (try? makeLogger()) ?? Logger(label: "siwa-events")
+        do {
+            let role = try await Database.with(config, logger: logger) { database in
+                (try await ConnectedRole.read(database.client, logger: logger), database.description)
+            }
+            if let problem = role.0.superuserProblem {
+                report.fail("database", "\(role.1): \(problem)")
+            } else {
+                report.ok("database", "\(role.1): connected as \(role.0.name), not a superuser")
+            }
+        } catch let error as ConfigurationError where config.database.url == nil {
+            report.warn("database", "not checked: \(error.description)")
+        } catch {
+            report.fail("database", "\(error)")
         }
     }
 

@@ -212,23 +212,53 @@ struct Cluster: Sendable {
         return current
     }
 
-    /// Creates `database` unless it exists, connecting over the unix socket as the superuser.
-    func ensureDatabase(_ database: String, socketDirectory: String, port: Int) async throws {
+    /// Makes `database` belong to the service role, connecting over the unix socket as the
+    /// bootstrap superuser (its only use): creates the role (LOGIN, no superuser, no CREATEDB or
+    /// CREATEROLE) and the database if missing; a database the superuser owns (a cluster made
+    /// before the role existed) is handed over with its objects in schema public.
+    func ensureServiceDatabase(_ database: String, socketDirectory: String, port: Int) async throws {
         let connection = ["-h", socketDirectory, "-p", "\(port)", "-U", EmbeddedPostgres.superuser]
+        let psql = ["-X", "-q", "-A", "-t", "-v", "ON_ERROR_STOP=1"] + connection
         let literal = "'\(database.replacingOccurrences(of: "'", with: "''"))'"
-        let check = try await run(.psql, ["-X", "-q", "-A", "-t", "-v", "ON_ERROR_STOP=1"] + connection + [
-            "-d", "postgres", "-c", "SELECT 1 FROM pg_database WHERE datname = \(literal)",
+        let role = EmbeddedPostgres.serviceRole
+        let prepare = try await run(.psql, psql + [
+            "-d", "postgres", "-c", """
+                DO $$ BEGIN
+                    IF NOT EXISTS (SELECT 1 FROM pg_catalog.pg_roles WHERE rolname = '\(role)') THEN
+                        CREATE ROLE \(role) LOGIN NOSUPERUSER NOCREATEDB NOCREATEROLE NOREPLICATION NOBYPASSRLS;
+                    END IF;
+                END $$;
+                SELECT pg_catalog.pg_get_userbyid(datdba) FROM pg_catalog.pg_database WHERE datname = \(literal);
+                """,
         ])
-        guard check.succeeded else {
+        guard prepare.succeeded else {
             throw EmbeddedPostgresError.commandFailed(
-                command: "psql (checking whether database '\(database)' exists)", output: check.combinedOutput)
+                command: "psql (creating role \(role), checking whether database '\(database)' exists)", output: prepare.combinedOutput)
         }
-        guard check.standardOutput.trimmingCharacters(in: .whitespacesAndNewlines) != "1" else { return }
-
-        logger.info("creating database", metadata: ["database": "\(database)"])
-        let create = try await run(.createdb, connection + ["--", database])
-        guard create.succeeded else {
-            throw EmbeddedPostgresError.databaseCreationFailed(database: database, output: create.combinedOutput)
+        switch prepare.standardOutput.trimmingCharacters(in: .whitespacesAndNewlines) {
+        case "":
+            logger.info("creating database", metadata: ["database": "\(database)", "owner": "\(role)"])
+            let create = try await run(.createdb, connection + ["--owner", role, "--", database])
+            guard create.succeeded else {
+                throw EmbeddedPostgresError.databaseCreationFailed(database: database, output: create.combinedOutput)
+            }
+        case role:
+            break
+        default:
+            // A cluster from before the service role: the superuser owns the database and its objects.
+            logger.notice("handing the database to the non-superuser role", metadata: ["database": "\(database)", "owner": "\(role)"])
+            // Objects first, the database last: an interrupted hand-over is taken up again next start.
+            let handOver = try await run(.psql, psql + ["-d", database, "-c", EmbeddedPostgres.handOverObjects(from: EmbeddedPostgres.superuser, to: role)])
+            guard handOver.succeeded else {
+                throw EmbeddedPostgresError.commandFailed(
+                    command: "psql (handing objects in schema public of '\(database)' to \(role))", output: handOver.combinedOutput)
+            }
+            let alter = try await run(.psql, psql + [
+                "-d", "postgres", "-c", "DO $$ BEGIN EXECUTE pg_catalog.format('ALTER DATABASE %I OWNER TO \(role)', \(literal)); END $$;",
+            ])
+            guard alter.succeeded else {
+                throw EmbeddedPostgresError.commandFailed(command: "psql (ALTER DATABASE \(database) OWNER TO \(role))", output: alter.combinedOutput)
+            }
         }
     }
 
@@ -361,5 +391,41 @@ struct ServerSettings: Sendable {
 
     static func shellQuoted(_ text: String) -> String {
         "'\(text.replacingOccurrences(of: "'", with: "'\\''"))'"
+    }
+}
+
+extension EmbeddedPostgres {
+    /// Every table, view, sequence (not one a column owns: it follows its table), routine, type
+    /// and the schema itself that `superuser` owns in schema public, given to `role` (REASSIGN OWNED refuses the
+    /// bootstrap superuser, whose system objects cannot change hands).
+    package static func handOverObjects(from superuser: String, to role: String) -> String {
+        """
+            DO $$ DECLARE statement text; BEGIN
+                FOR statement IN
+                    SELECT pg_catalog.format('ALTER %s %s OWNER TO \(role)',
+                        CASE c.relkind WHEN 'S' THEN 'SEQUENCE' WHEN 'v' THEN 'VIEW' WHEN 'm' THEN 'MATERIALIZED VIEW' WHEN 'c' THEN 'TYPE' ELSE 'TABLE' END,
+                        c.oid::pg_catalog.regclass)
+                    FROM pg_catalog.pg_class c
+                    WHERE c.relnamespace = 'public'::pg_catalog.regnamespace AND c.relowner = '\(superuser)'::pg_catalog.regrole
+                      AND c.relkind IN ('r', 'p', 'v', 'm', 'S', 'c')
+                      AND NOT EXISTS (SELECT 1 FROM pg_catalog.pg_depend d
+                          WHERE d.classid = 'pg_catalog.pg_class'::pg_catalog.regclass AND d.objid = c.oid AND d.deptype IN ('a', 'i'))
+                    UNION ALL
+                    SELECT pg_catalog.format('ALTER ROUTINE %s OWNER TO \(role)', p.oid::pg_catalog.regprocedure)
+                    FROM pg_catalog.pg_proc p
+                    WHERE p.pronamespace = 'public'::pg_catalog.regnamespace AND p.proowner = '\(superuser)'::pg_catalog.regrole
+                    UNION ALL
+                    SELECT pg_catalog.format('ALTER TYPE %s OWNER TO \(role)', t.oid::pg_catalog.regtype)
+                    FROM pg_catalog.pg_type t
+                    WHERE t.typnamespace = 'public'::pg_catalog.regnamespace AND t.typowner = '\(superuser)'::pg_catalog.regrole
+                      AND t.typtype IN ('e', 'd', 'r')
+                    UNION ALL
+                    SELECT 'ALTER SCHEMA public OWNER TO \(role)' FROM pg_catalog.pg_namespace
+                    WHERE nspname = 'public' AND nspowner = '\(superuser)'::pg_catalog.regrole
+                LOOP
+                    EXECUTE statement;
+                END LOOP;
+            END $$;
+            """
     }
 }

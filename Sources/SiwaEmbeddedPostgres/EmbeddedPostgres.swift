@@ -46,8 +46,11 @@ package struct EmbeddedPostgres: Sendable {
         package var socketDirectory: String
         /// Only names the socket file; there is no TCP listener.
         package var port: Int
-        /// The superuser role created by initdb.
+        /// The role to connect as: `serviceRole`, which owns the database and is no superuser.
         package var username: String
+        /// The bootstrap superuser created by initdb, for administration only (tests that create
+        /// roles and databases); the service never connects as it.
+        package var superuser: String
         package var database: String
         /// false when another process (or another `EmbeddedPostgres` value) had already started
         /// the cluster and we attached to it; such a caller should normally not stop it.
@@ -55,17 +58,22 @@ package struct EmbeddedPostgres: Sendable {
 
         package var socketPath: String { "\(socketDirectory)/.s.PGSQL.\(port)" }
 
-        package init(socketDirectory: String, port: Int, username: String, database: String, startedByUs: Bool) {
+        package init(socketDirectory: String, port: Int, username: String, superuser: String = EmbeddedPostgres.superuser, database: String, startedByUs: Bool) {
             self.socketDirectory = socketDirectory
             self.port = port
             self.username = username
+            self.superuser = superuser
             self.database = database
             self.startedByUs = startedByUs
         }
     }
 
-    /// The superuser role initdb creates (`initdb -U siwa`).
+    /// The bootstrap superuser initdb creates (`initdb -U siwa`): used only to create the
+    /// service role and its database, and to hand it the objects of clusters made before it.
     package static let superuser = "siwa"
+    /// The role the service connects as: it owns the database and is not a superuser, so code
+    /// that runs as the owner (a SECURITY DEFINER function) cannot reach beyond this database.
+    package static let serviceRole = "siwa_service"
     /// The socket file is `.s.PGSQL.5432`; no TCP port is opened.
     package static let port = 5432
 
@@ -79,7 +87,7 @@ package struct EmbeddedPostgres: Sendable {
 
     /// Makes the cluster available and returns how to connect: runs initdb on first use, then
     /// `pg_ctl start -w` — or attaches when a postmaster already serves this data directory.
-    /// Then creates the database if it is missing. Idempotent; safe to call from several
+    /// Then creates the service role and its database if missing (see `serviceRole`). Idempotent; safe to call from several
     /// processes at once (an exclusive lock on `<dataDirectory>/.lock` serialises the sequence).
     package func start() async throws -> Connection {
         let layout = try ClusterLayout(dataDirectory: options.dataDirectory, port: Self.port)
@@ -117,11 +125,11 @@ package struct EmbeddedPostgres: Sendable {
                 startedByUs = true
             }
 
-            try await cluster.ensureDatabase(
+            try await cluster.ensureServiceDatabase(
                 options.database, socketDirectory: postmaster.socketDirectory, port: postmaster.port)
             let connection = Connection(
                 socketDirectory: postmaster.socketDirectory, port: postmaster.port,
-                username: Self.superuser, database: options.database, startedByUs: startedByUs)
+                username: Self.serviceRole, database: options.database, startedByUs: startedByUs)
             logger.debug(
                 "PostgreSQL ready",
                 metadata: ["socket": "\(connection.socketPath)", "started_by_us": "\(startedByUs)", "pid": "\(postmaster.pid)"])

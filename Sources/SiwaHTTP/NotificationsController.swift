@@ -156,7 +156,7 @@ package struct NotificationsController: Sendable {
         case .key(let resolved):
             key = resolved
         case .unknown(let kid, _):
-            return rejected(.invalid(.unknownKey, "no Apple key with kid \(kid), even after refreshing Apple's key set"), body: body, size: size, kid: kid)
+            return rejected(.invalid(.unknownKey, "no Apple key with kid \(UntrustedText.bounded(kid)), even after refreshing Apple's key set"), body: body, size: size, kid: kid)
         case .unavailable(let retryAfter, let why):
             // The detail (source URL, fetch error) goes to the log, not to an unauthenticated caller.
             return .unavailable(.unavailable("the signing key of this notification cannot be checked right now; retry later", retryAfter: retryAfter), why)

@@ -157,14 +157,20 @@ package final class AppleKeyCache: Service, Sendable {
         let fetched: Bool
         switch plan {
         case .coolingDown(let remaining):
-            return .unavailable(retryAfter: remaining, why: "kid \(kid) is unknown and the key set was refreshed moments ago; retry later")
+            // Refreshed within the cooldown: a kid still unknown is not Apple's (401, recorded).
+            // Only when that refresh failed can a retry help.
+            let (succeeded, keys, lastError) = state.withLock { ($0.lastFetchSucceeded, $0.keys, $0.lastError) }
+            if succeeded { return .unknown(kid: kid, known: keys.kids) }
+            return .unavailable(
+                retryAfter: remaining,
+                why: "kid \(UntrustedText.bounded(kid)) is unknown and Apple's key set could not be fetched moments ago: \(lastError ?? "unknown error"); retry later")
         case .join: fetched = await join()
         case .lead: fetched = await fetchAndSwap(reason: "unknown kid")
         }
         let (keys, lastError) = state.withLock { ($0.keys, $0.lastError) }
         if let key = keys[kid] { return .key(key) }
         if !fetched {
-            return .unavailable(retryAfter: configuration.unknownKidCooldown, why: "kid \(kid) is unknown and Apple's key set could not be fetched: \(lastError ?? "unknown error")")
+            return .unavailable(retryAfter: configuration.unknownKidCooldown, why: "kid \(UntrustedText.bounded(kid)) is unknown and Apple's key set could not be fetched: \(lastError ?? "unknown error")")
         }
         return .unknown(kid: kid, known: keys.kids)
     }

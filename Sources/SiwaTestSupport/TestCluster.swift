@@ -34,9 +34,10 @@ package actor TestCluster {
         return connection
     }
 
+    /// As the bootstrap superuser: tests create roles and databases, and act as any role.
     package static func configuration(_ connection: EmbeddedPostgres.Connection, database: String) -> PostgresClient.Configuration {
         var configuration = PostgresClient.Configuration(
-            unixSocketPath: connection.socketPath, username: connection.username, password: nil, database: database)
+            unixSocketPath: connection.socketPath, username: connection.superuser, password: nil, database: database)
         configuration.options.maximumConnections = 40
         return configuration
     }

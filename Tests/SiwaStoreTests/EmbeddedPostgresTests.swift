@@ -21,7 +21,7 @@ struct EmbeddedPostgresTests {
 
             let first = try await postgres.start()
             #expect(first.startedByUs)
-            #expect(first.username == "siwa")
+            #expect(first.username == "siwa_service")
             #expect(first.database == "siwa")
             #expect(await postgres.isRunning())
             try await withClient(first) { client in
@@ -41,6 +41,50 @@ struct EmbeddedPostgresTests {
             try await withClient(second) { client in
                 let body = try await firstValue(client, "SELECT body FROM notes WHERE id = 1")
                 #expect(body == "survives a restart")
+            }
+            try await postgres.stop()
+        }
+    }
+
+    @Test("the service connects as a role that owns the database and is no superuser; a cluster whose objects the bootstrap superuser owns is handed over on start")
+    func serviceRoleIsNoSuperuser() async throws {
+        try await withScratchDirectory { directory in
+            let postgres = EmbeddedPostgres(options: .init(dataDirectory: directory, durable: false), logger: logger)
+            let first = try await postgres.start()
+            try await withClient(first) { client in
+                #expect(try await firstValue(client, "SELECT current_user::text") == "siwa_service")
+                #expect(try await firstValue(client, "SELECT rolsuper::text FROM pg_roles WHERE rolname = current_user") == "false")
+                #expect(try await firstValue(client, "SELECT (rolcreaterole OR rolcreatedb OR rolbypassrls)::text FROM pg_roles WHERE rolname = current_user") == "false")
+                #expect(try await firstValue(client, "SELECT pg_get_userbyid(datdba)::text FROM pg_database WHERE datname = current_database()") == "siwa_service")
+                // What a superuser could do and the service cannot: run programs on the host.
+                var refused = false
+                do { try await client.query("COPY (SELECT 1) TO PROGRAM 'true'") } catch is PSQLError { refused = true }
+                #expect(refused)
+            }
+            // A cluster from before the service role: the superuser owns the database and its
+            // objects (a table with an identity column, a sequence, an enum, a function).
+            var admin = first
+            admin.username = first.superuser
+            try await withClient(admin) { client in
+                try await client.query("ALTER DATABASE siwa OWNER TO siwa")
+                try await client.query("CREATE TYPE mood AS ENUM ('ok')")
+                try await client.query("CREATE TABLE legacy (id bigint GENERATED ALWAYS AS IDENTITY, m mood)")
+                try await client.query("CREATE SEQUENCE free_sequence")
+                try await client.query("CREATE FUNCTION legacy_count() RETURNS bigint LANGUAGE sql AS 'SELECT count(*) FROM legacy'")
+            }
+            let second = try await postgres.start()
+            try await withClient(second) { client in
+                #expect(try await firstValue(client, "SELECT pg_get_userbyid(datdba)::text FROM pg_database WHERE datname = current_database()") == "siwa_service")
+                let owners: PostgresQuery = """
+                    SELECT string_agg(DISTINCT pg_get_userbyid(o), ',') FROM (
+                        SELECT relowner FROM pg_class WHERE relnamespace = 'public'::regnamespace
+                        UNION ALL SELECT proowner FROM pg_proc WHERE pronamespace = 'public'::regnamespace
+                        UNION ALL SELECT typowner FROM pg_type WHERE typnamespace = 'public'::regnamespace) AS x(o)
+                    """
+                #expect(try await firstValue(client, owners) == "siwa_service")
+                try await client.query("INSERT INTO legacy (m) VALUES ('ok')")
+                try await client.query("ALTER TABLE legacy ADD COLUMN note text")
+                #expect(try await firstValue(client, "SELECT legacy_count()::text") == "1")
             }
             try await postgres.stop()
         }
@@ -87,7 +131,9 @@ struct EmbeddedPostgresTests {
         try await withScratchDirectory { directory in
             let postgres = EmbeddedPostgres(options: .init(dataDirectory: directory, durable: false), logger: logger)
             let connection = try await postgres.start()
-            try await withClient(connection) { client in
+            var admin = connection
+            admin.username = connection.superuser  // pg_hba_file_rules is the superuser's to read
+            try await withClient(admin) { client in
                 #expect(try await firstValue(client, "SHOW listen_addresses") == "")
                 #expect(try await firstValue(client, "SHOW unix_socket_permissions") == "0700")
                 let types = try await allValues(client, "SELECT DISTINCT type FROM pg_hba_file_rules")

@@ -36,7 +36,7 @@ struct KeyCacheTests {
         await apple.stop()
     }
 
-    @Test("100 forged kids cause at most one refresh: 401 unknown_key after it, 503 with Retry-After during the cooldown")
+    @Test("100 forged kids cause at most one refresh and each gets 401 unknown_key, recorded; during the cooldown too; a 45 KB kid is logged and stored bounded")
     func forgedKidsRateLimited() async throws {
         let signer = try AppleStyleSigner.generate()
         let apple = try await JWKSServer.start(document: try Self.document(signer))
@@ -50,16 +50,30 @@ struct KeyCacheTests {
             return try await group.reduce(into: [TestServer.Answer]()) { $0.append($1) }
         }
         #expect(apple.fetches - before == 1, "one refresh for all of them")
-        #expect(answers.allSatisfy { $0.status == 401 || $0.status == 503 })
-        #expect(answers.contains { $0.status == 401 && $0.json?["reason"] == .string("unknown_key") })
-        // One more forged kid, during the cooldown: not fetched for, 503 with Retry-After.
-        let late = try await h.server.post(jws: try h.forged(header: ["kid": .string("forged-late"), "alg": .string("RS256")]))
-        #expect(late.status == 503)
+        #expect(answers.allSatisfy { $0.status == 401 && $0.json?["reason"] == .string("unknown_key") }, "\(answers.map(\.status))")
+        // A forged kid of 45 KB during the cooldown (the key set was refreshed moments ago and
+        // succeeded): not fetched for, refused as unknown_key and recorded, its kid bounded.
+        let huge = (0..<3_000).map { _ in UUID().uuidString.prefix(15) }.joined()
+        let late = try await h.server.post(jws: try h.forged(header: ["kid": .string(huge), "alg": .string("RS256")]))
+        #expect(late.status == 401 && late.json?["reason"] == .string("unknown_key"), "\(late.status)")
         #expect(apple.fetches - before == 1)
-        let unavailable = answers.filter { $0.status == 503 } + [late]
-        #expect(unavailable.allSatisfy { $0.headers.first(name: "retry-after").flatMap(Int.init).map { $0 > 0 } == true })
-        #expect(unavailable.allSatisfy { $0.json?["error"] == .string("unavailable") })
+        await h.flushRejections()
+        // Counted for bad_signatures whether sampled or recorded.
+        #expect(try await h.count("SELECT sum(recorded + sampled_out)::int FROM rejection_counts WHERE reason = 'unknown_key'") == 101)
+        #expect(h.logs.all.contains { $0.contains("reason=unknown_key") && $0.contains("bytes]") }, "the late one's delivery line, its kid bounded")
+        #expect(h.logs.all.allSatisfy { $0.utf8.count < 8_000 }, "a log line holds the forged kid whole")
         #expect(try await h.count("SELECT count(*) FROM notifications") == 0)
+
+        // While Apple's key set cannot be fetched, an unknown kid may be a rotation: 503 with
+        // Retry-After, and the log line names a bounded kid.
+        apple.setFailing(true)
+        #expect(await h.server.application.keys.refresh(reason: "test") == false)
+        let unavailable = try await h.server.post(jws: try h.forged(header: ["kid": .string(huge + "-2"), "alg": .string("RS256")]))
+        #expect(unavailable.status == 503 && unavailable.json?["error"] == .string("unavailable"))
+        #expect(unavailable.headers.first(name: "retry-after").flatMap(Int.init).map { $0 > 0 } == true)
+        #expect(h.logs.all.contains { $0.contains("could not be fetched") && $0.contains("bytes]") })
+        #expect(h.logs.all.allSatisfy { $0.utf8.count < 8_000 }, "a log line holds the forged kid whole")
+        apple.setFailing(false)
         // Genuine traffic is unaffected.
         #expect(try await h.server.post(jws: try h.notification()).status == 200)
         await h.stop()
@@ -85,7 +99,7 @@ struct KeyCacheTests {
         await apple.stop()
     }
 
-    @Test("The unknown-kid cooldown ends: no fetch during it, one fetch for the first unknown kid after it")
+    @Test("The unknown-kid cooldown ends: no fetch during it (401 after a good refresh, 503 after a failed one), one fetch for the first unknown kid after it")
     func unknownKidCooldownEnds() async throws {
         let signer = try AppleStyleSigner.generate()
         let rotated = try AppleStyleSigner.generate()
@@ -106,14 +120,19 @@ struct KeyCacheTests {
         #expect(await outcome("forged-1") == "unknown")
         #expect(apple.fetches == 2)
         clock.advance(.seconds(59))
-        #expect(await outcome("forged-2") == "unavailable 1s")
+        #expect(await outcome("forged-2") == "unknown", "refreshed 59 s ago and it succeeded: not Apple's")
         #expect(apple.fetches == 2)
         apple.serve(try Self.document(signer, rotated))
         clock.advance(.seconds(1))
         #expect(await outcome(rotated.kid) == "key", "the cooldown is over: fetched")
         #expect(apple.fetches == 3)
-        #expect(await outcome("forged-3") == "unavailable 60s")
+        #expect(await outcome("forged-3") == "unknown")
         #expect(apple.fetches == 3)
+        // A failed refresh during the cooldown: an unknown kid may be Apple's, retry later.
+        apple.setFailing(true)
+        #expect(await keys.refresh(reason: "scheduled") == false)
+        #expect(await outcome("forged-4") == "unavailable 60s")
+        #expect(apple.fetches == 4)
         await apple.stop()
     }
 

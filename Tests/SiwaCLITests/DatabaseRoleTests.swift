@@ -1,0 +1,57 @@
+import Foundation
+import PostgresNIO
+import SiwaEmbeddedPostgres
+import SiwaTestSupport
+import Testing
+
+/// The role the service connects as: a superuser is warned about by `serve` and fails `doctor`;
+/// a role that owns the database and is no superuser passes.
+@Suite("The service's database role")
+struct DatabaseRoleTests {
+    @Test("serve warns and doctor fails when DATABASE_URL is a superuser; a non-superuser owner passes both quietly")
+    func superuserIsFlagged() async throws {
+        let directory = try TestBinary.makeDirectory("role")
+        defer { try? FileManager.default.removeItem(atPath: directory) }
+        let superuserURL = try await TestBinary.databaseURL()  // the test cluster's bootstrap superuser
+        let components = try #require(URLComponents(string: superuserURL))
+        let database = String(components.path.dropFirst())
+        let role = "siwa_owner_\(UUID().uuidString.prefix(6).lowercased())"
+        try await TestBinary.withDatabase(superuserURL) { client in
+            try await client.query(PostgresQuery(unsafeSQL: "CREATE ROLE \(role) LOGIN"))
+            try await client.query(PostgresQuery(unsafeSQL: "ALTER DATABASE \(database) OWNER TO \(role)"))
+            try await client.query(PostgresQuery(unsafeSQL: EmbeddedPostgres.handOverObjects(from: EmbeddedPostgres.superuser, to: role)))
+        }
+        var owned = components
+        owned.user = role
+        let ownerURL = try #require(owned.string)
+
+        for (url, superuser) in [(superuserURL, true), (ownerURL, false)] {
+            let (server, output) = try ChildOutput.start(
+                TestBinary.url.path, ["serve"],
+                environment: ProcessInfo.processInfo.environment.merging([
+                    "DATABASE_URL": url, "SIWA_APPLE_BUNDLE_IDS": "com.example.role", "SIWA_PORT": "\(TestBinary.freePort())",
+                    "SIWA_ADMIN_PORT": "\(TestBinary.freePort())", "SIWA_APPLE_JWKS_URL": "file:///nonexistent/jwks.json",
+                ]) { $1 },
+                workingDirectory: directory)
+            // The warning comes after the migrations and before the listener.
+            #expect(await output.wait(for: "siwa-events listening"), "\(output.text)")
+            server.signal(SIGTERM)
+            #expect(await server.waitForExit() == 0)
+            #expect(output.text.contains("a superuser") == superuser, "\(superuser): \(output.text)")
+
+            let doctor = try await TestBinary.run(
+                ["doctor", "--url", "http://127.0.0.1:\(TestBinary.freePort())/apple/notifications", "--timeout", "2s"],
+                environment: ["DATABASE_URL": url], directory: directory)
+            if superuser {
+                #expect(doctor.stdout.contains("FAIL  database:") && doctor.stdout.contains("a superuser"), "\(doctor.stdout)")
+            } else {
+                #expect(doctor.stdout.contains("ok    database:") && doctor.stdout.contains("connected as \(role), not a superuser"), "\(doctor.stdout)")
+            }
+        }
+        // Nothing to check where there is no database: said, not failed.
+        let nowhere = try await TestBinary.run(
+            ["doctor", "--url", "http://127.0.0.1:\(TestBinary.freePort())/apple/notifications", "--timeout", "2s"],
+            directory: directory)
+        #expect(nowhere.stdout.contains("warn  database: not checked"), "\(nowhere.stdout)")
+    }
+}
