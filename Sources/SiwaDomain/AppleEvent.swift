@@ -80,26 +80,9 @@ extension EventDecoding {
     /// or a one-element array. `iat` supplies the time when `event_time` is missing.
     package static func decode(events: JSONValue?, issuedAt: Int64) -> EventDecoding {
         let object: [String: JSONValue]
-        switch events {
-        case .string(let text):
-            guard let inner = JSONValue.parse(Data(text.utf8)) else {
-                return .skipped(.unreadableEvent, detail: "events is a string that does not hold JSON", event: nil)
-            }
-            if case .string = inner {
-                return .skipped(.unreadableEvent, detail: "events is a string holding a string, not an object", event: nil)
-            }
-            return decode(events: inner, issuedAt: issuedAt)
-        case .object(let value):
-            object = value
-        case .array(let values):
-            guard values.count == 1, case .object(let value) = values[0] else {
-                return .skipped(.unreadableEvent, detail: "events is an array of \(values.count) elements; expected one object", event: nil)
-            }
-            object = value
-        case nil, .null:
-            return .skipped(.unreadableEvent, detail: "the events claim is missing", event: nil)
-        case .bool, .number:
-            return .skipped(.unreadableEvent, detail: "events is neither an object nor a string holding one", event: nil)
+        switch eventObject(events) {
+        case .success(let value): object = value
+        case .failure(let problem): return .skipped(.unreadableEvent, detail: problem.detail, event: nil)
         }
         guard let rawType = object["type"]?.stringValue, !rawType.isEmpty else {
             return .skipped(.unreadableEvent, detail: "the event has no type", event: nil)
@@ -141,3 +124,43 @@ extension EventDecoding {
         return .event(event)
     }
 }
+
+extension EventDecoding {
+    /// Why `events` holds no event object.
+    package struct Unreadable: Error, Equatable {
+        package var detail: String
+    }
+
+    /// The one event object of Apple's `events` claim, however it is wrapped.
+    static func eventObject(_ events: JSONValue?) -> Result<[String: JSONValue], Unreadable> {
+        switch events {
+        case .string(let text):
+            guard let inner = JSONValue.parse(Data(text.utf8)) else {
+                return .failure(Unreadable(detail: "events is a string that does not hold JSON"))
+            }
+            if case .string = inner {
+                return .failure(Unreadable(detail: "events is a string holding a string, not an object"))
+            }
+            return eventObject(inner)
+        case .object(let value):
+            return .success(value)
+        case .array(let values):
+            guard values.count == 1, case .object(let value) = values[0] else {
+                return .failure(Unreadable(detail: "events is an array of \(values.count) elements; expected one object"))
+            }
+            return .success(value)
+        case nil, .null:
+            return .failure(Unreadable(detail: "the events claim is missing"))
+        case .bool, .number:
+            return .failure(Unreadable(detail: "events is neither an object nor a string holding one"))
+        }
+    }
+
+    /// The event's `sub` whenever one can be read, even from an event skipped for another reason
+    /// (no `type`): every stored row that may hold an address names its user, so erasure finds it.
+    package static func subject(of events: JSONValue?) -> String? {
+        guard case .success(let object) = eventObject(events), let sub = object["sub"]?.stringValue, !sub.isEmpty else { return nil }
+        return sub
+    }
+}
+

@@ -15,6 +15,9 @@ package struct VerifiedNotification: Sendable {
     package var claimsJSON: String
     package var claims: JSONValue
     package var decoding: EventDecoding
+
+    /// The user, whenever the event names one (also for an event skipped as unreadable).
+    package var sub: String? { decoding.event?.sub ?? EventDecoding.subject(of: claims["events"]) }
 }
 
 /// The checks, in order, that decide whether a delivery is a genuine Sign in with Apple

@@ -123,7 +123,7 @@ package struct NotificationsController: Sendable {
                 receivedAt: receivedAt, remoteAddress: remote, reason: error.reason, message: error.message, bodySize: size,
                 bodyPrefix: body.map { Array($0.readableBytesView.prefix(Self.recordedPrefix)) } ?? [],
                 kid: kid, aud: claims?["aud"].map(Self.audienceText), jti: jti,
-                sub: claims.flatMap { EventDecoding.decode(events: $0["events"], issuedAt: 0).event?.sub },
+                sub: claims.flatMap { EventDecoding.subject(of: $0["events"]) },
                 token: key == nil ? nil : jws?.raw, keyJWK: key?.jwkJSON)
             return .rejected(.from(error), record)
         }

@@ -407,7 +407,9 @@ package struct EffectStore: Sendable {
                     raw_jws = split_part(n.raw_jws, '.', 1) || '.erased.',
                     claims = jsonb_set(n.claims, '{events}', to_jsonb('erased'::text))
                 WHERE (n.aud, n.sub) IN (SELECT * FROM unnest(\(auds)::text[], \(subs)::text[]))
-                  AND n.erased_at IS NULL AND (n.email IS NOT NULL OR n.type IN ('email-disabled', 'email-enabled'))
+                  AND n.erased_at IS NULL
+                  -- Any event that may carry an address: email events, and unknown or missing types.
+                  AND (n.email IS NOT NULL OR n.type IS NULL OR n.type NOT IN ('consent-revoked', 'account-delete'))
             )
             UPDATE rejections SET token = NULL, key_jwk = NULL, body_prefix = ''::bytea
             WHERE sub = ANY(\(subs)::text[]) AND (token IS NOT NULL OR length(body_prefix) > 0)

@@ -215,9 +215,10 @@ package struct HistoryStore: Sendable {
 
     // MARK: RejectionsDeleteKeptTokens
 
-    /// Deletes the whole tokens (and their keys) of rejections received before `retention` ago, up
-    /// to `limit` at a time; the rejection rows stay (until the history retention). Such a token
-    /// is another app's genuine notification, kept only to be replayed after a bundle-ID fix.
+    /// Deletes the whole tokens (their keys, and the body prefix, which holds the same address) of
+    /// rejections received before `retention` ago, up to `limit` at a time; the rejection rows stay
+    /// (until the history retention). Such a token is another app's genuine notification, kept only
+    /// to be replayed after a bundle-ID fix.
     @discardableResult
     package func deleteKeptTokens(olderThan retention: Duration, limit: Int = 1000) async throws -> Int {
         let seconds = Int(retention.components.seconds)
@@ -228,7 +229,7 @@ package struct HistoryStore: Sendable {
                 SELECT id FROM rejections WHERE token IS NOT NULL AND received_at < now() - \(seconds) * interval '1 second'
                 ORDER BY received_at LIMIT \(limit)
             ), cleared AS (
-                UPDATE rejections SET token = NULL, key_jwk = NULL WHERE id IN (SELECT id FROM old) RETURNING id
+                UPDATE rejections SET token = NULL, key_jwk = NULL, body_prefix = ''::bytea WHERE id IN (SELECT id FROM old) RETURNING id
             )
             SELECT count(*)::bigint FROM cleared
             """, logger: logger

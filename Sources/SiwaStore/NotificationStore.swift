@@ -162,7 +162,7 @@ package struct NotificationStore: Sendable {
             bindings.append(notifications.map(\.jti))
             bindings.append(notifications.map(\.jtiDerived))
             bindings.append(notifications.map(\.aud))
-            bindings.append(NullableArray(events.map { $0?.sub }))
+            bindings.append(NullableArray(notifications.map(\.sub)))
             bindings.append(NullableArray(events.map { event in event.map { $0.type?.rawValue ?? $0.rawType } }))
             bindings.append(NullableArray(events.map { $0?.rawType }))
             bindings.append(NullableArray(events.map { $0?.eventTimeMillis }))

@@ -478,7 +478,7 @@ struct HostileInputTests {
         await h.stop()
     }
 
-    @Test("Another app's genuine notifications: at most N kept whole per aud per hour, the rest recorded without the token; kept ones deleted after their retention")
+    @Test("Another app's genuine notifications: at most N kept whole per aud per hour, the rest recorded without the token; kept ones deleted (with the body prefix and its address) after their retention")
     func otherAppTokensBounded() async throws {
         let h = try await Harness.start { $0.history.otherAppTokensPerHour = 2 }
         for index in 0..<4 {
@@ -497,7 +497,9 @@ struct HostileInputTests {
         _ = try await h.count("UPDATE rejections SET received_at = now() - interval '8 days' WHERE jti = 'other-0'")
         let history = HistoryStore(client: h.server.client, logger: h.logs.logger())
         #expect(try await history.deleteKeptTokens(olderThan: .seconds(7 * 86_400)) == 1)
-        #expect(try await h.count("SELECT count(*) FROM rejections WHERE jti = 'other-0' AND token IS NULL AND key_jwk IS NULL") == 1)
+        #expect(try await h.count("SELECT count(*) FROM rejections WHERE jti = 'other-0' AND token IS NULL AND key_jwk IS NULL AND length(body_prefix) = 0") == 1)
+        #expect(try await DatabaseSearch.occurrences(of: "u0@privaterelay.appleid.com", in: h.server.client) == 0, "the body prefix held the address")
+        #expect(try await DatabaseSearch.occurrences(of: "u1@privaterelay.appleid.com", in: h.server.client) > 0, "a kept token within its retention stays")
         #expect(try await h.count("SELECT count(*) FROM rejections WHERE token IS NOT NULL") == 2)
         #expect(try await history.deleteKeptTokens(olderThan: .seconds(7 * 86_400)) == 0)
         await h.stop()

@@ -85,13 +85,27 @@ struct EffectTests {
         // A genuine token for another app of ours, kept whole among rejections.
         let kept = try e.h.signer.notification(aud: "com.example.typo", type: "email-enabled", sub: "u4", email: email, isPrivateEmail: true)
         _ = try await e.h.server.post(jws: kept)
+        // Signed events without a type (skipped as unreadable), for us and for another app of
+        // ours: their rows name the user, so erasure finds them.
+        for (aud, jti) in [(Harness.aud, "untyped-ours"), ("com.example.typo", "untyped-other")] {
+            let iat = Date().timeIntervalSince1970.rounded(.down)
+            let untyped = try e.h.signer.sign(
+                header: .object(["kid": .string(e.h.signer.kid), "alg": .string("RS256")]),
+                claims: .object([
+                    "iss": .string(NotificationVerifier.appleIssuer), "aud": .string(aud), "iat": .number(iat), "exp": .number(iat + 600),
+                    "jti": .string(jti), "events": .string(#"{"sub":"u4","email":"\#(email)","is_private_email":"true","event_time":1700000001500}"#),
+                ]))
+            _ = try await e.h.server.post(jws: untyped)
+        }
         await e.h.flushRejections()
         try await e.drain()
+        #expect(try await e.h.count("SELECT count(*) FROM notifications WHERE jti = 'untyped-ours' AND sub = 'u4' AND type IS NULL") == 1)
+        #expect(try await e.h.count("SELECT count(*) FROM rejections WHERE jti = 'untyped-other' AND sub = 'u4'") == 1)
         #expect(try await DatabaseSearch.occurrences(of: email, in: e.client) > 0)
         try await e.post("account-delete", sub: "u4", at: 2_000)
         try await e.drain()
         #expect(try await DatabaseSearch.occurrences(of: email, in: e.client) == 0)
-        #expect(try await e.h.count("SELECT count(*) FROM notifications WHERE sub = 'u4' AND erased_at IS NOT NULL") == 1)
+        #expect(try await e.h.count("SELECT count(*) FROM notifications WHERE sub = 'u4' AND erased_at IS NOT NULL") == 2)
         await e.stop()
     }
 
