@@ -60,6 +60,7 @@ package struct Configuration: Sendable {
         package var jwksURL = Settings.jwksURL.defaultValue
         package var jwksRefreshInterval = Settings.jwksRefreshInterval.defaultValue
         package var unknownKidCooldown = Settings.unknownKidCooldown.defaultValue
+        package var jwksMaximumAge = Settings.jwksMaximumAge.defaultValue
         package var clockSkew = Settings.clockSkew.defaultValue
         /// Identity-token client IDs → the bundle ID whose accounts they sign in to.
         package var clientIDs: [String: String]
@@ -187,6 +188,7 @@ package struct Configuration: Sendable {
         config.http.trustedProxies = try value(Settings.trustedProxies)
         config.apple.jwksRefreshInterval = try value(Settings.jwksRefreshInterval)
         config.apple.unknownKidCooldown = try value(Settings.unknownKidCooldown)
+        config.apple.jwksMaximumAge = try value(Settings.jwksMaximumAge)
         config.apple.clockSkew = try value(Settings.clockSkew)
         config.history.rejectionsPerMinute = try value(Settings.rejectionsPerMinute)
         config.history.otherAppTokensPerHour = try value(Settings.otherAppTokensPerHour)

@@ -48,14 +48,21 @@ package enum Settings {
     }
     package static let jwksURL = Setting<URL>(
         "SIWA_APPLE_JWKS_URL", flag: "jwks-url", .apple, default: Configuration.appleJWKSURL, shown: "`\(Configuration.appleJWKSURL.absoluteString)`",
-        help: "Apple's key set (https:// or file://)",
-        docs: "Apple's key set; `file://` accepted (local keys)."
+        help: "Apple's key set (https://, or file://)",
+        docs: "Apple's key set; `file://` accepted (local keys); `http://` only to a loopback address (tests)."
     ) { text throws(SettingValueError) in
-        guard let url = URL(string: text), ["https", "http", "file"].contains(url.scheme ?? "") else {
-            throw SettingValueError("must be an https://, http:// or file:// URL (got \"\(text)\")")
+        guard let url = URL(string: text), ["https", "http", "file"].contains(url.scheme?.lowercased() ?? "") else {
+            throw SettingValueError("must be an https:// or file:// URL (got \"\(URLRedaction.scrubbed(text))\")")
+        }
+        if url.scheme?.lowercased() == "http" && !KeySetRedirect.isLoopback(url) {
+            throw SettingValueError("is plain http:// to a non-loopback host (\(URLRedaction.redacted(url))): use https:// (a network attacker could serve its own keys), or file:// for local keys")
         }
         return url
     }
+    package static let jwksMaximumAge = Setting<Duration>.duration(
+        "SIWA_JWKS_MAX_AGE", flag: "jwks-max-age", .apple, default: .seconds(72 * 3600), minimum: .seconds(3600),
+        help: "readiness fails when the key set in use is older (Apple unreachable)",
+        docs: "While Apple is unreachable the last fetched (or stored) key set keeps verifying; past this age readiness fails and the log says why.")
     package static let jwksRefreshInterval = Setting<Duration>.duration(
         "SIWA_JWKS_REFRESH_INTERVAL", flag: "jwks-refresh-interval", .apple, default: .seconds(3600),
         help: "scheduled key set refresh",
@@ -299,7 +306,7 @@ package enum Settings {
     package static let all: [SettingInfo] = [
         databaseURL.info, embeddedDatabase.info, dataDirectory.info, postgresBinaries.info, databasePoolSize.info, databaseTimeout.info,
         migrateOnStart.info,
-        bundleIDs.info, jwksURL.info, jwksRefreshInterval.info, unknownKidCooldown.info, clockSkew.info, clientIDs.info,
+        bundleIDs.info, jwksURL.info, jwksRefreshInterval.info, unknownKidCooldown.info, jwksMaximumAge.info, clockSkew.info, clientIDs.info,
         host.info, port.info, adminHost.info, adminPort.info, httpRequestTimeout.info, httpIdleTimeout.info, tlsHandshakeTimeout.info,
         httpMaxConnections.info, tlsCertificateFile.info, tlsKeyFile.info, trustedProxies.info, metricsToken.info, commitQueueLimit.info,
         role.info, shutdownGrace.info,

@@ -50,7 +50,9 @@ package struct SiwaApplication: Sendable {
         let store = NotificationStore(client: client, logger: logger)
         let rejectionStore = RejectionStore(client: client, logger: logger)
         let keys = AppleKeyCache(
-            configuration: .init(sourceURL: config.apple.jwksURL, refreshInterval: config.apple.jwksRefreshInterval, unknownKidCooldown: config.apple.unknownKidCooldown),
+            configuration: .init(
+                sourceURL: config.apple.jwksURL, refreshInterval: config.apple.jwksRefreshInterval, unknownKidCooldown: config.apple.unknownKidCooldown,
+                maximumAge: config.apple.jwksMaximumAge),
             fetcher: keyFetcher, persistence: store, logger: logger, onRefresh: { metrics.count(keyRefresh: $0) })
         self.metrics = metrics
         let rejections = RejectionRecorder(
@@ -102,7 +104,7 @@ package struct SiwaApplication: Sendable {
     package func publicRouter() -> Router<SiwaRequestContext> {
         let router = Router(context: SiwaRequestContext.self)
         notifications?.register(on: router)
-        health.register(on: router)
+        health.register(on: router, for: .publicListener)
         MethodNotAllowed.register(on: router)
         return router
     }
@@ -112,7 +114,7 @@ package struct SiwaApplication: Sendable {
     /// methods of each path (off only to list the routes themselves).
     package func adminRouter(methodNotAllowed: Bool = true) -> Router<SiwaRequestContext> {
         let router = Router(context: SiwaRequestContext.self)
-        health.register(on: router)
+        health.register(on: router, for: .admin)
         if let backend {
             let v1 = router.group("v1")
                 .add(middleware: APIErrorMiddleware())
@@ -255,7 +257,7 @@ package enum Server {
                     "siwa-events listening",
                     metadata: [
                         "address": "\(channel.localAddress?.ipAddress ?? config.http.host):\(channel.localAddress?.port ?? config.http.port)", "database": "\(database.description)",
-                        "bundle_ids": "\(config.apple.bundleIDs.joined(separator: ","))", "tls": "\(config.http.tlsCertificateFile == nil ? "off (behind a TLS proxy)" : "on")", "jwks_url": "\(config.apple.jwksURL.absoluteString)",
+                        "bundle_ids": "\(config.apple.bundleIDs.joined(separator: ","))", "tls": "\(config.http.tlsCertificateFile == nil ? "off (behind a TLS proxy)" : "on")", "jwks_url": "\(URLRedaction.redacted(config.apple.jwksURL))",
                     ])
             },
             onAdminRunning: { channel in

@@ -5,7 +5,9 @@ import SiwaKeys
 import SiwaStore
 
 /// `/health/live` (the process answers) and `/health/ready` (database reachable and, for a process
-/// that receives notifications, a key set loaded).
+/// that receives notifications, a usable key set). On the public listener the key set's state is
+/// one word (`loaded`, `loading`, `unavailable`); the key-set URL and fetch errors are for the
+/// admin listener only.
 package struct HealthController: Sendable {
     let store: NotificationStore
     let keys: AppleKeyCache?
@@ -17,7 +19,10 @@ package struct HealthController: Sendable {
         self.databaseTimeout = databaseTimeout
     }
 
-    package func register(on router: Router<SiwaRequestContext>) {
+    /// Which listener the routes are on: what an answer may disclose.
+    package enum Audience: Sendable { case publicListener, admin }
+
+    package func register(on router: Router<SiwaRequestContext>, for audience: Audience) {
         router.get("/health/live") { _, _ in Response.json(.object(["status": .string("live")])) }
         router.get("/health/ready") { _, _ in
             var checks: [String: JSONValue] = [:]
@@ -30,11 +35,14 @@ package struct HealthController: Sendable {
                 ready = false
             }
             if let keys {
-                if let reason = keys.notLoadedReason {
-                    checks["apple_keys"] = .string(reason)
-                    ready = false
-                } else {
-                    checks["apple_keys"] = .string("loaded")
+                let readiness = keys.readiness()
+                switch (readiness, audience) {
+                case (.loaded, _): break
+                case (.loading, _), (.unavailable, _): ready = false
+                }
+                switch (readiness, audience) {
+                case (.loading(let detail), .admin), (.unavailable(let detail), .admin): checks["apple_keys"] = .string(detail)
+                default: checks["apple_keys"] = .string(readiness.publicWord)
                 }
             }
             return Response.json(

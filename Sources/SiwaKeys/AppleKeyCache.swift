@@ -45,9 +45,16 @@ package final class AppleKeyCache: Service, Sendable {
         package var retryWhileEmpty: Duration
         /// The longest a fetch (connect, headers and body) may take.
         package var fetchTimeout: Duration = .seconds(10)
+        /// Past this age (since it was fetched from the source) a key set still verifies while
+        /// Apple is unreachable, but readiness fails: a key Apple withdrew must not be trusted forever.
+        package var maximumAge: Duration
 
-        package init(sourceURL: URL, refreshInterval: Duration = .seconds(3600), unknownKidCooldown: Duration = .seconds(60), retryWhileEmpty: Duration = .seconds(15)) {
+        package init(
+            sourceURL: URL, refreshInterval: Duration = .seconds(3600), unknownKidCooldown: Duration = .seconds(60), retryWhileEmpty: Duration = .seconds(15),
+            maximumAge: Duration = .seconds(72 * 3600)
+        ) {
             self.sourceURL = sourceURL
+            self.maximumAge = maximumAge
             self.refreshInterval = refreshInterval
             self.unknownKidCooldown = unknownKidCooldown
             self.retryWhileEmpty = retryWhileEmpty
@@ -97,12 +104,49 @@ package final class AppleKeyCache: Service, Sendable {
     /// Fetch attempts so far (for tests and metrics).
     package var fetchAttempts: Int { state.withLock { $0.fetches } }
 
-    /// Why the cache is not ready (nil once a set is loaded): still loading, or the last error.
+    /// Whether the cache can verify notifications, and if not why; `detail` is for operators only
+    /// (the admin listener and the log): it names the source and the fetch error.
+    package enum Readiness: Sendable, Equatable {
+        case loaded
+        /// Nothing fetched or stored yet, and no fetch has failed.
+        case loading(detail: String)
+        /// The last fetch failed with nothing loaded, or the set in use is older than `maximumAge`.
+        case unavailable(detail: String)
+
+        /// What the public listener may say: no URL, no error text.
+        package var publicWord: String {
+            switch self {
+            case .loaded: "loaded"
+            case .loading: "loading"
+            case .unavailable: "unavailable"
+            }
+        }
+    }
+
+    package func readiness(now: Date = Date()) -> Readiness {
+        let (loaded, lastError, fetchedAt) = state.withLock { ($0.loaded, $0.lastError, $0.fetchedAt) }
+        if loaded {
+            if let fetchedAt, let stale = staleness(fetchedAt: fetchedAt, now: now, lastError: lastError) { return .unavailable(detail: stale) }
+            return .loaded
+        }
+        if let lastError { return .unavailable(detail: "not loaded: \(lastError)") }
+        return .loading(detail: "not loaded yet: fetching \(sourceForLogs)")
+    }
+
+    /// Why the cache is not ready (nil when it is), for operators.
     package var notLoadedReason: String? {
-        let (loaded, lastError) = state.withLock { ($0.loaded, $0.lastError) }
-        if loaded { return nil }
-        if let lastError { return "not loaded: \(lastError)" }
-        return "not loaded yet: fetching \(sourceKey)"
+        switch readiness() {
+        case .loaded: nil
+        case .loading(let detail), .unavailable(let detail): detail
+        }
+    }
+
+    private func staleness(fetchedAt: Date, now: Date, lastError: String?) -> String? {
+        let age = now.timeIntervalSince(fetchedAt)
+        let limit = Double(configuration.maximumAge.components.seconds)
+        guard age > limit else { return nil }
+        return "the key set in use was fetched \(Int(age / 3600)) h ago, past SIWA_JWKS_MAX_AGE (\(Int(limit / 3600)) h)"
+            + (lastError.map { "; the last fetch failed: \($0)" } ?? "")
     }
 
     /// Returns once start-up's `load` has finished (loaded or not).
@@ -110,13 +154,16 @@ package final class AppleKeyCache: Service, Sendable {
 
     /// When the key set in use was fetched from its source (nil: none loaded).
     package var fetchedAt: Date? { state.withLock { $0.fetchedAt } }
+    /// The persistence key: the URL whole (never logged).
     private var sourceKey: String { configuration.sourceURL.absoluteString }
+    /// The URL as logs and messages show it (userinfo hidden).
+    private var sourceForLogs: String { URLRedaction.redacted(configuration.sourceURL) }
 
     /// Start-up: the persisted set for this source URL first (so a restart works while Apple is
     /// unreachable), then a fresh fetch. Never throws: an empty cache just isn't ready.
     package func load() async {
         defer { started.open() }
-        logger.notice("loading apple keys", metadata: ["source": "\(sourceKey)"])
+        logger.notice("loading apple keys", metadata: ["source": "\(sourceForLogs)"])
         if let persistence {
             do {
                 if let stored = try await persistence.loadKeySetDocument(sourceURL: sourceKey) {
@@ -141,7 +188,7 @@ package final class AppleKeyCache: Service, Sendable {
         if let found { return .key(found) }
         // Before start-up's load has finished, nothing is known yet: no key is "unknown" (401).
         if !loaded && !started.isOpen {
-            return .unavailable(retryAfter: configuration.retryWhileEmpty, why: "Apple's key set is not loaded yet (fetching \(sourceKey))")
+            return .unavailable(retryAfter: configuration.retryWhileEmpty, why: "Apple's key set is not loaded yet (fetching \(sourceForLogs))")
         }
         let now = clock()
         enum Plan { case join, lead, coolingDown(Duration) }
@@ -252,7 +299,7 @@ package final class AppleKeyCache: Service, Sendable {
             }
             return true
         case .failure(let error):
-            let message = "\(error)"
+            let message = URLRedaction.scrubbed("\(error)")
             let waiters = state.withLock {
                 $0.lastError = message
                 return finishFetch(&$0, succeeded: false)
@@ -261,7 +308,10 @@ package final class AppleKeyCache: Service, Sendable {
             onRefresh(false)
             logger.warning(
                 "apple keys fetch failed; keeping the last good set",
-                metadata: ["reason": "\(reason)", "source": "\(sourceKey)", "error": "\(message)"])
+                metadata: ["reason": "\(reason)", "source": "\(sourceForLogs)", "error": "\(message)"])
+            if case .unavailable(let detail) = readiness() {
+                logger.error("apple keys unusable: readiness fails until a fetch succeeds", metadata: ["why": "\(detail)"])
+            }
             return false
         }
     }
@@ -303,6 +353,10 @@ package struct DefaultKeySetFetcher: KeySetFetcher {
 
     /// A JWKS is a few KiB; anything past this is not one.
     static let maximumSize = 1 << 20
+    /// Follows no redirect itself (see `KeySetRedirect`); lives as long as the process.
+    static let client = HTTPClient(
+        eventLoopGroup: HTTPClient.defaultEventLoopGroup, configuration: .init(redirectConfiguration: .disallow),
+        backgroundActivityLogger: Logger(label: "siwa.keys.http", factory: { _ in SwiftLogNoOpLogHandler() }))
     let timeout: Duration
 
     package init(timeout: Duration = .seconds(10)) {
@@ -321,22 +375,37 @@ package struct DefaultKeySetFetcher: KeySetFetcher {
                 throw FetchError(description: "cannot read \(url.path): \(error.localizedDescription)")
             }
         }
-        var request = HTTPClientRequest(url: url.absoluteString)
-        request.headers.add(name: "Accept", value: "application/json")
-        let response: HTTPClientResponse
-        do {
-            response = try await HTTPClient.shared.execute(request, timeout: .seconds(timeout.components.seconds))
-        } catch {
-            throw FetchError(description: "GET \(url.absoluteString) failed: \(error)")
+        // Redirects are followed here, not by the client: never from https down to http.
+        var current = url
+        var response: HTTPClientResponse
+        var hop = 0
+        while true {
+            guard current.scheme?.lowercased() == "https" || KeySetRedirect.isLoopback(current) else {
+                throw FetchError(description: "refused GET \(URLRedaction.redacted(current)): plain http only to a loopback address")
+            }
+            var request = HTTPClientRequest(url: current.absoluteString)
+            request.headers.add(name: "Accept", value: "application/json")
+            do {
+                response = try await Self.client.execute(request, timeout: .seconds(timeout.components.seconds))
+            } catch {
+                throw FetchError(description: "GET \(URLRedaction.redacted(current)) failed: \(URLRedaction.scrubbed("\(error)"))")
+            }
+            guard [301, 302, 303, 307, 308].contains(response.status.code) else { break }
+            hop += 1
+            do {
+                current = try KeySetRedirect.next(from: current, location: response.headers.first(name: "location"), hop: hop)
+            } catch {
+                throw FetchError(description: "GET \(URLRedaction.redacted(url)): \(error)")
+            }
         }
         guard response.status == .ok else {
-            throw FetchError(description: "GET \(url.absoluteString) answered \(response.status.code)")
+            throw FetchError(description: "GET \(URLRedaction.redacted(current)) answered \(response.status.code)")
         }
         do {
             let body = try await response.body.collect(upTo: Self.maximumSize)
             return Data(body.readableBytesView)
         } catch {
-            throw FetchError(description: "GET \(url.absoluteString): body unreadable or over 1 MiB (\(error))")
+            throw FetchError(description: "GET \(URLRedaction.redacted(current)): body unreadable or over 1 MiB (\(error))")
         }
     }
 }

@@ -28,9 +28,13 @@ package final class JWKSServer: Sendable {
         self.task = task
     }
 
-    package static func start(document: Data) async throws -> JWKSServer {
+    /// `redirects`: paths answered with a 302 to the given Location (redirect tests).
+    package static func start(document: Data, redirects: [String: String] = [:]) async throws -> JWKSServer {
         let shared = Shared(document: document)
         let router = Router()
+        for (path, location) in redirects {
+            router.get(RouterPath(path)) { _, _ -> Response in Response(status: .found, headers: [.location: location]) }
+        }
         router.get("/auth/keys") { _, _ -> Response in
             let (document, failing) = shared.state.withLock { state in
                 state.fetches += 1
@@ -44,6 +48,8 @@ package final class JWKSServer: Sendable {
     }
 
     package var fetches: Int { shared.state.withLock { $0.fetches } }
+    /// `path` on this server.
+    package func url(_ path: String) -> URL { URL(string: path, relativeTo: url)!.absoluteURL }
     package func serve(_ document: Data) { shared.state.withLock { $0.document = document } }
     package func setFailing(_ failing: Bool) { shared.state.withLock { $0.failing = failing } }
 

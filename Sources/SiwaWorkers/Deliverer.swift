@@ -263,7 +263,7 @@ package final class Deliverer: Service, Sendable {
             let status = Int(response.status.code)
             return (200..<300).contains(status) ? .delivered(status: status) : .failed(status: status, error: "HTTP \(status)")
         } catch {
-            return .failed(status: nil, error: "\(error)")
+            return .failed(status: nil, error: URLRedaction.scrubbed("\(error)"))
         }
     }
 }

@@ -118,7 +118,7 @@ package final class EffectWorkers: Service, Sendable {
     package func run() async throws {
         logger.info(
             "effect workers starting",
-            metadata: ["workers": "\(configuration.workers)", "identity": "\(identity)", "callbacks": "\(configuration.callbacks?.url.absoluteString ?? "off")"])
+            metadata: ["workers": "\(configuration.workers)", "identity": "\(identity)", "callbacks": "\(configuration.callbacks.map { URLRedaction.redacted($0.url) } ?? "off")"])
         await withDiscardingTaskGroup { group in
             for service in services {
                 group.addTask { try? await service.run() }

@@ -31,6 +31,22 @@ struct SettingsTests {
         #expect(Set(Settings.all.map(\.group)) == Set(SettingGroup.allCases))
     }
 
+    @Test("SIWA_APPLE_JWKS_URL: plain http only to a loopback address, and a refused URL is shown without its credentials")
+    func jwksURLScheme() throws {
+        for accepted in ["https://appleid.apple.com/auth/keys", "http://127.0.0.1:8080/auth/keys", "http://localhost/keys", "file:///etc/siwa/jwks.json"] {
+            let config = try Configuration.load(SettingSource(environment: ["SIWA_APPLE_JWKS_URL": accepted], arguments: []), requireBundleIDs: false)
+            #expect(config.apple.jwksURL.absoluteString == accepted)
+        }
+        for refused in ["http://mirror:pw-9@keys.example/auth/keys", "http://127.evil.example/keys", "ftp://keys.example/keys"] {
+            do {
+                _ = try Configuration.load(SettingSource(environment: ["SIWA_APPLE_JWKS_URL": refused], arguments: []), requireBundleIDs: false)
+                Issue.record("accepted \(refused)")
+            } catch {
+                #expect(error.description.contains("SIWA_APPLE_JWKS_URL") && !error.description.contains("pw-9"), "\(error.description)")
+            }
+        }
+    }
+
     @Test("A flag wins over its variable; a bad flag value names the variable and the flag")
     func flagOverVariable() throws {
         let source = SettingSource(environment: ["SIWA_PORT": "9000", "SIWA_TRUSTED_PROXIES": "10.0.0.0/8"], arguments: ["--port=9001", "--bundle-ids=a.b,c.d"])

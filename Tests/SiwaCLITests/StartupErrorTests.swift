@@ -119,7 +119,7 @@ struct StartupErrorTests {
         withExtendedLifetime(busy) {}
     }
 
-    @Test("Apple's keys not loaded yet: serve listens anyway, readiness says why, and a notification gets 503 with Retry-After, never 401, and no rejection")
+    @Test("Apple's keys not loaded yet: serve listens anyway, readiness says why on the admin listener only (no URL or credentials on the public one), and a notification gets 503 with Retry-After, never 401, and no rejection")
     func keysStillLoading() async throws {
         let directory = try TestBinary.makeDirectory("keys")
         defer { try? FileManager.default.removeItem(atPath: directory) }
@@ -127,7 +127,8 @@ struct StartupErrorTests {
         defer { keys.remove() }
         let apple = TestBinary.SilentListener()  // accepts the key fetch's connection, never answers
         let url = try await TestBinary.databaseURL()
-        let jwksURL = "http://127.0.0.1:\(apple.port)/auth/keys"
+        // A mirror with credentials in its URL: they are never shown (log, health, errors).
+        let jwksURL = "http://mirror:s3cret-pw@127.0.0.1:\(apple.port)/auth/keys"
         let environment = Self.serving(["DATABASE_URL": url, "SIWA_APPLE_BUNDLE_IDS": keys.aud, "SIWA_APPLE_JWKS_URL": jwksURL])
         let port = try #require(Int(environment["SIWA_PORT"] ?? ""))
         let log = "\(directory)/serve.log"
@@ -138,7 +139,13 @@ struct StartupErrorTests {
         let ready = await TestBinary.poll(http, "http://127.0.0.1:\(port)/health/ready", until: { $0 == 503 }, seconds: 60)
         let checks = ready.flatMap { JSONValue.parse(Data($0.utf8)) }?["checks"]
         #expect(checks?["database"] == .string("ok"), "\(ready ?? "no answer")")
-        #expect(checks?["apple_keys"]?.stringValue?.hasPrefix("not loaded") == true && ready?.contains("127.0.0.1:\(apple.port)") == true, "\(ready ?? "no answer")")
+        // The public listener says one word; the admin listener says why, credentials hidden.
+        #expect(checks?["apple_keys"] == .string("loading") && ready?.contains("127.0.0.1") == false, "\(ready ?? "no answer")")
+        let adminPort = try #require(Int(environment["SIWA_ADMIN_PORT"] ?? ""))
+        let adminReady = await TestBinary.poll(http, "http://127.0.0.1:\(adminPort)/health/ready", until: { $0 == 503 }, seconds: 60)
+        let adminChecks = adminReady.flatMap { JSONValue.parse(Data($0.utf8)) }?["checks"]
+        #expect(adminChecks?["apple_keys"]?.stringValue?.hasPrefix("not loaded") == true, "\(adminReady ?? "no answer")")
+        #expect(adminReady?.contains("http://***@127.0.0.1:\(apple.port)/auth/keys") == true && adminReady?.contains("s3cret") == false, "\(adminReady ?? "no answer")")
 
         var request = HTTPClientRequest(url: "http://127.0.0.1:\(port)/apple/notifications")
         request.method = .POST
@@ -155,7 +162,8 @@ struct StartupErrorTests {
         server.signal(SIGTERM)
         #expect(await server.waitForExit() == 0)
         let output = (try? String(contentsOfFile: log, encoding: .utf8)) ?? ""
-        #expect(output.contains("loading apple keys") && output.contains(jwksURL), "\(output.suffix(3000))")
+        #expect(output.contains("loading apple keys") && output.contains("http://***@127.0.0.1:\(apple.port)/auth/keys"), "\(output.suffix(3000))")
+        #expect(!output.contains("s3cret-pw"), "\(output.suffix(3000))")
         try await http.shutdown()
         withExtendedLifetime(apple) {}
     }

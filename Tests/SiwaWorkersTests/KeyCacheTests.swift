@@ -154,6 +154,57 @@ struct KeyCacheTests {
         await apple.stop()
     }
 
+    @Test("A stored key set past SIWA_JWKS_MAX_AGE while Apple is down: it still verifies, readiness fails, the log says why")
+    func staleKeySetFailsReadiness() async throws {
+        let signer = try AppleStyleSigner.generate()
+        let apple = try await JWKSServer.start(document: try Self.document(signer))
+        let database = try await TestCluster.shared.makeDatabase()
+        let first = try await Harness.start(signer: signer, jwksURL: apple.url, database: database)
+        // Fetched four days ago; Apple is down since.
+        _ = try await first.count("WITH u AS (UPDATE jwks_cache SET fetched_at = now() - interval '4 days' RETURNING 1) SELECT count(*) FROM u")
+        await first.stop()
+        apple.setFailing(true)
+        let second = try await Harness.start(signer: signer, jwksURL: apple.url, database: database)
+        #expect(try await second.server.post(jws: try second.notification()).status == 200)
+        let ready = try await second.server.request(.GET, "/health/ready")
+        #expect(ready.status == 503 && ready.json?["checks"]?["apple_keys"] == .string("unavailable"), "\(ready.status)")
+        #expect(second.server.application.keys.notLoadedReason?.contains("past SIWA_JWKS_MAX_AGE (72 h)") == true)
+        #expect(second.logs.all.contains { $0.contains("apple keys unusable") && $0.contains("SIWA_JWKS_MAX_AGE") })
+        // Apple is back: the next refresh makes it ready again.
+        apple.setFailing(false)
+        #expect(await second.server.application.keys.runOnce() == .fetched)
+        #expect(try await second.server.request(.GET, "/health/ready").status == 200)
+        await second.stop()
+        await apple.stop()
+    }
+
+    @Test("The key-set fetch follows http(s) redirects only: never to file:, never more than 3 hops, never from https down to http; plain http only to loopback")
+    func keySetRedirects() async throws {
+        let signer = try AppleStyleSigner.generate()
+        let apple = try await JWKSServer.start(
+            document: try Self.document(signer),
+            redirects: ["/hop": "/auth/keys", "/file": "file:///etc/passwd", "/loop": "/loop", "/away": "http://192.0.2.1/auth/keys"])
+        let fetcher = DefaultKeySetFetcher(timeout: .seconds(5))
+        #expect(try AppleKeySet.parse(try await fetcher.fetch(apple.url("/hop"))).kids == [signer.kid])
+        await #expect(throws: DefaultKeySetFetcher.FetchError.self) { try await fetcher.fetch(apple.url("/file")) }
+        await #expect(throws: DefaultKeySetFetcher.FetchError.self) { try await fetcher.fetch(apple.url("/loop")) }
+        // A redirect to plain http off this machine: refused before connecting.
+        do {
+            _ = try await fetcher.fetch(apple.url("/away"))
+            Issue.record("followed a redirect to http://192.0.2.1")
+        } catch {
+            #expect("\(error)".contains("plain http only to a loopback address"), "\(error)")
+        }
+        // From https, http is a downgrade (the decision; the suite has no trusted TLS server).
+        let https = URL(string: "https://keys.example/auth/keys")!
+        #expect(throws: KeySetRedirect.Refusal.downgrade(to: "http://keys.example/auth/keys")) {
+            try KeySetRedirect.next(from: https, location: "http://keys.example/auth/keys", hop: 1)
+        }
+        #expect(try KeySetRedirect.next(from: https, location: "/v2/keys", hop: 1).absoluteString == "https://keys.example/v2/keys")
+        #expect(KeySetRedirect.isLoopback(URL(string: "http://127.0.0.1:9/k")!) && !KeySetRedirect.isLoopback(URL(string: "http://127.evil.example/k")!))
+        await apple.stop()
+    }
+
     @Test("After a restart with the key server down, the persisted set for the same URL verifies; a set from another URL is never used")
     func restartWhileAppleIsDown() async throws {
         let signer = try AppleStyleSigner.generate()
