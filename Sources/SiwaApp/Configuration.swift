@@ -179,6 +179,7 @@ package struct Configuration: Sendable {
         }
         config.http.limits.requestTimeout = try value(Settings.httpRequestTimeout)
         config.http.limits.idleTimeout = try value(Settings.httpIdleTimeout)
+        config.http.limits.firstRequestTimeout = try value(Settings.httpFirstRequestTimeout)
         config.http.limits.tlsHandshakeTimeout = try value(Settings.tlsHandshakeTimeout)
         config.http.limits.maximumConnections = try value(Settings.httpMaxConnections)
         config.database.dataDirectory = try value(Settings.dataDirectory)

@@ -105,14 +105,19 @@ package enum Settings {
         "SIWA_HTTP_IDLE_TIMEOUT", flag: "http-idle-timeout", .listeners, default: ConnectionLimits().idleTimeout, minimum: .seconds(1),
         help: "a connection without a request in progress is closed after this",
         docs: "A connection without a request in progress is closed after this. Longer than the upstream keep-alive of nginx (`keepalive_timeout` 60s) and Caddy (2m), so a proxy never reuses a connection being closed.")
+    package static let httpFirstRequestTimeout = Setting<Duration>.duration(
+        "SIWA_HTTP_FIRST_REQUEST_TIMEOUT", flag: "http-first-request-timeout", .listeners, default: ConnectionLimits().firstRequestTimeout,
+        minimum: .seconds(1),
+        help: "a new connection must start its first request within this",
+        docs: "A new connection (its TLS handshake done, when serving TLS) must start its first request within this, or it is closed and counted in `siwa_connections_closed_total{reason=\"first_request_timeout\"}`: a client that connects and says nothing holds a place this long, not `SIWA_HTTP_IDLE_TIMEOUT`.")
     package static let tlsHandshakeTimeout = Setting<Duration>.duration(
         "SIWA_TLS_HANDSHAKE_TIMEOUT", flag: "tls-handshake-timeout", .listeners, default: ConnectionLimits().tlsHandshakeTimeout, minimum: .seconds(1),
         help: "a TLS handshake must complete within this (with SIWA_TLS_CERT_FILE)",
         docs: "With `SIWA_TLS_CERT_FILE`: a TLS handshake must complete within this.")
     package static let httpMaxConnections = Setting<Int>.integer(
         "SIWA_HTTP_MAX_CONNECTIONS", flag: "http-max-connections", .listeners, default: ConnectionLimits().maximumConnections, 1...1_000_000,
-        help: "open connections per listener at most; one more is closed at once",
-        docs: "Open connections per listener at most (about 34 KiB each); one more is closed at once and counted in `siwa_connections_closed_total{reason=\"over_capacity\"}`.")
+        help: "open connections per listener at most; one more replaces the longest-idle",
+        docs: "Open connections per listener at most (about 34 KiB each). One more takes the place of the longest-idle connection (no request in progress: before its first or between requests; `siwa_connections_closed_total{reason=\"idle_evicted\"}`); only when every one has a request in progress is it closed at once (`reason=\"over_capacity\"`).")
     package static let tlsCertificateFile = Setting<String?>.optionalText(
         "SIWA_TLS_CERT_FILE", flag: "tls-cert-file", .listeners, shown: "none",
         help: "serve HTTPS: PEM certificate chain, leaf first (with SIWA_TLS_KEY_FILE)",
@@ -307,9 +312,9 @@ package enum Settings {
         databaseURL.info, embeddedDatabase.info, dataDirectory.info, postgresBinaries.info, databasePoolSize.info, databaseTimeout.info,
         migrateOnStart.info,
         bundleIDs.info, jwksURL.info, jwksRefreshInterval.info, unknownKidCooldown.info, jwksMaximumAge.info, clockSkew.info, clientIDs.info,
-        host.info, port.info, adminHost.info, adminPort.info, httpRequestTimeout.info, httpIdleTimeout.info, tlsHandshakeTimeout.info,
-        httpMaxConnections.info, tlsCertificateFile.info, tlsKeyFile.info, trustedProxies.info, metricsToken.info, commitQueueLimit.info,
-        role.info, shutdownGrace.info,
+        host.info, port.info, adminHost.info, adminPort.info, httpRequestTimeout.info, httpIdleTimeout.info, httpFirstRequestTimeout.info,
+        tlsHandshakeTimeout.info, httpMaxConnections.info, tlsCertificateFile.info, tlsKeyFile.info, trustedProxies.info, metricsToken.info,
+        commitQueueLimit.info, role.info, shutdownGrace.info,
         rejectionsPerMinute.info, otherAppTokensPerHour.info, otherAppTokenRetention.info, historyRetention.info,
         workers.info, jobLease.info, jobMaxAttempts.info, jobRetention.info, jobPollInterval.info, jobNotify.info,
         eraseOnDelete.info, sessionTTL.info,

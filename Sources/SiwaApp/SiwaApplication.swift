@@ -39,7 +39,7 @@ package struct SiwaApplication: Sendable {
     let alertsAPI: AlertsController?
     let databaseTimeout: Duration
     let metricsToken: String?
-    let listeners: ListenerCounters
+    let listeners: ListenerConnections
 
     package init(
         config: Configuration, client: PostgresClient, logger: Logger, keyFetcher: any KeySetFetcher = DefaultKeySetFetcher(),
@@ -80,7 +80,7 @@ package struct SiwaApplication: Sendable {
         self.alertsAPI = !config.receives ? nil : AlertsController(alerts: AlertStore(client: client, logger: logger))
         self.databaseTimeout = config.database.timeout
         self.metricsToken = config.http.metricsToken
-        self.listeners = ListenerCounters(maximum: config.http.limits.maximumConnections)
+        self.listeners = ListenerConnections(maximum: config.http.limits.maximumConnections)
         let workers = !config.works ? nil : EffectWorkers(
             configuration: config.workerConfiguration, store: effects, logger: logger, metrics: WorkerMetrics(registry: registry))
         self.workers = workers
@@ -99,6 +99,12 @@ package struct SiwaApplication: Sendable {
 
     /// Connections open on `listener` now.
     package func openConnections(on listener: Listener) -> Int { listeners[listener].current }
+
+    /// Returns once the count of connections open on `listener` meets `condition` (tests: a
+    /// connection is counted on its event loop, some time after the client's `connect` returned).
+    package func waitForConnections(on listener: Listener, until condition: @escaping @Sendable (Int) -> Bool) async {
+        await listeners[listener].wait(until: condition)
+    }
 
     /// The public listener's routes: what Apple and load balancers call, nothing else.
     package func publicRouter() -> Router<SiwaRequestContext> {
@@ -236,11 +242,11 @@ package enum Listener: String, Sendable, CaseIterable {
     case admin
 }
 
-/// Each listener's open-connection count.
-struct ListenerCounters: Sendable {
-    let counters: [Listener: ConnectionCounter]
-    init(maximum: Int) { counters = Dictionary(uniqueKeysWithValues: Listener.allCases.map { ($0, ConnectionCounter(maximum: maximum)) }) }
-    subscript(listener: Listener) -> ConnectionCounter { counters[listener]! }
+/// Each listener's open connections.
+struct ListenerConnections: Sendable {
+    let registries: [Listener: ConnectionRegistry]
+    init(maximum: Int) { registries = Dictionary(uniqueKeysWithValues: Listener.allCases.map { ($0, ConnectionRegistry(maximum: maximum)) }) }
+    subscript(listener: Listener) -> ConnectionRegistry { registries[listener]! }
 }
 
 /// `siwa-events serve`: the receiver on the configured database, until SIGTERM/SIGINT.

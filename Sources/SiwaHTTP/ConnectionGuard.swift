@@ -10,13 +10,19 @@ import Synchronization
 package struct ConnectionLimits: Sendable, Equatable {
     /// From a request's first byte until its last byte is read.
     package var requestTimeout: Duration = .seconds(30)
-    /// A connection with no request in progress (before the first, between requests). Longer than
-    /// the upstream keep-alive of nginx (60s) and Caddy (2m), so a proxy never reuses a connection
-    /// that is being closed.
+    /// A connection with no request in progress (between requests). Longer than the upstream
+    /// keep-alive of nginx (60s) and Caddy (2m), so a proxy never reuses a connection that is
+    /// being closed.
     package var idleTimeout: Duration = .seconds(150)
+    /// From accepting a connection (completing its TLS handshake, when serving TLS) until its first
+    /// request's first byte: a client that connects and says nothing holds a place this long, not
+    /// `idleTimeout`. Proxies and Apple send their request at once.
+    package var firstRequestTimeout: Duration = .seconds(10)
     /// From accepting a TLS connection until its handshake completes (when serving TLS).
     package var tlsHandshakeTimeout: Duration = .seconds(10)
-    /// Open connections at most, per listener; one more is closed at once.
+    /// Open connections at most, per listener. One more takes the place of the longest-idle
+    /// connection (see `ConnectionRegistry`); it is closed at once only if every one has a request
+    /// in progress.
     package var maximumConnections = 1024
 
     package init() {}
@@ -25,48 +31,125 @@ package struct ConnectionLimits: Sendable, Equatable {
 /// Why the guard closed a connection (the `siwa_connections_closed_total` label).
 package enum ConnectionCut: String, Sendable, CaseIterable {
     case overCapacity = "over_capacity"
+    /// At the maximum, the longest-idle connection was closed to make room for a new one.
+    case idleEvicted = "idle_evicted"
     case requestTimeout = "request_timeout"
     case idleTimeout = "idle_timeout"
+    case firstRequestTimeout = "first_request_timeout"
     case tlsHandshakeTimeout = "tls_handshake_timeout"
 }
 
-/// Counts one listener's open connections against its maximum.
-package final class ConnectionCounter: Sendable {
-    private let open = Atomic<Int>(0)
+/// One listener's open connections against its maximum, and which of them are idle (no request in
+/// progress: before the first or between requests) since when. At the maximum a new connection
+/// takes the place of the longest-idle one, so silent sockets cannot keep a genuine client out;
+/// only connections that all have a request in progress refuse it. Child channels live on
+/// different event loops: the table is behind a lock, and each reports its own changes.
+package final class ConnectionRegistry: Sendable {
+    /// What `admit` decided for a new connection.
+    package enum Admission {
+        case admitted
+        /// Admitted in place of this idle connection, which is no longer counted: close it.
+        case admittedInPlaceOf(any Channel)
+        case refused
+    }
+
+    private struct Entry {
+        let channel: any Channel
+        /// When it became idle (an order, not a time); nil while a request is in progress.
+        var idleSince: UInt64?
+    }
+
+    private struct State {
+        var entries: [ObjectIdentifier: Entry] = [:]
+        var ticks: UInt64 = 0
+        var waiters: [(condition: @Sendable (Int) -> Bool, continuation: CheckedContinuation<Void, Never>)] = []
+
+        mutating func tick() -> UInt64 {
+            ticks += 1
+            return ticks
+        }
+
+        /// The waiters whose condition the count now meets, removed.
+        mutating func satisfiedWaiters() -> [CheckedContinuation<Void, Never>] {
+            guard !waiters.isEmpty else { return [] }
+            let count = entries.count
+            let met = waiters.filter { $0.condition(count) }
+            waiters.removeAll { $0.condition(count) }
+            return met.map(\.continuation)
+        }
+    }
+
+    private let state = Mutex(State())
     let maximum: Int
 
     package init(maximum: Int) { self.maximum = maximum }
 
-    package var current: Int { open.load(ordering: .relaxed) }
+    package var current: Int { state.withLock { $0.entries.count } }
 
-    /// Takes a place, unless `maximum` are open.
-    func tryOpen() -> Bool {
-        var current = open.load(ordering: .relaxed)
-        while current < maximum {
-            let (exchanged, original) = open.compareExchange(expected: current, desired: current + 1, ordering: .relaxed)
-            if exchanged { return true }
-            current = original
+    /// Counts `channel` (idle: it has sent nothing yet), in place of the longest-idle connection
+    /// when `maximum` are open, unless all of them have a request in progress.
+    package func admit(_ channel: any Channel) -> Admission {
+        let (admission, waiters) = state.withLock { state -> (Admission, [CheckedContinuation<Void, Never>]) in
+            var admission = Admission.admitted
+            if state.entries.count >= maximum {
+                let longestIdle = state.entries.lazy.compactMap { key, entry in entry.idleSince.map { (key, $0) } }.min { $0.1 < $1.1 }
+                guard let (key, _) = longestIdle, let evicted = state.entries.removeValue(forKey: key) else { return (.refused, []) }
+                admission = .admittedInPlaceOf(evicted.channel)
+            }
+            state.entries[ObjectIdentifier(channel)] = Entry(channel: channel, idleSince: state.tick())
+            return (admission, state.satisfiedWaiters())
         }
-        return false
+        for waiter in waiters { waiter.resume() }
+        return admission
     }
 
-    func closed() { open.subtract(1, ordering: .relaxed) }
+    /// `channel` has a request in progress (`idle` false) or none (true); ignored once it is no
+    /// longer counted (closed, or taken the place of).
+    package func update(_ channel: any Channel, idle: Bool) {
+        state.withLock { state in
+            let key = ObjectIdentifier(channel)
+            guard state.entries[key] != nil else { return }
+            let since = idle ? state.tick() : nil
+            state.entries[key]?.idleSince = since
+        }
+    }
+
+    /// `channel` closed: its place is free (if it still held one).
+    package func closed(_ channel: any Channel) {
+        let waiters = state.withLock { state in
+            state.entries.removeValue(forKey: ObjectIdentifier(channel)) == nil ? [] : state.satisfiedWaiters()
+        }
+        for waiter in waiters { waiter.resume() }
+    }
+
+    /// Returns once the open-connection count meets `condition` (for tests: a connection is counted
+    /// on its event loop, after the client's `connect` has returned).
+    package func wait(until condition: @escaping @Sendable (Int) -> Bool) async {
+        await withCheckedContinuation { (continuation: CheckedContinuation<Void, Never>) in
+            let met = state.withLock { state in
+                if condition(state.entries.count) { return true }
+                state.waiters.append((condition, continuation))
+                return false
+            }
+            if met { continuation.resume() }
+        }
+    }
 }
 
-/// A listener's child channel with the limits applied: over the maximum, a new connection is closed
-/// before anything is read; otherwise `ConnectionDeadlines` sits first in its pipeline and
-/// `RequestPhaseReporter` (after the HTTP codec, see `additionalHandlers`) tells it where a request
-/// begins and ends.
+/// A listener's child channel with the limits applied: counted in `ConnectionRegistry` (over the
+/// maximum, a new connection is closed before anything is read, or the longest-idle one is);
+/// `ConnectionDeadlines` sits first in its pipeline and `RequestPhaseReporter` (after the HTTP
+/// codec, see `additionalHandlers`) tells it where a request begins and ends.
 package struct GuardedChildChannel<Inner: ServerChildChannel>: ServerChildChannel {
     package typealias Value = Inner.Value
 
     let inner: Inner
     let limits: ConnectionLimits
     let tls: Bool
-    let connections: ConnectionCounter
+    let connections: ConnectionRegistry
     let onCut: @Sendable (ConnectionCut) -> Void
 
-    package init(_ inner: Inner, limits: ConnectionLimits, tls: Bool, connections: ConnectionCounter, onCut: @escaping @Sendable (ConnectionCut) -> Void) {
+    package init(_ inner: Inner, limits: ConnectionLimits, tls: Bool, connections: ConnectionRegistry, onCut: @escaping @Sendable (ConnectionCut) -> Void) {
         self.inner = inner
         self.limits = limits
         self.tls = tls
@@ -78,16 +161,23 @@ package struct GuardedChildChannel<Inner: ServerChildChannel>: ServerChildChanne
     package static func additionalHandlers() -> [any RemovableChannelHandler] { [RequestPhaseReporter()] }
 
     package func setup(channel: any Channel, logger: Logger) -> EventLoopFuture<Value> {
-        guard connections.tryOpen() else {
+        switch connections.admit(channel) {
+        case .refused:
             onCut(.overCapacity)
             channel.close(promise: nil)
             return channel.eventLoop.makeFailedFuture(ConnectionRefused(maximum: connections.maximum))
+        case .admittedInPlaceOf(let idle):
+            onCut(.idleEvicted)
+            idle.eventLoop.execute { idle.close(promise: nil) }  // its own loop: it may be another one
+        case .admitted:
+            break
         }
         let connections = self.connections
-        channel.closeFuture.whenComplete { _ in connections.closed() }
+        channel.closeFuture.whenComplete { _ in connections.closed(channel) }
         let (limits, tls, onCut) = (self.limits, self.tls, self.onCut)
         return channel.eventLoop.makeCompletedFuture {
-            try channel.pipeline.syncOperations.addHandler(ConnectionDeadlines(limits: limits, tls: tls, onCut: onCut), position: .first)
+            try channel.pipeline.syncOperations.addHandler(
+                ConnectionDeadlines(limits: limits, tls: tls, connections: connections, onCut: onCut), position: .first)
         }.flatMap {
             inner.setup(channel: channel, logger: logger)
         }
@@ -98,10 +188,10 @@ package struct GuardedChildChannel<Inner: ServerChildChannel>: ServerChildChanne
     }
 }
 
-/// A connection refused because `maximum` were open.
+/// A connection refused because `maximum` were open, each with a request in progress.
 package struct ConnectionRefused: Error, CustomStringConvertible {
     package let maximum: Int
-    package var description: String { "\(maximum) connections are open (SIWA_HTTP_MAX_CONNECTIONS)" }
+    package var description: String { "\(maximum) connections are open, each with a request in progress (SIWA_HTTP_MAX_CONNECTIONS)" }
 }
 
 /// Where a connection is, as `RequestPhaseReporter` sees it after the HTTP codec (and TLS).
@@ -112,23 +202,35 @@ package enum ConnectionPhaseEvent: Sendable {
 }
 
 /// First in the pipeline (raw bytes, before TLS): keeps one deadline at a time, on the event loop
-/// (a NIO scheduled task), and closes the connection when it passes.
+/// (a NIO scheduled task), and closes the connection when it passes; tells `ConnectionRegistry`
+/// whether a request is in progress.
 package final class ConnectionDeadlines: ChannelDuplexHandler, RemovableChannelHandler {
     package typealias InboundIn = Any
     package typealias OutboundIn = Any
 
     private enum Phase {
         case handshake
+        /// Accepted (and handshaken), nothing of a request read yet.
+        case firstRequest
         case idle
         /// `responded`: the answer went out before the request's last byte was read (e.g. 413).
         case request(responded: Bool)
         /// The request is read; its answer is being made (bounded by the route, not here).
         /// `nextRequestStarted`: bytes of another request arrived meanwhile (pipelining).
         case responding(nextRequestStarted: Bool)
+
+        /// No request in progress: the connection may make room for a new one at the maximum.
+        var isIdle: Bool {
+            switch self {
+            case .handshake, .firstRequest, .idle: true
+            case .request, .responding: false
+            }
+        }
     }
 
     private let limits: ConnectionLimits
     private let tls: Bool
+    private let connections: ConnectionRegistry?
     private let onCut: @Sendable (ConnectionCut) -> Void
     private var phase: Phase?
     private var deadline: Scheduled<Void>?
@@ -137,9 +239,11 @@ package final class ConnectionDeadlines: ChannelDuplexHandler, RemovableChannelH
     private var inputClosed = false
     private var outputClosed = false
 
-    package init(limits: ConnectionLimits, tls: Bool, onCut: @escaping @Sendable (ConnectionCut) -> Void) {
+    /// `connections`: where the connection is counted (admitted idle), none in unit tests.
+    package init(limits: ConnectionLimits, tls: Bool, connections: ConnectionRegistry? = nil, onCut: @escaping @Sendable (ConnectionCut) -> Void) {
         self.limits = limits
         self.tls = tls
+        self.connections = connections
         self.onCut = onCut
     }
 
@@ -161,7 +265,7 @@ package final class ConnectionDeadlines: ChannelDuplexHandler, RemovableChannelH
 
     package func channelRead(context: ChannelHandlerContext, data: NIOAny) {
         switch phase {
-        case .idle?: enter(.request(responded: false), context)
+        case .idle?, .firstRequest?: enter(.request(responded: false), context)
         case .responding?: phase = .responding(nextRequestStarted: true)
         case .handshake?, .request?, nil: break
         }
@@ -192,7 +296,7 @@ package final class ConnectionDeadlines: ChannelDuplexHandler, RemovableChannelH
             return context.triggerUserOutboundEvent(event, promise: promise)
         }
         switch (event, phase) {
-        case (.handshakeCompleted, .handshake?): enter(.idle, context)
+        case (.handshakeCompleted, .handshake?): enter(.firstRequest, context)
         case (.requestRead, .request(responded: true)?): enter(.idle, context)
         case (.requestRead, _): enter(.responding(nextRequestStarted: false), context)
         case (.responseWritten, .request?): phase = .request(responded: true)  // its deadline stays
@@ -204,15 +308,18 @@ package final class ConnectionDeadlines: ChannelDuplexHandler, RemovableChannelH
 
     private func start(_ context: ChannelHandlerContext) {
         guard phase == nil else { return }
-        enter(tls ? .handshake : .idle, context)
+        enter(tls ? .handshake : .firstRequest, context)
     }
 
     private func enter(_ next: Phase, _ context: ChannelHandlerContext) {
         cancel()
+        // Admitted idle: only a change is reported (an idle connection's age is its first report's).
+        if next.isIdle != (phase?.isIdle ?? true) { connections?.update(context.channel, idle: next.isIdle) }
         phase = next
         let limit: (Duration, ConnectionCut)? =
             switch next {
             case .handshake: (limits.tlsHandshakeTimeout, .tlsHandshakeTimeout)
+            case .firstRequest: (limits.firstRequestTimeout, .firstRequestTimeout)
             case .idle: (limits.idleTimeout, .idleTimeout)
             case .request: (limits.requestTimeout, .requestTimeout)
             case .responding: nil

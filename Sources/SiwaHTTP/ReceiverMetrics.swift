@@ -31,7 +31,7 @@ package struct ReceiverMetrics: Sendable {
         connectionsClosed = Dictionary(uniqueKeysWithValues: listeners.map { listener in
             (listener, Dictionary(uniqueKeysWithValues: ConnectionCut.allCases.map { cut in
                 (cut, registry.makeCounter(
-                    descriptor: Self.name("connections_closed", "total", "Connections the server closed itself: over the maximum, or past a deadline"),
+                    descriptor: Self.name("connections_closed", "total", "Connections the server closed itself: over the maximum (refused, or the longest-idle making room), or past a deadline"),
                     labels: [("listener", listener), ("reason", cut.rawValue)]))
             }))
         })

@@ -92,6 +92,7 @@ struct ConnectionLimitTests {
         var limits = ConnectionLimits()
         limits.requestTimeout = .seconds(30)
         limits.idleTimeout = .seconds(150)
+        limits.firstRequestTimeout = .seconds(10)
         limits.tlsHandshakeTimeout = .seconds(10)
         let cuts = Cuts()
         let channel = EmbeddedChannel()
@@ -118,10 +119,29 @@ struct ConnectionLimitTests {
         #expect(cuts.list == [.requestTimeout])
     }
 
+    @Test("A connection that sends nothing is cut at the first-request deadline; a first byte in time starts the request's own")
+    func firstRequestDeadline() throws {
+        let (silent, silentCuts) = try Self.channel()
+        silent.embeddedEventLoop.advanceTime(by: .seconds(9))
+        #expect(silent.isActive)
+        silent.embeddedEventLoop.advanceTime(by: .seconds(1))
+        #expect(!silent.isActive)
+        #expect(silentCuts.list == [.firstRequestTimeout])
+
+        let (prompt, promptCuts) = try Self.channel()
+        prompt.embeddedEventLoop.advanceTime(by: .seconds(9))
+        try prompt.writeInbound(ByteBuffer(string: "P"))
+        prompt.embeddedEventLoop.advanceTime(by: .seconds(29))
+        #expect(prompt.isActive)
+        prompt.embeddedEventLoop.advanceTime(by: .seconds(1))
+        #expect(!prompt.isActive)
+        #expect(promptCuts.list == [.requestTimeout])
+    }
+
     @Test("An idle connection closes at the idle timeout, not before; a request read and answered returns it to idle")
     func idleAndKeepAlive() throws {
         let (channel, cuts) = try Self.channel()
-        channel.embeddedEventLoop.advanceTime(by: .seconds(149))
+        channel.embeddedEventLoop.advanceTime(by: .seconds(9))  // the first request comes in time
         #expect(channel.isActive)
         // Keep-alive traffic: requests well inside their deadline, answers that take their time.
         for _ in 0..<3 {
@@ -151,7 +171,7 @@ struct ConnectionLimitTests {
         #expect(cuts.list == [.idleTimeout])
     }
 
-    @Test("TLS: a handshake not completed within its timeout is cut; a completed one starts the idle timeout")
+    @Test("TLS: a handshake not completed within its timeout is cut; a completed one starts the first-request deadline")
     func tlsHandshake() throws {
         let (stalled, stalledCuts) = try Self.channel(tls: true)
         try stalled.writeInbound(ByteBuffer(string: "\u{16}\u{03}\u{01}"))  // the start of a ClientHello, then nothing
@@ -162,10 +182,66 @@ struct ConnectionLimitTests {
         let (completed, completedCuts) = try Self.channel(tls: true)
         completed.embeddedEventLoop.advanceTime(by: .seconds(5))
         Self.event(completed, .handshakeCompleted)
-        completed.embeddedEventLoop.advanceTime(by: .seconds(149))
+        completed.embeddedEventLoop.advanceTime(by: .seconds(9))
         #expect(completed.isActive)
         completed.embeddedEventLoop.advanceTime(by: .seconds(1))
-        #expect(completedCuts.list == [.idleTimeout])
+        #expect(!completed.isActive)
+        #expect(completedCuts.list == [.firstRequestTimeout])
+    }
+
+    // MARK: Making room at the maximum
+
+    /// A connection counted in `registry` as `GuardedChildChannel` counts one, its deadlines reporting
+    /// whether a request is in progress.
+    static func admitted(_ registry: ConnectionRegistry) throws -> (EmbeddedChannel, ConnectionRegistry.Admission) {
+        let channel = EmbeddedChannel()
+        let admission = registry.admit(channel)
+        try channel.pipeline.syncOperations.addHandler(ConnectionDeadlines(limits: ConnectionLimits(), tls: false, connections: registry) { _ in })
+        try channel.connect(to: SocketAddress(ipAddress: "127.0.0.1", port: 1)).wait()
+        return (channel, admission)
+    }
+
+    static func evicted(_ admission: ConnectionRegistry.Admission) -> ObjectIdentifier? {
+        if case .admittedInPlaceOf(let channel) = admission { ObjectIdentifier(channel) } else { nil }
+    }
+
+    @Test("At the maximum a new connection takes the place of the one idle longest (silent, or back from a request); never of one with a request in progress")
+    func longestIdleMakesRoom() throws {
+        let registry = ConnectionRegistry(maximum: 3)
+        let (a, _) = try Self.admitted(registry)
+        let (b, _) = try Self.admitted(registry)
+        let (c, _) = try Self.admitted(registry)
+        // a serves a request: idle again, since now; b is the longest idle.
+        try a.writeInbound(ByteBuffer(string: "GET / HTTP/1.1\r\n\r\n"))
+        Self.event(a, .requestRead)
+        Self.event(a, .responseWritten)
+        // c's request is in progress.
+        try c.writeInbound(ByteBuffer(string: "POST / HTTP/1.1\r\n"))
+        let (d, forD) = try Self.admitted(registry)
+        #expect(Self.evicted(forD) == ObjectIdentifier(b))
+        registry.closed(b)  // its close, once done: already not counted
+        #expect(registry.current == 3)
+        let (e, forE) = try Self.admitted(registry)
+        #expect(Self.evicted(forE) == ObjectIdentifier(a))
+        // d starts a request; e is the only idle one.
+        try d.writeInbound(ByteBuffer(string: "P"))
+        let (f, forF) = try Self.admitted(registry)
+        #expect(Self.evicted(forF) == ObjectIdentifier(e))
+        try f.writeInbound(ByteBuffer(string: "P"))
+        // c, d and f have requests in progress: the next is refused, and counted nowhere.
+        let (_, forG) = try Self.admitted(registry)
+        guard case .refused = forG else {
+            Issue.record("admitted: \(forG)")
+            return
+        }
+        #expect(registry.current == 3)
+        // c's connection closes: a place is free.
+        registry.closed(c)
+        let (_, forH) = try Self.admitted(registry)
+        guard case .admitted = forH else {
+            Issue.record("not admitted plainly: \(forH)")
+            return
+        }
     }
 
     // MARK: The real server
@@ -175,37 +251,78 @@ struct ConnectionLimitTests {
         return metrics.split(separator: "\n").first { $0.hasPrefix(prefix) }.flatMap { Int($0.dropFirst(prefix.count)) } ?? -1
     }
 
-    @Test("Over the cap a new connection is closed at once and counted; once one closes, a new one is served")
+    /// Opens a connection whose request stays in progress: a notification POST announcing a body
+    /// over 64 KiB is answered 413 at once, and the server then reads (and drops) the body, which
+    /// never comes. The 413 received shows the server has seen the request.
+    static func requestInProgress(port: Int) async throws -> RawConnection {
+        let connection = try RawConnection(port: port)
+        connection.send("POST /apple/notifications HTTP/1.1\r\nHost: t\r\nContent-Type: application/json\r\nContent-Length: 100000\r\n\r\n{\"payload\":\"")
+        let answer = await connection.receive { $0.contains("\r\n\r\n") && $0.hasSuffix("}") }
+        #expect(answer.text.hasPrefix("HTTP/1.1 413") && !answer.closed, "\(answer)")
+        return connection
+    }
+
+    @Test("At the cap, 64 silent sockets do not keep a delivery out: it takes the longest-idle one's place at once")
+    func silentSocketsMakeRoom() async throws {
+        let h = try await Harness.start {
+            $0.http.limits.maximumConnections = 64
+            $0.http.limits.firstRequestTimeout = .seconds(150)  // no deadline frees a place meanwhile
+        }
+        var silent: [RawConnection] = []
+        for count in 1...64 {
+            silent.append(try RawConnection(port: h.server.port))
+            // Counted one at a time (each on its event loop), so the first is the longest idle.
+            await h.server.application.waitForConnections(on: .public) { $0 == count }
+        }
+        let answer = try await h.server.post(jws: try h.notification())
+        #expect(answer.status == 200, "\(answer.body)")
+        #expect(try await h.count("SELECT count(*) FROM notifications") == 1)
+        let oldest = await silent[0].receive()
+        #expect(oldest.closed && oldest.text.isEmpty, "\(oldest)")
+        #expect(silent.dropFirst().allSatisfy { !$0.isClosedByServer })
+        let metrics = try await h.server.request(.GET, "/metrics").body
+        #expect(Self.closed(metrics, "public", "idle_evicted") == 1, "\(metrics.split(separator: "\n").filter { $0.contains("connections") })")
+        #expect(Self.closed(metrics, "public", "over_capacity") == 0)
+        for connection in silent { connection.close() }
+        await h.stop()
+    }
+
+    @Test("At the cap with every connection's request in progress, a new connection is closed at once and counted; once one closes, a new one is served")
     func connectionCap() async throws {
-        let h = try await Harness.start { $0.http.limits.maximumConnections = 2 }
-        // Each of the two is served before the next connects: connections accepted in one order
-        // can be set up in another (each on its own event loop), so only a served one is surely counted.
-        let first = try RawConnection(port: h.server.port)
-        #expect(first.send("GET /health/live HTTP/1.1\r\nHost: t\r\n\r\n"))
-        #expect(await first.receive { $0.contains("\r\n\r\n") && $0.contains("live") }.text.hasPrefix("HTTP/1.1 200"))
-        let second = try RawConnection(port: h.server.port)
-        #expect(second.send("GET /health/live HTTP/1.1\r\nHost: t\r\n\r\n"))
-        #expect(await second.receive { $0.contains("\r\n\r\n") && $0.contains("live") }.text.hasPrefix("HTTP/1.1 200"))
+        let h = try await Harness.start {
+            $0.http.limits.maximumConnections = 2
+            $0.http.limits.requestTimeout = .seconds(300)  // the requests stay in progress throughout
+        }
+        // One after the other: each is counted and its request begun (its 413 came) before the next.
+        let first = try await Self.requestInProgress(port: h.server.port)
+        let second = try await Self.requestInProgress(port: h.server.port)
         let third = try RawConnection(port: h.server.port)
         let refused = await third.receive()
         #expect(refused.closed && refused.text.isEmpty, "\(refused)")
+        #expect(!first.isClosedByServer && !second.isClosedByServer)
         let metrics = try await h.server.request(.GET, "/metrics").body
         #expect(Self.closed(metrics, "public", "over_capacity") == 1, "\(metrics.split(separator: "\n").filter { $0.contains("connections") })")
+        #expect(Self.closed(metrics, "public", "idle_evicted") == 0)
         #expect(metrics.contains(#"siwa_connections_open{listener="public"} 2"#))
         // The admin listener has a count of its own: the /metrics request above was served.
-        // One of the two ends its connection: both sides close (Connection: close, then the
-        // client's own close); the server counts it on its event loop.
-        #expect(first.send("GET /health/live HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n"))
-        #expect(await first.receive().closed)
+        // One of the two ends its connection; the server counts it on its event loop.
         first.close()
-        let deadline = ContinuousClock.now + .seconds(30)
-        while h.server.application.openConnections(on: .public) > 1 && ContinuousClock.now < deadline {
-            try await Task.sleep(for: .milliseconds(10))
-        }
-        #expect(h.server.application.openConnections(on: .public) == 1)
+        await h.server.application.waitForConnections(on: .public) { $0 == 1 }
         let next = try RawConnection(port: h.server.port)
         next.send("GET /health/live HTTP/1.1\r\nHost: t\r\n\r\n")
         #expect(await next.receive { $0.contains("live") }.text.hasPrefix("HTTP/1.1 200"))
+        second.close()
+        await h.stop()
+    }
+
+    @Test("On the real server: a connection that sends nothing is closed at the first-request deadline and counted")
+    func realFirstRequestDeadline() async throws {
+        let h = try await Harness.start { $0.http.limits.firstRequestTimeout = .seconds(1) }
+        let silent = try RawConnection(port: h.server.port)
+        let answer = await silent.receive()
+        #expect(answer.closed && answer.text.isEmpty, "\(answer)")
+        let metrics = try await h.server.request(.GET, "/metrics").body
+        #expect(Self.closed(metrics, "public", "first_request_timeout") == 1, "\(metrics.split(separator: "\n").filter { $0.contains("connections") })")
         await h.stop()
     }
 
