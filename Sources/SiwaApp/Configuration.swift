@@ -84,6 +84,7 @@ package struct Configuration: Sendable {
         package var tlsCertificateFile: String?
         package var tlsKeyFile: String?
         package var trustedProxies = Settings.trustedProxies.defaultValue
+        package var adminHosts = Settings.adminHosts.defaultValue
         package var metricsToken: String?
         package var commitQueueLimit = Settings.commitQueueLimit.defaultValue
     }
@@ -187,6 +188,7 @@ package struct Configuration: Sendable {
         config.database.embedded = try value(Settings.embeddedDatabase)
         config.database.migrateOnStart = try value(Settings.migrateOnStart)
         config.http.trustedProxies = try value(Settings.trustedProxies)
+        config.http.adminHosts = try value(Settings.adminHosts)
         config.apple.jwksRefreshInterval = try value(Settings.jwksRefreshInterval)
         config.apple.unknownKidCooldown = try value(Settings.unknownKidCooldown)
         config.apple.jwksMaximumAge = try value(Settings.jwksMaximumAge)

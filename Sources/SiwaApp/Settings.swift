@@ -93,6 +93,17 @@ package enum Settings {
         "SIWA_ADMIN_HOST", flag: "admin-host", .listeners, default: "127.0.0.1",
         help: "address of the admin listener (API, dashboard, /metrics)",
         docs: "Address of the admin listener: `/v1`, the dashboard, `/openapi.yaml`, `/metrics` (and `/health/*`). Keep it on loopback or a private network (SSH tunnel, VPN, `kubectl port-forward`); never route it from the internet.")
+    package static let adminHosts = Setting<[String]>(
+        "SIWA_ADMIN_HOSTS", flag: "admin-hosts", .listeners, default: ["localhost"], shown: "`localhost`",
+        help: "host names the admin listener answers to, besides IP addresses",
+        docs: "Comma-separated host names the admin listener answers to (as `Host`), besides any IP address: a request for another name gets 421, so a web page cannot reach the admin listener through DNS rebinding. Add the names Prometheus or your tunnel use (e.g. `siwa-events-admin`)."
+    ) { text throws(SettingValueError) in
+        let names = text.split(separator: ",").map { $0.trimmingCharacters(in: .whitespaces).lowercased() }.filter { !$0.isEmpty }
+        for name in names where name.range(of: "^[a-z0-9_]([a-z0-9_.-]*[a-z0-9_])?$", options: .regularExpression) == nil {
+            throw SettingValueError("must be comma-separated host names such as localhost,siwa-events-admin (got \"\(name)\")")
+        }
+        return names
+    }
     package static let adminPort = Setting<Int>.integer(
         "SIWA_ADMIN_PORT", flag: "admin-port", .listeners, default: 8081, 0...65535,
         help: "port of the admin listener",
@@ -312,7 +323,7 @@ package enum Settings {
         databaseURL.info, embeddedDatabase.info, dataDirectory.info, postgresBinaries.info, databasePoolSize.info, databaseTimeout.info,
         migrateOnStart.info,
         bundleIDs.info, jwksURL.info, jwksRefreshInterval.info, unknownKidCooldown.info, jwksMaximumAge.info, clockSkew.info, clientIDs.info,
-        host.info, port.info, adminHost.info, adminPort.info, httpRequestTimeout.info, httpIdleTimeout.info, httpFirstRequestTimeout.info,
+        host.info, port.info, adminHost.info, adminHosts.info, adminPort.info, httpRequestTimeout.info, httpIdleTimeout.info, httpFirstRequestTimeout.info,
         tlsHandshakeTimeout.info, httpMaxConnections.info, tlsCertificateFile.info, tlsKeyFile.info, trustedProxies.info, metricsToken.info,
         commitQueueLimit.info, role.info, shutdownGrace.info,
         rejectionsPerMinute.info, otherAppTokensPerHour.info, otherAppTokenRetention.info, historyRetention.info,

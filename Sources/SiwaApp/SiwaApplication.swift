@@ -30,6 +30,7 @@ package struct SiwaApplication: Sendable {
     let metrics: ReceiverMetrics
     let notifications: NotificationsController?
     let health: HealthController
+    let adminHosts: [String]
     package let workers: EffectWorkers?
     package let alerts: AlertMonitor?
     package let effects: EffectStore
@@ -67,6 +68,7 @@ package struct SiwaApplication: Sendable {
             committer: committer,
             rejections: rejections, metrics: metrics, trustedProxies: config.http.trustedProxies, logger: logger)
         self.health = HealthController(store: store, keys: config.receives ? keys : nil, databaseTimeout: config.database.timeout)
+        self.adminHosts = config.http.adminHosts
         let effects = EffectStore(client: client, logger: logger)
         self.effects = effects
         self.tokens = TokenStore(client: client, logger: logger)
@@ -120,6 +122,7 @@ package struct SiwaApplication: Sendable {
     /// methods of each path (off only to list the routes themselves).
     package func adminRouter(methodNotAllowed: Bool = true) -> Router<SiwaRequestContext> {
         let router = Router(context: SiwaRequestContext.self)
+        router.add(middleware: AdminHostGuard(names: adminHosts))
         health.register(on: router, for: .admin)
         if let backend {
             let v1 = router.group("v1")

@@ -56,6 +56,11 @@ extension CompactJWS {
         guard alg == "RS256" else {
             throw .invalid(.unsupportedAlgorithm, "alg \(alg) is not accepted; Apple signs with RS256")
         }
+        // RFC 7515 §4.1.11: a recipient that does not understand a `crit` extension must refuse
+        // the token. We understand none, and Apple sends none.
+        if header["crit"] != nil {
+            throw .invalid(.unsupportedHeader, "the JWS header has crit (extensions that must be understood); none is supported here, and Apple sends none")
+        }
         guard let kid, !kid.isEmpty else {
             throw .invalid(.unknownKey, "the JWS header has no kid; cannot pick an Apple key")
         }

@@ -5,6 +5,8 @@ package enum RejectionReason: String, Sendable, CaseIterable, Codable {
     case badSignature = "bad_signature"
     case unknownKey = "unknown_key"
     case unsupportedAlgorithm = "unsupported_algorithm"
+    /// A `crit` header: extensions we would have to understand to verify (RFC 7515 §4.1.11).
+    case unsupportedHeader = "unsupported_header"
     case wrongIssuer = "wrong_issuer"
     case wrongAudience = "wrong_audience"
     case expired

@@ -139,7 +139,7 @@ package struct AlertStore: Sendable {
         for try await (n,) in try await client.bounded.query(
             """
             SELECT coalesce((SELECT sum(recorded + sampled_out) FROM rejection_counts
-                             WHERE reason = 'bad_signature' AND minute >= date_trunc('minute', \(since))), 0)::bigint
+                             WHERE reason IN ('bad_signature', 'unknown_key') AND minute >= date_trunc('minute', \(since))), 0)::bigint
             """, logger: logger
         ).decode((Int,).self) {
             badSignatures = n

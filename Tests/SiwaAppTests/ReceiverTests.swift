@@ -295,6 +295,9 @@ struct ReceiverTests {
             (.badSignature, try impostor.sign(header: .object(["kid": .string(kid), "alg": .string("RS256")]), claims: AppleStyleSigner.claims(aud: Harness.aud, type: "consent-revoked", sub: "s", eventTime: Date(), issuedAt: Date()))),
             (.unsupportedAlgorithm, try h.forged(header: ["kid": .string(kid), "alg": .string("HS256")])),
             (.unsupportedAlgorithm, try h.forged(header: ["kid": .string(kid), "alg": .string("none")])),
+            (.unsupportedHeader, try h.signer.sign(
+                header: .object(["kid": .string(kid), "alg": .string("RS256"), "crit": .array([.string("b64")]), "b64": .bool(false)]),
+                claims: AppleStyleSigner.claims(aud: Harness.aud, type: "consent-revoked", sub: "s", eventTime: Date(), issuedAt: Date()))),
             (.wrongIssuer, try h.forged { $0["iss"] = .string("https://appleid.apple.com.evil") }),
             (.wrongAudience, try h.forged { $0["aud"] = .string("com.example.typo") }),
             (.expired, try h.forged { $0["iat"] = .number(Date().timeIntervalSince1970 - 200_000); $0["exp"] = .number(Date().timeIntervalSince1970 - 100_000) }),

@@ -47,6 +47,13 @@ struct VerifierTests {
         #expect(reason(try signed(header: ["kid": .string(Self.signer.kid), "alg": .string(alg)])) == .unsupportedAlgorithm)
     }
 
+    @Test("A correctly signed token with a crit header is unsupported_header (RFC 7515 §4.1.11), whatever it lists", arguments: [
+        JSONValue.array([.string("b64")]), .array([.string("exp")]), .array([]), .string("b64"),
+    ])
+    func criticalHeader(crit: JSONValue) throws {
+        #expect(reason(try signed(header: ["kid": .string(Self.signer.kid), "alg": .string("RS256"), "crit": crit, "b64": .bool(false)])) == .unsupportedHeader)
+    }
+
     @Test("An unsigned alg=none token with an empty signature is refused as unsupported_algorithm")
     func algNoneEmptySignature() throws {
         let header = Base64URL.encode(Data(#"{"alg":"none","kid":"x"}"#.utf8))
