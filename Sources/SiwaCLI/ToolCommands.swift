@@ -62,7 +62,8 @@ struct Verify: AsyncParsableCommand {
             throw ExitCode(ExitStatus.couldNotCheck)
         }
         let jws = try? CompactJWS(text)
-        var audiences = Set((aud ?? CommandLineSettings.source().text(Settings.bundleIDs.info) ?? "").split(separator: ",").map {
+        let configured = try aud ?? CommandLineSettings.source().text(Settings.bundleIDs.info)
+        var audiences = Set((configured ?? "").split(separator: ",").map {
             $0.trimmingCharacters(in: .whitespaces)
         }.filter { !$0.isEmpty })
         let audChecked = !audiences.isEmpty
