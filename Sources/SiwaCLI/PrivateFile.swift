@@ -48,15 +48,21 @@ final class PrivateFile {
         for _ in 0..<8 where descriptor < 0 {
             let suffix = String(UInt64.random(in: 0...UInt64.max), radix: 36)
             temporaryPath = "\(directory)/.\(url.lastPathComponent).\(suffix).tmp"
+            InterruptCleanup.arm(temporaryPath)  // before it exists: no moment it could be left behind
             descriptor = open(temporaryPath, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0o600)
             guard descriptor >= 0 || errno == EEXIST else { break }
         }
-        guard descriptor >= 0 else { throw PrivateFileError(path: path, reason: String(cString: strerror(errno))) }
+        guard descriptor >= 0 else {
+            let reason = String(cString: strerror(errno))
+            InterruptCleanup.disarm()
+            throw PrivateFileError(path: path, reason: reason)
+        }
         // The umask may have narrowed the mode; a public key set is widened to what was asked.
         if fchmod(descriptor, mode) != 0 {
             let reason = String(cString: strerror(errno))
             close(descriptor)
             unlink(temporaryPath)
+            InterruptCleanup.disarm()
             throw PrivateFileError(path: path, reason: reason)
         }
         self.temporaryPath = temporaryPath
@@ -74,6 +80,7 @@ final class PrivateFile {
             throw PrivateFileError(path: path, reason: "\(error)")
         }
         guard rename(temporaryPath, path) == 0 else { throw PrivateFileError(path: path, reason: String(cString: strerror(errno))) }
+        InterruptCleanup.disarm()
         // The rename itself on disk too (best effort: some file systems refuse a directory's fsync).
         let directory = open(URL(fileURLWithPath: path).deletingLastPathComponent().path, O_RDONLY | O_DIRECTORY | O_CLOEXEC)
         if directory >= 0 {
@@ -87,6 +94,7 @@ final class PrivateFile {
         if !closed { try? handle.close() }
         closed = true
         unlink(temporaryPath)
+        InterruptCleanup.disarm()
     }
 
     /// Writes `data` to `path` whole, or leaves `path` as it was.
@@ -105,6 +113,40 @@ final class PrivateFile {
             throw error
         }
     }
+}
+
+/// While a `PrivateFile` is being written, SIGINT and SIGTERM remove its new file before ending the
+/// process as they would have (a long export interrupted with Ctrl-C leaves nothing beside the
+/// target). A signal the process ignored stays ignored. One file at a time, as the CLI writes them.
+private enum InterruptCleanup {
+    /// The new file's path, for the handler (which may only call async-signal-safe functions).
+    nonisolated(unsafe) static var path: UnsafeMutablePointer<CChar>?
+    static let signals = [SIGINT, SIGTERM]
+
+    static func arm(_ temporaryPath: String) {
+        disarm()
+        path = strdup(temporaryPath)
+        for number in signals {
+            let previous = signal(number, removeTemporaryFileAndReraise)
+            if let previous, unsafeBitCast(previous, to: Int.self) == unsafeBitCast(SIG_IGN, to: Int.self) { signal(number, previous) }
+        }
+    }
+
+    static func disarm() {
+        guard let armed = path else { return }
+        for number in signals {
+            let current = signal(number, SIG_DFL)
+            if let current, unsafeBitCast(current, to: Int.self) == unsafeBitCast(SIG_IGN, to: Int.self) { signal(number, current) }
+        }
+        path = nil
+        free(armed)
+    }
+}
+
+private func removeTemporaryFileAndReraise(_ number: Int32) {
+    if let path = InterruptCleanup.path { unlink(path) }
+    signal(number, SIG_DFL)
+    raise(number)
 }
 
 /// A file the CLI refused or failed to write: names the path, why, and what to do.

@@ -338,4 +338,29 @@ struct CLITests {
         #expect(attributes[.systemFileNumber] as? Int != before, "replaced by a rename, not rewritten in place")
         #expect(try FileManager.default.contentsOfDirectory(atPath: directory) == ["export.ndjson"])
     }
+
+    @Test("An export interrupted (SIGINT) while its new file is open leaves the old file and no temporary file")
+    func interruptedExport() async throws {
+        let directory = try TestBinary.makeDirectory("export-interrupted")
+        defer { try? FileManager.default.removeItem(atPath: directory) }
+        let target = "\(directory)/export.ndjson"
+        try Data("old\n".utf8).write(to: URL(fileURLWithPath: target))
+        // A database that accepts the connection and never answers: the export waits with its new file open.
+        let silent = TestBinary.SilentListener()
+        let export = try Subprocess.start(
+            TestBinary.url.path, ["notifications", "export", "--output", target],
+            environment: ProcessInfo.processInfo.environment.merging(["DATABASE_URL": "postgres://siwa@127.0.0.1:\(silent.port)/siwa?sslmode=disable"]) { $1 },
+            workingDirectory: directory)
+        var opened = false
+        for _ in 0..<100 where !opened {
+            opened = try FileManager.default.contentsOfDirectory(atPath: directory).count == 2
+            if !opened { try await Task.sleep(for: .milliseconds(20)) }
+        }
+        #expect(opened, "no new file beside the target")
+        export.signal(SIGINT)
+        let status = await export.waitForExit()
+        #expect(status & 0x7f == SIGINT, "ended by SIGINT, as without the cleanup (status \(status))")
+        #expect(try String(contentsOfFile: target, encoding: .utf8) == "old\n")
+        #expect(try FileManager.default.contentsOfDirectory(atPath: directory) == ["export.ndjson"])
+    }
 }
