@@ -149,7 +149,7 @@ package struct Configuration: Sendable {
     /// Builds the configuration from `environment`, with `overrides` (values keyed by variable
     /// name) taking precedence. `requireBundleIDs` is true for commands that receive notifications.
     package static func load(environment: [String: String], overrides: [String: String] = [:], requireBundleIDs: Bool) throws(ConfigurationError) -> Configuration {
-        try load(SettingSource(environment: environment, overrides: overrides), requireBundleIDs: requireBundleIDs)
+        try load(try SettingSource(environment: environment, overrides: overrides), requireBundleIDs: requireBundleIDs)
     }
 
     /// Builds the configuration from `source`: every setting is read and checked, also those the

@@ -36,11 +36,17 @@ package struct SettingInfo: Sendable, Equatable {
     package let help: String
     /// The docs' "Meaning" column (Markdown).
     package let docs: String
-    /// Never shown in a debug description of the configuration source.
+    /// A secret: never shown in a debug description of the configuration source, also read from
+    /// `fileVariable`, and its flag's help says other local users can see a flag.
     package let secret: Bool
 
     /// How error messages name it: `SIWA_PORT (--port)`.
     package var name: String { "\(variable) (--\(flag))" }
+
+    /// A secret's `_FILE` variable (`SIWA_CALLBACK_SECRET_FILE`), the container platforms'
+    /// convention: it names a file holding the value, which keeps the secret out of the command line
+    /// (`/proc/PID/cmdline`, readable by every local user) and out of the environment. nil otherwise.
+    package var fileVariable: String? { secret ? variable + "_FILE" : nil }
 }
 
 /// One setting, defined once: variable, flag, group, default, parser, help and the docs' text.

@@ -1,5 +1,6 @@
 import ArgumentParser
 import Foundation
+import Logging
 import SiwaApp
 import SiwaDomain
 import SiwaHTTP
@@ -177,20 +178,32 @@ extension NotificationsCommand {
             query.to = to.flatMap { parseSince($0, now: Date()) }
             query.limit = ListLimit.maximum
             let first = query
-            let handle: FileHandle
+            // Email addresses: readable by its owner only, and the file is replaced only by a whole export.
+            var file: PrivateFile?
             if let output {
-                // Email addresses: readable by its owner only.
                 do {
-                    handle = try openPrivateFile(output)
+                    file = try PrivateFile(creating: output)
                 } catch {
-                    printError("siwa-events: --output \(output): \(error)")
+                    printError("siwa-events: --output: \(error)")
                     throw ExitCode(1)
                 }
-            } else {
-                handle = .standardOutput
             }
+            let handle = file?.handle ?? .standardOutput
             let started = Date()
-            let total = try await Database.with(config, logger: logger) { database in
+            let total: Int
+            do {
+                total = try await export(first, to: handle, config: config, logger: logger)
+                try file?.commit()
+            } catch {
+                file?.discard()
+                throw error
+            }
+            printError("exported \(total) notifications in \(String(format: "%.1f", Date().timeIntervalSince(started))) s")
+        }
+
+        /// Writes every notification `first` selects to `handle`, a page at a time; the count.
+        private func export(_ first: HistoryQuery, to handle: FileHandle, config: Configuration, logger: Logger) async throws -> Int {
+            try await Database.with(config, logger: logger) { database in
                 let store = HistoryStore(client: database.client, logger: logger)
                 var query = first
                 var count = 0
@@ -213,8 +226,6 @@ extension NotificationsCommand {
                 }
                 return count
             }
-            if output != nil { try handle.close() }
-            printError("exported \(total) notifications in \(String(format: "%.1f", Date().timeIntervalSince(started))) s")
         }
     }
 

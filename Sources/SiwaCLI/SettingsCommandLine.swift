@@ -18,13 +18,17 @@ enum CommandLineSettings {
     /// `tokens create`.
     nonisolated(unsafe) static var groups: [SettingGroup]?
 
-    /// Flags first, then the environment.
-    static func source() -> SettingSource {
+    /// Flags first, then the environment (a secret's `_FILE` variable read); a secret's file that
+    /// cannot be used is an error naming its variable.
+    static func source() throws(ConfigurationError) -> SettingSource {
         var environment = ProcessInfo.processInfo.environment
         if let groups {
-            for setting in Settings.all where !groups.contains(setting.group) { environment[setting.variable] = nil }
+            for setting in Settings.all where !groups.contains(setting.group) {
+                environment[setting.variable] = nil
+                if let fileVariable = setting.fileVariable { environment[fileVariable] = nil }
+            }
         }
-        return SettingSource(environment: environment, arguments: arguments)
+        return try SettingSource(environment: environment, arguments: arguments)
     }
 
     /// The command the words name (`notifications list`), and whether help was asked for.
@@ -100,7 +104,10 @@ enum CommandLineSettings {
             for setting in settings {
                 let label = "  --\(setting.flag) <value>"
                 let shownDefault = setting.shownDefault.replacingOccurrences(of: "`", with: "")
-                let text = "\(setting.help.prefix(1).uppercased())\(setting.help.dropFirst()) (\(setting.variable); default: \(shownDefault))"
+                var text = "\(setting.help.prefix(1).uppercased())\(setting.help.dropFirst()) (\(setting.variable); default: \(shownDefault))"
+                if let fileVariable = setting.fileVariable {
+                    text += ". A secret: other local users can read a flag (ps, /proc); prefer \(fileVariable), a file holding it"
+                }
                 let wrapped = wrap(text, width: width - 26)
                 if label.count <= 24 {
                     lines.append(label.padding(toLength: 26, withPad: " ", startingAt: 0) + wrapped[0])

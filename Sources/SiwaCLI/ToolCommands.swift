@@ -62,7 +62,8 @@ struct Verify: AsyncParsableCommand {
             throw ExitCode(ExitStatus.couldNotCheck)
         }
         let jws = try? CompactJWS(text)
-        var audiences = Set((aud ?? CommandLineSettings.source().text(Settings.bundleIDs.info) ?? "").split(separator: ",").map {
+        let configured = try aud ?? CommandLineSettings.source().text(Settings.bundleIDs.info)
+        var audiences = Set((configured ?? "").split(separator: ",").map {
             $0.trimmingCharacters(in: .whitespaces)
         }.filter { !$0.isEmpty })
         let audChecked = !audiences.isEmpty
@@ -142,9 +143,14 @@ struct KeysCommand: AsyncParsableCommand {
             try FileManager.default.createDirectory(at: directory, withIntermediateDirectories: true)
             let signer = try AppleStyleSigner.generate()
             let keyFile = directory.appendingPathComponent("private-key.pem")
-            try writePrivateFile(Data(signer.privateKeyPEM.utf8), to: keyFile.path)
             let jwksFile = directory.appendingPathComponent("jwks.json")
-            try signer.jwksDocument().write(to: jwksFile)
+            do {
+                try PrivateFile.write(Data(signer.privateKeyPEM.utf8), to: keyFile.path)
+                try PrivateFile.write(try signer.jwksDocument(), to: jwksFile.path, mode: 0o644)  // public keys
+            } catch {
+                printError("siwa-events: --dir \(dir): \(error)")
+                throw ExitCode(1)
+            }
             print("kid \(signer.kid)")
             print("private key: \(keyFile.path)")
             print("key set:     \(jwksFile.path)")

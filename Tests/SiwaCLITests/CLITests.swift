@@ -271,4 +271,96 @@ struct CLITests {
         let badBucket = try await TestBinary.run(["notifications", "stats", "--bucket", "week"], environment: environment, directory: "/tmp")
         #expect(badBucket.status == 64 && badBucket.stderr.contains("--bucket"))
     }
+
+    // MARK: Files the CLI writes
+
+    @Test("keys generate and notifications export refuse a symlink or another user's file as their target, and write nothing")
+    func refusesOthersFiles() async throws {
+        let directory = try TestBinary.makeDirectory("private-file")
+        defer { try? FileManager.default.removeItem(atPath: directory) }
+        let victim = "\(directory)/victim"
+        try Data("precious\n".utf8).write(to: URL(fileURLWithPath: victim))
+        func victimUntouched() throws -> Bool { try String(contentsOfFile: victim, encoding: .utf8) == "precious\n" }
+
+        // A symlink where the private key goes: refused, the link's destination untouched, no other file.
+        try FileManager.default.createDirectory(atPath: "\(directory)/keys", withIntermediateDirectories: false)
+        try FileManager.default.createSymbolicLink(atPath: "\(directory)/keys/private-key.pem", withDestinationPath: victim)
+        let keys = try await TestBinary.run(["keys", "generate", "--dir", "keys"], directory: directory)
+        #expect(keys.status == 1, "\(keys.stderr)")
+        #expect(keys.stderr.contains("\(directory)/keys/private-key.pem") && keys.stderr.contains("symbolic link") && keys.stderr.contains("remove it"), "\(keys.stderr)")
+        #expect(try victimUntouched())
+        #expect(try FileManager.default.contentsOfDirectory(atPath: "\(directory)/keys") == ["private-key.pem"])
+
+        // export --output through a symlink.
+        let link = "\(directory)/export.ndjson"
+        try FileManager.default.createSymbolicLink(atPath: link, withDestinationPath: victim)
+        let linked = try await TestBinary.run(["notifications", "export", "--output", link], environment: ["DATABASE_URL": ""], directory: directory)
+        #expect(linked.status == 1 && linked.stderr.contains(link) && linked.stderr.contains("symbolic link"), "\(linked.stderr)")
+        #expect(try victimUntouched())
+
+        // A file another user owns (tests run as root: nobody's).
+        let theirs = "\(directory)/theirs.ndjson"
+        try Data("theirs\n".utf8).write(to: URL(fileURLWithPath: theirs))
+        #expect(chown(theirs, 65534, 65534) == 0)
+        let owned = try await TestBinary.run(["notifications", "export", "--output", theirs], environment: ["DATABASE_URL": ""], directory: directory)
+        #expect(owned.status == 1 && owned.stderr.contains(theirs) && owned.stderr.contains("belongs to another user"), "\(owned.stderr)")
+        #expect(try String(contentsOfFile: theirs, encoding: .utf8) == "theirs\n")
+        #expect(try FileManager.default.attributesOfItem(atPath: theirs)[.ownerAccountID] as? Int == 65534)
+        try FileManager.default.createDirectory(atPath: "\(directory)/their-keys", withIntermediateDirectories: false)
+        try Data("their key\n".utf8).write(to: URL(fileURLWithPath: "\(directory)/their-keys/private-key.pem"))
+        #expect(chown("\(directory)/their-keys/private-key.pem", 65534, 65534) == 0)
+        let theirKeys = try await TestBinary.run(["keys", "generate", "--dir", "their-keys"], directory: directory)
+        #expect(theirKeys.status == 1 && theirKeys.stderr.contains("belongs to another user"), "\(theirKeys.stderr)")
+        #expect(try String(contentsOfFile: "\(directory)/their-keys/private-key.pem", encoding: .utf8) == "their key\n")
+        #expect(Set(try FileManager.default.contentsOfDirectory(atPath: directory)) == ["victim", "keys", "export.ndjson", "theirs.ndjson", "their-keys"])
+    }
+
+    @Test("An export replaces an existing file whole (a new file, mode 0600); one that fails leaves the old file and no temporary file")
+    func exportReplacesWhole() async throws {
+        let directory = try TestBinary.makeDirectory("export-replace")
+        defer { try? FileManager.default.removeItem(atPath: directory) }
+        let target = "\(directory)/export.ndjson"
+        try Data("old\n".utf8).write(to: URL(fileURLWithPath: target))
+        try FileManager.default.setAttributes([.posixPermissions: 0o644], ofItemAtPath: target)
+        let before = try #require(FileManager.default.attributesOfItem(atPath: target)[.systemFileNumber] as? Int)
+
+        // No database here (no DATABASE_URL, no embedded cluster in this directory): it fails after the file is opened.
+        let failed = try await TestBinary.run(["notifications", "export", "--output", target], environment: ["DATABASE_URL": ""], directory: directory)
+        #expect(failed.status != 0 && failed.stderr.contains("DATABASE_URL"), "\(failed.stderr)")
+        #expect(try String(contentsOfFile: target, encoding: .utf8) == "old\n")
+        #expect(try FileManager.default.contentsOfDirectory(atPath: directory) == ["export.ndjson"])
+
+        let exported = try await TestBinary.run(["notifications", "export", "--output", target], environment: ["DATABASE_URL": try await TestBinary.databaseURL()], directory: directory)
+        #expect(exported.status == 0, "\(exported.stderr)")
+        #expect(try String(contentsOfFile: target, encoding: .utf8) == "")  // a new database: no notifications
+        let attributes = try FileManager.default.attributesOfItem(atPath: target)
+        #expect(attributes[.posixPermissions] as? Int == 0o600)
+        #expect(attributes[.systemFileNumber] as? Int != before, "replaced by a rename, not rewritten in place")
+        #expect(try FileManager.default.contentsOfDirectory(atPath: directory) == ["export.ndjson"])
+    }
+
+    @Test("An export interrupted (SIGINT) while its new file is open leaves the old file and no temporary file")
+    func interruptedExport() async throws {
+        let directory = try TestBinary.makeDirectory("export-interrupted")
+        defer { try? FileManager.default.removeItem(atPath: directory) }
+        let target = "\(directory)/export.ndjson"
+        try Data("old\n".utf8).write(to: URL(fileURLWithPath: target))
+        // A database that accepts the connection and never answers: the export waits with its new file open.
+        let silent = TestBinary.SilentListener()
+        let export = try Subprocess.start(
+            TestBinary.url.path, ["notifications", "export", "--output", target],
+            environment: ProcessInfo.processInfo.environment.merging(["DATABASE_URL": "postgres://siwa@127.0.0.1:\(silent.port)/siwa?sslmode=disable"]) { $1 },
+            workingDirectory: directory)
+        var opened = false
+        for _ in 0..<100 where !opened {
+            opened = try FileManager.default.contentsOfDirectory(atPath: directory).count == 2
+            if !opened { try await Task.sleep(for: .milliseconds(20)) }
+        }
+        #expect(opened, "no new file beside the target")
+        export.signal(SIGINT)
+        let status = await export.waitForExit()
+        #expect(status & 0x7f == SIGINT, "ended by SIGINT, as without the cleanup (status \(status))")
+        #expect(try String(contentsOfFile: target, encoding: .utf8) == "old\n")
+        #expect(try FileManager.default.contentsOfDirectory(atPath: directory) == ["export.ndjson"])
+    }
 }

@@ -4,6 +4,7 @@ import Logging
 import NIOCore
 import NIOHTTP1
 import PostgresNIO
+import SiwaApp
 import SiwaDomain
 import SiwaEmbeddedPostgres
 import SiwaTestSupport
@@ -67,6 +68,14 @@ struct DeployTests {
         // Both listeners published on the host's loopback only; nothing else publishes siwa-events.
         #expect(compose["services"]?["receiver"]?["ports"] == .array([.string("127.0.0.1:8080:8080"), .string("127.0.0.1:8081:8081")]))
         for service in ["migrate", "worker"] { #expect(compose["services"]?[service]?["ports"] == nil, "compose publishes \(service)") }
+        // Secrets are files (compose secrets under /run/secrets), never variables.
+        for service in ["migrate", "receiver", "worker"] {
+            #expect(compose["services"]?[service]?["environment"]?["DATABASE_URL_FILE"] == .string("/run/secrets/database-url"))
+            #expect(compose["services"]?[service]?["environment"]?["DATABASE_URL"] == nil)
+            #expect(compose["services"]?[service]?["secrets"] == .array([.string("database-url")]))
+        }
+        #expect(compose["secrets"]?["database-url"]?["file"] == .string("./secrets/database-url"))
+        #expect(compose["services"]?["postgres"]?["environment"]?["POSTGRES_PASSWORD"] == nil)
 
         // Kubernetes: probes, non-root read-only containers, config from the ConfigMap and Secret.
         let config = try #require(document("kubernetes/configmap.yaml", kind: "ConfigMap"))
@@ -84,8 +93,7 @@ struct DeployTests {
             #expect(container["readinessProbe"]?["httpGet"]?["path"] == .string("/health/ready"))
             #expect(container["resources"]?["requests"] != nil && container["resources"]?["limits"] != nil)
             #expect(container["env"]?.arrayValue?.first?["value"] == .string(role))
-            #expect(container["envFrom"]?.arrayValue?.first?["configMapRef"]?["name"] == .string("siwa-events"))
-            #expect(container["envFrom"]?.arrayValue?.last?["secretRef"]?["name"] == .string("siwa-events"))
+            #expect(container["envFrom"]?.arrayValue == [.object(["configMapRef": .object(["name": .string("siwa-events")])])], "\(file): secrets are files, not variables")
             // Probes on the public port; the admin port named for the PodMonitor.
             let ports = (container["ports"]?.arrayValue ?? []).map { ($0["name"]?.stringValue ?? "", $0["containerPort"]) }
             #expect(ports.map(\.0) == ["http", "admin"] && ports.map(\.1) == [.number(8080), .number(8081)], "\(file): \(ports)")
@@ -93,6 +101,19 @@ struct DeployTests {
         }
         let job = document("kubernetes/migrate-job.yaml", kind: "Job")
         #expect(job?["spec"]?["template"]?["spec"]?["containers"]?.arrayValue?.first?["args"] == .array([.string("migrate")]))
+        // The Secret is a read-only volume of every pod; the ConfigMap's *_FILE variables name its files.
+        for (file, kind) in [("kubernetes/receiver.yaml", "Deployment"), ("kubernetes/worker.yaml", "Deployment"), ("kubernetes/migrate-job.yaml", "Job")] {
+            let pod = try #require(document(file, kind: kind)?["spec"]?["template"]?["spec"])
+            let volume = try #require(pod["volumes"]?.arrayValue?.first { $0["secret"] != nil }, "\(file) mounts no Secret")
+            #expect(volume["secret"]?["secretName"] == .string("siwa-events"))
+            let mount = try #require(pod["containers"]?.arrayValue?.first?["volumeMounts"]?.arrayValue?.first { $0["name"] == volume["name"] })
+            #expect(mount["mountPath"] == .string("/run/secrets/siwa-events") && mount["readOnly"] == .bool(true), "\(file)")
+            #expect(pod["securityContext"]?["fsGroup"] == .number(10001), "\(file): the pod's user reads the Secret's files")
+        }
+        #expect(config["data"]?["DATABASE_URL_FILE"] == .string("/run/secrets/siwa-events/database-url"))
+        #expect(config["data"]?["SIWA_METRICS_TOKEN_FILE"] == .string("/run/secrets/siwa-events/metrics-token"))
+        let secret = try #require(document("kubernetes/secret.example.yaml", kind: "Secret"))
+        #expect(secret["stringData"]?["database-url"] != nil && secret["stringData"]?["metrics-token"] != nil)
         #expect(document("kubernetes/hpa.yaml", kind: "HorizontalPodAutoscaler", name: "siwa-events-receiver") != nil)
         #expect(document("kubernetes/hpa.yaml", kind: "HorizontalPodAutoscaler", name: "siwa-events-worker") != nil)
         #expect(document("kubernetes/pdb.yaml", kind: "PodDisruptionBudget") != nil)
@@ -182,7 +203,7 @@ struct DeployTests {
         let databaseURL = try await TestBinary.databaseURL()
         // Only what must differ on this machine: the database, Apple's keys (no internet), the ports.
         func local(_ port: Int) -> [String: String] {
-            ["DATABASE_URL": databaseURL, "SIWA_APPLE_JWKS_URL": keys.jwksURL, "SIWA_APPLE_BUNDLE_IDS": keys.aud, "SIWA_PORT": "\(port)", "SIWA_ADMIN_PORT": "\(TestBinary.freePort())"]
+            ["SIWA_APPLE_JWKS_URL": keys.jwksURL, "SIWA_APPLE_BUNDLE_IDS": keys.aud, "SIWA_PORT": "\(port)", "SIWA_ADMIN_PORT": "\(TestBinary.freePort())"]
         }
 
         // systemd: ExecStart's arguments, EnvironmentFile's variables (the shipped example).
@@ -194,13 +215,26 @@ struct DeployTests {
         #expect(envFile["SIWA_EMBEDDED_DATABASE"] == "off")
         // Both listeners on loopback: the proxy on the host reaches the public one, nobody else.
         #expect(envFile["SIWA_HOST"] == "127.0.0.1" && envFile["SIWA_ADMIN_HOST"] == "127.0.0.1" && envFile["SIWA_ADMIN_PORT"] == "8081")
+        // Secrets are credentials (LoadCredential=, in the directory %d names), not in the environment file.
+        #expect(Settings.all.filter(\.secret).allSatisfy { envFile[$0.variable] == nil }, "\(envFile)")
+        let credentials = try TestBinary.makeDirectory("credentials")
+        defer { try? FileManager.default.removeItem(atPath: credentials) }
+        var unitEnvironment: [String: String] = [:]
+        for line in unit.split(separator: "\n") where line.hasPrefix("Environment=") {
+            let parts = line.dropFirst("Environment=".count).split(separator: "=", maxSplits: 1).map(String.init)
+            unitEnvironment[parts[0]] = parts[1].replacingOccurrences(of: "%d", with: credentials)
+        }
+        #expect(unit.contains("LoadCredential=database-url:/etc/siwa-events/database-url"))
+        #expect(unitEnvironment == ["DATABASE_URL_FILE": "\(credentials)/database-url"], "\(unitEnvironment)")
+        try Data((databaseURL + "\n").utf8).write(to: URL(fileURLWithPath: "\(credentials)/database-url"))
 
         // The container: ENTRYPOINT + CMD, the image's ENV, the ConfigMap's settings.
         let image = try ContainerImage(String(contentsOf: Repository.deploy.appendingPathComponent("Dockerfile"), encoding: .utf8))
 
         let isolated = ["PATH": "/usr/bin:/bin", "HOME": "/nonexistent"]  // no inherited SIWA_* or DATABASE_URL
         for (name, arguments, environment) in [
-            ("systemd", Array(execStart.dropFirst()), envFile), ("container", Array(image.entrypoint.dropFirst()), image.environment),
+            ("systemd", Array(execStart.dropFirst()), envFile.merging(unitEnvironment) { $1 }),
+            ("container", Array(image.entrypoint.dropFirst()), image.environment.merging(["DATABASE_URL": databaseURL]) { $1 }),
         ] {
             let port = TestBinary.freePort()
             let server = try Subprocess.start(
@@ -220,6 +254,7 @@ struct DeployTests {
             // Without DATABASE_URL: a clear refusal, never a private database.
             var missing = isolated.merging(environment) { $1 }.merging(local(port)) { $1 }
             missing["DATABASE_URL"] = nil
+            missing["DATABASE_URL_FILE"] = nil
             let refused = try await Subprocess.run(TestBinary.url.path, arguments, environment: missing, workingDirectory: keys.directory)
             #expect(refused.status == 78, "\(name): \(refused.combinedOutput)")
             #expect(refused.standardError.contains("DATABASE_URL") && refused.standardError.contains("SIWA_EMBEDDED_DATABASE=off"), "\(refused.standardError)")

@@ -1,6 +1,10 @@
+import AsyncHTTPClient
 import Foundation
+import NIOCore
+import NIOHTTP1
 import SiwaApp
 import SiwaDomain
+import SiwaEmbeddedPostgres
 import SiwaTestSupport
 import Testing
 
@@ -49,7 +53,7 @@ struct SettingsTests {
 
     @Test("A flag wins over its variable; a bad flag value names the variable and the flag")
     func flagOverVariable() throws {
-        let source = SettingSource(environment: ["SIWA_PORT": "9000", "SIWA_TRUSTED_PROXIES": "10.0.0.0/8"], arguments: ["--port=9001", "--bundle-ids=a.b,c.d"])
+        let source = try SettingSource(environment: ["SIWA_PORT": "9000", "SIWA_TRUSTED_PROXIES": "10.0.0.0/8"], arguments: ["--port=9001", "--bundle-ids=a.b,c.d"])
         let config = try Configuration.load(source, requireBundleIDs: true)
         #expect(config.http.port == 9001 && config.apple.bundleIDs == ["a.b", "c.d"])
         #expect(config.http.trustedProxies == (try TrustedProxies(parsing: "10.0.0.0/8")))
@@ -105,5 +109,85 @@ struct SettingsTests {
         #expect(created.status == 0 && created.stdout.hasPrefix("siwa_"), "\(created.stdout) \(created.stderr)")
         let serve = try await TestBinary.run(["serve"], environment: environment.merging(["SIWA_APPLE_BUNDLE_IDS": "com.example.app"]) { $1 }, directory: "/tmp")
         #expect(serve.status == 78 && (serve.stderr.contains("SIWA_CALLBACK_URL") || serve.stderr.contains("SIWA_PORT")), "\(serve.stderr)")
+    }
+
+    // MARK: Secrets in files
+
+    /// Writes `value` and a newline to `directory/name`, mode 0600, as a container platform mounts a secret.
+    static func secretFile(_ directory: String, _ name: String, _ value: String) throws -> String {
+        let path = "\(directory)/\(name)"
+        try Data((value + "\n").utf8).write(to: URL(fileURLWithPath: path))
+        try FileManager.default.setAttributes([.posixPermissions: 0o600], ofItemAtPath: path)
+        return path
+    }
+
+    @Test("serve reads DATABASE_URL, the callback secret and the metrics token from the files their _FILE variables name")
+    func secretsFromFiles() async throws {
+        let directory = try TestBinary.makeDirectory("secret-files")
+        defer { try? FileManager.default.removeItem(atPath: directory) }
+        let keys = try await TestBinary.Keys.make()
+        defer { keys.remove() }
+        let token = "metrics-token-from-a-file-0123"
+        let port = TestBinary.freePort(), adminPort = TestBinary.freePort()
+        let environment = [
+            "DATABASE_URL_FILE": try Self.secretFile(directory, "database-url", try await TestBinary.databaseURL()),
+            "SIWA_EMBEDDED_DATABASE": "off",
+            "SIWA_CALLBACK_URL": "http://127.0.0.1:9/siwa", "SIWA_CALLBACK_SECRET_FILE": try Self.secretFile(directory, "callback-secret", TestWebhooks.secret),
+            "SIWA_METRICS_TOKEN_FILE": try Self.secretFile(directory, "metrics-token", token),
+            "SIWA_APPLE_BUNDLE_IDS": keys.aud, "SIWA_APPLE_JWKS_URL": keys.jwksURL, "SIWA_PORT": "\(port)", "SIWA_ADMIN_PORT": "\(adminPort)",
+        ]
+        let server = try Subprocess.start(
+            TestBinary.url.path, ["serve"],
+            environment: ProcessInfo.processInfo.environment.filter { !$0.key.hasPrefix("SIWA_") && $0.key != "DATABASE_URL" }.merging(environment) { $1 },
+            workingDirectory: directory, outputPath: "\(directory)/server.log")
+        let ready = await TestBinary.waitReady(port: port)
+        #expect(ready, "\((try? String(contentsOfFile: "\(directory)/server.log", encoding: .utf8)) ?? "")")
+        let http = HTTPClient(eventLoopGroupProvider: .singleton)
+        var request = HTTPClientRequest(url: "http://127.0.0.1:\(adminPort)/metrics")
+        #expect(try await http.execute(request, timeout: .seconds(5)).status.code == 401)
+        request.headers.add(name: "Authorization", value: "Bearer \(token)")
+        #expect(try await http.execute(request, timeout: .seconds(5)).status.code == 200, "the token is the file's contents without its newline")
+        try await http.shutdown()
+        server.signal(SIGTERM)
+        #expect(await server.waitForExit() == 0)
+    }
+
+    @Test("A secret and its _FILE both set, or a _FILE naming a missing or empty file, stops the command (exit 78) naming the variables and the path")
+    func secretFileErrors() async throws {
+        let directory = try TestBinary.makeDirectory("secret-file-errors")
+        defer { try? FileManager.default.removeItem(atPath: directory) }
+        let secret = try Self.secretFile(directory, "callback-secret", TestWebhooks.secret)
+        let both = try await TestBinary.run(
+            ["serve"], environment: ["SIWA_APPLE_BUNDLE_IDS": "com.example.app", "SIWA_CALLBACK_SECRET": TestWebhooks.secret, "SIWA_CALLBACK_SECRET_FILE": secret],
+            directory: directory)
+        #expect(both.status == 78 && both.stderr.contains("SIWA_CALLBACK_SECRET and SIWA_CALLBACK_SECRET_FILE"), "\(both.stderr)")
+        #expect(!both.stderr.contains(TestWebhooks.secret), "\(both.stderr)")
+
+        let missing = try await TestBinary.run(["notifications", "list"], environment: ["DATABASE_URL_FILE": "\(directory)/no-such-file"], directory: directory)
+        #expect(missing.status == 78, "\(missing.stderr)")
+        #expect(missing.stderr.contains("DATABASE_URL_FILE") && missing.stderr.contains("\(directory)/no-such-file"), "\(missing.stderr)")
+
+        let empty = try Self.secretFile(directory, "empty", "")
+        let blank = try await TestBinary.run(["notifications", "list"], environment: ["DATABASE_URL_FILE": empty], directory: directory)
+        #expect(blank.status == 78 && blank.stderr.contains("DATABASE_URL_FILE") && blank.stderr.contains(empty) && blank.stderr.contains("empty"), "\(blank.stderr)")
+
+        // The flag's value comes first, as over any variable; another group's secret file is not read.
+        let database = try Self.secretFile(directory, "database-url", try await TestBinary.databaseURL())
+        let listed = try await TestBinary.run(
+            ["notifications", "list"], environment: ["DATABASE_URL_FILE": database, "SIWA_ALERT_SECRET_FILE": "\(directory)/no-such-file"], directory: directory)
+        #expect(listed.status == 0, "\(listed.stderr)")
+    }
+
+    @Test("--help says a secret's flag is visible to other local users and names its _FILE variable; the README's table names it too")
+    func helpNamesSecretFiles() async throws {
+        let serve = try await TestBinary.run(["serve", "--help"], directory: "/tmp")
+        let text = serve.stdout.split(whereSeparator: \.isWhitespace).joined(separator: " ")
+        let secrets = Settings.all.filter(\.secret)
+        #expect(Set(secrets.map(\.variable)) == ["DATABASE_URL", "SIWA_METRICS_TOKEN", "SIWA_CALLBACK_SECRET", "SIWA_ALERT_SECRET", "SIWA_ALERT_SLACK_URL"])
+        for setting in secrets {
+            #expect(text.contains("(\(setting.variable); default:") && text.contains("prefer \(setting.variable)_FILE, a file holding it"), "\(setting.variable): \(text)")
+        }
+        #expect(text.components(separatedBy: "other local users can read a flag").count - 1 == secrets.count, "\(text)")
+        #expect(Settings.markdownTable().contains("`SIWA_CALLBACK_SECRET` or `SIWA_CALLBACK_SECRET_FILE`"))
     }
 }
