@@ -256,6 +256,7 @@ struct ListenerConnections: Sendable {
 package enum Server {
     package static func serve(_ config: Configuration, logger: Logger) async throws {
         _ = try config.http.tlsConfiguration()  // a bad certificate stops start-up before the database opens
+        if let url = config.database.url, let warning = DatabaseURL.transportWarning(url) { logger.warning("\(warning)") }
         guard try await Database.waitUntilReachable(config, logger: logger) else { return }  // stopped while waiting
         let database = try await Database.open(config, logger: logger, serving: true, creating: true)
         let receiver = SiwaApplication(config: config, client: database.client, logger: logger)

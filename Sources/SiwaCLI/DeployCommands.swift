@@ -175,6 +175,7 @@ struct Doctor: AsyncParsableCommand, ReadsSettings {
             let role = try await Database.with(config, logger: logger) { database in
                 (try await ConnectedRole.read(database.client, logger: logger), database.description)
             }
+            if let url = config.database.url, let warning = DatabaseURL.transportWarning(url) { report.warn("database", warning) }
             if let problem = role.0.superuserProblem {
                 report.fail("database", "\(role.1): \(problem)")
             } else {

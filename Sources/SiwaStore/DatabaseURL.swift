@@ -51,6 +51,17 @@ package enum DatabaseURL {
         return Target(place: .host(host, port: components.port ?? 5432, tls: tls), username: username, password: password, database: database)
     }
 
+    /// A warning when the URL lets TLS be stripped: a host off this machine with `sslmode` unset or
+    /// `prefer`/`allow`, which fall back to plain text when the server (or anyone on the path)
+    /// declines TLS: credentials and data then cross the network readable and alterable.
+    package static func transportWarning(_ text: String) -> String? {
+        guard let target = try? target(text), case .host(let host, _, let mode) = target.place, mode == .prefer else { return nil }
+        let name = host.lowercased().trimmingCharacters(in: CharacterSet(charactersIn: "[]"))
+        if name == "localhost" || name == "::1" || KeySetRedirect.isLoopback(URL(string: "postgres://\(name)")!) { return nil }
+        let query = URLComponents(string: text)?.queryItems?.first { $0.name == "sslmode" }?.value
+        return "DATABASE_URL reaches \(host) with sslmode=\(query ?? "prefer (the default)"): TLS is used only if offered, so anyone on the network path can downgrade the connection to plain text; add sslmode=require"
+    }
+
     package static func configuration(_ text: String) throws(InvalidURL) -> PostgresClient.Configuration {
         let target = try target(text)
         switch target.place {

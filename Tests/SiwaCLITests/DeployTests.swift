@@ -76,6 +76,11 @@ struct DeployTests {
         }
         #expect(compose["secrets"]?["database-url"]?["file"] == .string("./secrets/database-url"))
         #expect(compose["services"]?["postgres"]?["environment"]?["POSTGRES_PASSWORD"] == nil)
+        // The service role is not the image's superuser: the init script makes it (PostgresRoleScriptTests runs it).
+        #expect(compose["services"]?["postgres"]?["environment"]?["POSTGRES_USER"] == .string("postgres"))
+        #expect(compose["services"]?["postgres"]?["volumes"]?.arrayValue?.contains(
+            .string("./postgres/create-service-role.sh:/docker-entrypoint-initdb.d/010-create-service-role.sh:ro")) == true)
+        #expect(compose["services"]?["receiver"]?["environment"]?["SIWA_ADMIN_HOSTS"] == .string("localhost,receiver,worker"), "Prometheus scrapes receiver:8081")
 
         // Kubernetes: probes, non-root read-only containers, config from the ConfigMap and Secret.
         let config = try #require(document("kubernetes/configmap.yaml", kind: "ConfigMap"))

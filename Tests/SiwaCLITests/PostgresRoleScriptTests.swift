@@ -1,0 +1,57 @@
+import Foundation
+import PostgresNIO
+import SiwaEmbeddedPostgres
+import SiwaTestSupport
+import Testing
+
+/// deploy/postgres/create-service-role.sh, as the compose file's postgres image runs it: the role
+/// it makes owns its database, is no superuser, migrates it and passes `doctor`'s database check.
+@Suite("deploy/postgres/create-service-role.sh")
+struct PostgresRoleScriptTests {
+    @Test("makes a non-superuser role owning its database, which PUBLIC cannot even connect to; siwa-events migrates it and doctor passes")
+    func createsServiceRole() async throws {
+        let directory = try TestBinary.makeDirectory("role-script")
+        defer { try? FileManager.default.removeItem(atPath: directory) }
+        let superuserURL = try await TestBinary.databaseURL()
+        let components = try #require(URLComponents(string: superuserURL))
+        let socket = try #require(components.queryItems?.first { $0.name == "host" }?.value)
+        let suffix = UUID().uuidString.prefix(6).lowercased()
+        let (role, database) = ("siwa_role_\(suffix)", "siwa_db_\(suffix)")
+        try "pw-\(suffix)\n".write(toFile: "\(directory)/password", atomically: true, encoding: .utf8)
+        let bin = try #require(["/usr/lib/postgresql/15/bin", "/usr/lib/postgresql/16/bin", "/usr/lib/postgresql/17/bin"].first {
+            FileManager.default.isExecutableFile(atPath: "\($0)/psql")
+        })
+        let script = SettingsTests.packageRoot.appendingPathComponent("deploy/postgres/create-service-role.sh").path
+        let environment = ProcessInfo.processInfo.environment.merging([
+            "PATH": "\(bin):/usr/bin:/bin", "PGHOST": socket, "PGUSER": components.user ?? "", "PGDATABASE": "postgres",
+            "SIWA_DB_PASSWORD_FILE": "\(directory)/password", "SIWA_DB_ROLE": role, "SIWA_DB_NAME": database,
+        ]) { $1 }
+        let run = try await Subprocess.run("/bin/sh", [script], environment: environment)
+        #expect(run.succeeded, "\(run.combinedOutput)")
+
+        try await TestBinary.withDatabase(superuserURL) { client in
+            for try await (superuser, owner, publicConnect) in try await client.query(
+                """
+                SELECT r.rolsuper, pg_get_userbyid(d.datdba)::text, has_database_privilege('public', d.oid, 'CONNECT') OR has_database_privilege('public', d.oid, 'TEMPORARY')
+                FROM pg_roles r, pg_database d WHERE r.rolname = \(role) AND d.datname = \(database)
+                """
+            ).decode((Bool, String, Bool).self) {
+                #expect(!superuser && owner == role && !publicConnect)
+            }
+        }
+        var service = components
+        service.user = role
+        service.path = "/\(database)"
+        let url = try #require(service.string)
+        let migrate = try await TestBinary.run(["migrate"], environment: ["DATABASE_URL": url], directory: directory)
+        #expect(migrate.status == 0, "\(migrate.stderr)")
+        let doctor = try await TestBinary.run(
+            ["doctor", "--url", "http://127.0.0.1:\(TestBinary.freePort())/apple/notifications", "--timeout", "2s"],
+            environment: ["DATABASE_URL": url], directory: directory)
+        #expect(doctor.stdout.contains("ok    database:") && doctor.stdout.contains("connected as \(role), not a superuser"), "\(doctor.stdout)")
+        // A backend role granted by siwa-events gets CONNECT of its own (PUBLIC has none here).
+        try await TestBinary.withDatabase(superuserURL) { client in try await client.query(PostgresQuery(unsafeSQL: "CREATE ROLE backend_\(suffix) LOGIN")) }
+        let granted = try await TestBinary.run(["db", "grant-backend", "--role", "backend_\(suffix)"], environment: ["DATABASE_URL": url], directory: directory)
+        #expect(granted.status == 0 && granted.stdout.contains("PUBLIC holds neither"), "\(granted.stdout) \(granted.stderr)")
+    }
+}
