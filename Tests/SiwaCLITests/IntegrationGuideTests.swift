@@ -53,7 +53,7 @@ struct IntegrationGuideTests {
     func guideExamples() async throws {
         let blocks = try Self.testedBlocks()
         let expected: Set<String> = [
-            "keys", "api-token", "sign-in", "per-request", "revoke", "after-revoke", "shared-database", "verify-python", "verify-openssl",
+            "keys", "api-token", "sign-in", "per-request", "revoke", "after-revoke", "shared-database", "notify-reread", "verify-python", "verify-openssl",
         ]
         #expect(Set(blocks.keys) == expected, "docs/integration.md's tested blocks changed: run each new one here")
         func block(_ name: String) throws -> String { try #require(blocks[name]?.code, "docs/integration.md has no tested block \(name)") }
@@ -146,6 +146,17 @@ struct IntegrationGuideTests {
             #expect(try email.first?.decode(String?.self) == "x7k2q@privaterelay.appleid.com")
             _ = try await rows(statements[3], [session])
             #expect(try await rows(statements[1], [session]).isEmpty)
+
+            // Any role can NOTIFY siwa_effects with a payload of its choosing: the guide's handler
+            // re-reads, and the database says the account is not deleted.
+            _ = try await rows(#"NOTIFY siwa_effects, '{"type":"account-delete","aud":"com.example.app","sub":"001234.abcdef.0002"}'"#, [])
+            let reread = try block("notify-reread").split(separator: "\n").filter { !$0.hasPrefix("--") }.map { String($0.prefix { $0 != ";" }) }
+            try #require(reread.count == 2, "\(reread)")
+            let revoked = try await rows(reread[0], ["com.example.app", "001234.abcdef.0002"])
+            #expect(try revoked.map { try $0.decode(UUID.self) } == [session], "the logged-out session, and only it")
+            let account = try await rows(reread[1], ["com.example.app", "001234.abcdef.0002"])
+            let deletedAt = try account.first.map { try $0.decode((Date?, Date?).self).0 } ?? nil
+            #expect(account.count == 1 && deletedAt == nil, "not deleted, whatever the payload said")
         }
         server.signal(SIGTERM)
         #expect(await server.waitForExit() == 0)
