@@ -14,19 +14,17 @@ import SiwaStore
 package struct Harness {
     package static let aud = "com.example.app"
 
-    /// A file of the real Apple-signed fixtures: `shared/fixtures/apple-real/` beside the checkout,
-    /// as CI and our machines lay it out. Missing, the error says where they were looked for.
+    /// A file of the real Apple-signed fixtures in `Tests/fixtures/apple-real/` (its README says
+    /// where each came from). Missing, the error says where they were looked for.
     package static func appleFixture(_ name: String) throws -> URL {
-        var directory = URL(fileURLWithPath: #filePath)
-        for _ in 0..<4 { directory.deleteLastPathComponent() }  // Sources/SiwaTestSupport/Harness.swift → beside the repo
-        let file = directory.appendingPathComponent("shared/fixtures/apple-real").appendingPathComponent(name)
+        let file = Repository.appleFixtures.appendingPathComponent(name)
         guard FileManager.default.fileExists(atPath: file.path) else { throw MissingFixture(path: file.path) }
         return file
     }
 
     package struct MissingFixture: Error, CustomStringConvertible {
         package let path: String
-        package var description: String { "no Apple fixture at \(path): the tests expect the shared/ directory (fixtures/apple-real) beside the checkout" }
+        package var description: String { "no Apple fixture at \(path): Tests/fixtures/apple-real/ is part of the repository" }
     }
     package let server: TestServer
     package let signer: AppleStyleSigner

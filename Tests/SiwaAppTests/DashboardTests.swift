@@ -70,9 +70,7 @@ struct DashboardTests {
 
         let artifacts = Repository.root.appendingPathComponent(".build/test-artifacts")
         try FileManager.default.createDirectory(at: artifacts, withIntermediateDirectories: true)
-        let python = try #require(
-            ["/root/.pyenv/shims/python3", "/usr/local/bin/python3", "/usr/bin/python3"].first { FileManager.default.isExecutableFile(atPath: $0) },
-            "python3 is missing: scripts/test installs it")
+        let python = try #require(Executables.find("python3"), "python3 is not on PATH: scripts/test installs it (with selenium)")
         let result = try await Subprocess.run(
             python,
             [

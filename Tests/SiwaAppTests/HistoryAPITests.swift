@@ -207,10 +207,7 @@ struct HistoryAPITests {
         _ = try await e.session(sub: "st-1", createdAt: 1)
         try await e.post("consent-revoked", sub: "st-1", at: 10, jti: "st-jti")
         try await e.drain()
-        let schemathesis = try #require(
-            ["/usr/local/bin/st", "/root/.pyenv/shims/st", "/usr/bin/st"].first { FileManager.default.isExecutableFile(atPath: $0) }
-                ?? ProcessInfo.processInfo.environment["PATH"]?.split(separator: ":").map { "\($0)/st" }.first { FileManager.default.isExecutableFile(atPath: $0) },
-            "schemathesis is not installed: scripts/test installs it (python3 -m pip install schemathesis)")
+        let schemathesis = try #require(Executables.find("st"), "schemathesis' st is not on PATH: scripts/test installs it")
         let result = try await Subprocess.run(
             schemathesis,
             ["run", "\(e.h.server.adminBaseURL)/openapi.yaml", "--header", "Authorization: Bearer \(token)",

@@ -1,12 +1,12 @@
 import Foundation
 import SiwaDomain
 
-/// Real Apple-signed tokens from `../shared/fixtures/apple-real/` (beside the repository).
+/// Real Apple-signed tokens from `Tests/fixtures/apple-real/` (its README says where each came from).
 enum AppleFixtures {
     static let directory: URL = {
         var url = URL(fileURLWithPath: #filePath)
-        for _ in 0..<3 { url.deleteLastPathComponent() }  // Tests/SiwaDomainTests/Fixtures.swift → repo
-        return url.deletingLastPathComponent().appendingPathComponent("shared/fixtures/apple-real")
+        for _ in 0..<2 { url.deleteLastPathComponent() }  // Tests/SiwaDomainTests/Fixtures.swift → Tests
+        return url.appendingPathComponent("fixtures/apple-real")
     }()
 
     static func json(_ name: String) throws -> JSONValue {
@@ -45,7 +45,7 @@ enum AppleFixtures {
         var description: String {
             switch self {
             case .unreadable(let name): "fixture \(name) is not what the tests expect"
-            case .missing(let path): "no Apple fixture at \(path): the tests expect the shared/ directory (fixtures/apple-real) beside the checkout"
+            case .missing(let path): "no Apple fixture at \(path): Tests/fixtures/apple-real/ is part of the repository"
             }
         }
     }
