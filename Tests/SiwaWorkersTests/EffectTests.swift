@@ -110,6 +110,34 @@ struct EffectTests {
     }
 
 
+    @Test("After an effect commits, LISTEN siwa_effects receives the payload reference.md states: type, aud, sub, jti, effect, revoked_sessions, and no address")
+    func effectNotification() async throws {
+        let e = try await EffectHarness.start()
+        try await e.session(sub: "notify-1", createdAt: 0)
+        try await e.session(sub: "notify-1", createdAt: 5)
+        let payload = try await e.client.withConnection { connection in
+            try await connection.listen(on: "siwa_effects") { notifications in
+                try await e.post("email-disabled", sub: "notify-1", at: 8, email: "notify-me@privaterelay.appleid.com", jti: "notify-email")
+                try await e.post("consent-revoked", sub: "notify-1", at: 10, jti: "notify-jti")
+                try await e.drain()
+                var payloads: [String] = []
+                for try await notification in notifications {
+                    payloads.append(notification.payload)
+                    if payloads.count == 2 { break }
+                }
+                return payloads
+            }
+        }
+        let objects = payload.compactMap { JSONValue.parse(Data($0.utf8)) }
+        #expect(objects.count == 2)
+        let revoked = try #require(objects.first { $0["jti"] == .string("notify-jti") })
+        #expect(revoked.objectValue.map { Set($0.keys) } == ["type", "aud", "sub", "jti", "effect", "revoked_sessions"])
+        #expect(revoked["type"] == .string("consent-revoked") && revoked["aud"] == .string(Harness.aud) && revoked["sub"] == .string("notify-1"))
+        #expect(revoked["revoked_sessions"] == .number(2), "\(revoked)")
+        #expect(!payload.joined().contains("notify-me"), "no address in a payload any role can read")
+        await e.stop()
+    }
+
     @Test("Every out-of-order pair of a user's events ends as in event_time order (accounts and sessions)")
     func outOfOrderPairs() async throws {
         let events: [(String, Int64, String?)] = [

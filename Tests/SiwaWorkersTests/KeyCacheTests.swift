@@ -83,6 +83,23 @@ struct KeyCacheTests {
         await apple.stop()
     }
 
+    @Test("A kid that leaves Apple's key set becomes unknown_key after the next refresh: a token it signed is refused 401, never checked against another key")
+    func retiredKid() async throws {
+        let old = try AppleStyleSigner.generate()
+        let new = try AppleStyleSigner.generate()
+        let apple = try await JWKSServer.start(document: try Self.document(old, new))
+        let h = try await Harness.start(signer: old, jwksURL: apple.url)
+        let signedByOld = try h.notification(jti: "old-key-1")
+        #expect(try await h.server.post(jws: signedByOld).status == 200)
+        apple.serve(try Self.document(new))
+        #expect(await h.server.application.keys.runOnce() == .fetched)
+        let late = try await h.server.post(jws: try h.notification(jti: "old-key-2"))
+        #expect(late.status == 401 && late.json?["reason"] == .string("unknown_key"), "\(late.status) \(late.body)")
+        #expect(try await h.count("SELECT count(*) FROM notifications WHERE jti = 'old-key-2'") == 0)
+        await h.stop()
+        await apple.stop()
+    }
+
     @Test("The scheduled refresh picks up a rotated key before any token names it; a failed one keeps the set")
     func scheduledRefresh() async throws {
         let old = try AppleStyleSigner.generate()
