@@ -54,6 +54,31 @@ struct BackendAPITests {
         await h.stop()
     }
 
+    @Test("SIWA_SESSION_TTL sets a new session's expires_at; SIWA_CLOCK_SKEW decides how far in the future an identity token's iat may be")
+    func sessionTTLAndClockSkew() async throws {
+        for (ttl, skew) in [(Duration.seconds(3600), Duration.seconds(60)), (.seconds(7 * 86_400), .seconds(300))] {
+            let h = try await Harness.start { config in
+                config.accounts.sessionTTL = ttl
+                config.apple.clockSkew = skew
+            }
+            let token = try await API.token(h, [.sessionsWrite])
+            let before = Date()
+            let created = try await API.call(h, .POST, "/v1/sessions", token: token, body: ["aud": "com.example.app", "sub": "001.ttl.1"])
+            let expiresAt = try #require(created.json?["expires_at"]?.stringValue.flatMap { try? Date($0, strategy: .iso8601) })
+            let lifetime = expiresAt.timeIntervalSince(before)
+            #expect(lifetime > ttl.timeInterval - 60 && lifetime < ttl.timeInterval + 60, "TTL \(ttl): expires in \(lifetime) s")
+            // An identity token issued 120 s from now: beyond a 60 s allowance, within a 300 s one.
+            let ahead = try h.signer.identityToken(aud: Harness.aud, sub: "001.skew.1", issuedAt: Date().addingTimeInterval(120))
+            let answer = try await API.call(h, .POST, "/v1/sessions", token: token, body: ["identity_token": .string(ahead)])
+            if skew < .seconds(120) {
+                #expect(answer.status == 401 && answer.json?["reason"] == .string("not_yet_valid"), "skew \(skew): \(answer.body)")
+            } else {
+                #expect(answer.status == 201, "skew \(skew): \(answer.body)")
+            }
+            await h.stop()
+        }
+    }
+
     @Test("sessions the backend vouches for: create (201), read, log out (idempotent); bad input names the field")
     func vouchedSessions() async throws {
         let h = try await Harness.start()

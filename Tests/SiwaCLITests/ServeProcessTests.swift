@@ -1,0 +1,100 @@
+import AsyncHTTPClient
+import Foundation
+import NIOCore
+import NIOHTTP1
+import PostgresNIO
+import SiwaEmbeddedPostgres
+import SiwaStore
+import SiwaTestSupport
+import Testing
+
+/// `serve` as an operator runs it: several processes on one database, and the signals that stop it.
+@Suite("serve processes: concurrent migration, SIGINT")
+struct ServeProcessTests {
+    /// Starts `serve` on ports it picks itself (SIWA_PORT=0) and returns the public port it logged,
+    /// once its key set is loaded.
+    static func serve(_ environment: [String: String], directory: String) async throws -> (ChildProcess, ChildOutput, Int) {
+        let (process, output) = try ChildOutput.start(
+            TestBinary.url.path, ["serve"],
+            environment: ProcessInfo.processInfo.environment.merging(["SIWA_PORT": "0", "SIWA_ADMIN_PORT": "0"].merging(environment) { $1 }) { $1 },
+            workingDirectory: directory)
+        // Listening comes first; the key set (a local file here) loads just after: wait for both.
+        guard await output.wait(for: "siwa-events listening"), await output.wait(for: "apple keys fetched"),
+            let line = output.text.split(separator: "\n").first(where: { $0.contains("siwa-events listening") }),
+            let address = line.split(separator: " ").first(where: { $0.hasPrefix("address=") }),
+            let port = Int(address.split(separator: ":").last ?? "")
+        else {
+            process.signal(SIGKILL)
+            throw ServeFailed(output: output.text)
+        }
+        return (process, output, port)
+    }
+
+    struct ServeFailed: Error, CustomStringConvertible {
+        let output: String
+        var description: String { "serve did not log its listening address: \(output.suffix(3000))" }
+    }
+
+    static func post(_ body: String, port: Int) async throws -> Int {
+        var request = HTTPClientRequest(url: "http://127.0.0.1:\(port)/apple/notifications")
+        request.method = .POST
+        request.headers.add(name: "Content-Type", value: "application/json")
+        request.body = .bytes(ByteBuffer(string: body))
+        let response = try await HTTPClient.shared.execute(request, timeout: .seconds(60))
+        _ = try await response.body.collect(upTo: 1 << 16)
+        return Int(response.status.code)
+    }
+
+    @Test("three serve processes started at once on one empty database: each migration is applied once, all three serve")
+    func concurrentMigration() async throws {
+        let keys = try await TestBinary.Keys.make()
+        defer { keys.remove() }
+        let empty = try await TestCluster.shared.makeEmptyDatabase()
+        let socket = ((empty.unixSocketPath ?? "") as NSString).deletingLastPathComponent
+        let url = "postgres://\(empty.username)@/\(empty.database ?? "")?host=\(socket)"
+        let environment = ["DATABASE_URL": url, "SIWA_APPLE_BUNDLE_IDS": keys.aud, "SIWA_APPLE_JWKS_URL": keys.jwksURL, "SIWA_MIGRATE_ON_START": "true"]
+        let servers = try await withThrowingTaskGroup(of: (ChildProcess, ChildOutput, Int).self) { group in
+            for _ in 0..<3 { group.addTask { try await Self.serve(environment, directory: keys.directory) } }
+            return try await group.reduce(into: []) { $0.append($1) }
+        }
+        #expect(servers.count == 3)
+        let bodies = try keys.bodies(count: 3, prefix: "concurrent")
+        for (index, server) in servers.enumerated() {
+            #expect(try await Self.post(bodies[index].body, port: server.2) == 200, "server \(index)")
+        }
+        try await TestBinary.withDatabase(url) { client in
+            var versions: [Int] = []
+            for try await (version,) in try await client.query("SELECT version FROM schema_migrations ORDER BY version").decode((Int,).self) {
+                versions.append(version)
+            }
+            #expect(versions == Migration.all.map(\.version), "each migration once: \(versions)")
+            for try await (count,) in try await client.query("SELECT count(*)::int FROM notifications").decode((Int,).self) { #expect(count == 3) }
+        }
+        let applied = servers.map { $0.1.text.components(separatedBy: "migration applied").count - 1 }
+        #expect(applied.reduce(0, +) == Migration.all.count, "applied per process: \(applied)")
+        for (process, _, _) in servers {
+            process.signal(SIGTERM)
+            #expect(await process.waitForExit() == 0)
+        }
+    }
+
+    @Test("SIGINT stops serve gracefully, as SIGTERM does: exit 0 (a shutdown cut short exits 1), and what was acknowledged is stored")
+    func sigintDrains() async throws {
+        let keys = try await TestBinary.Keys.make()
+        defer { keys.remove() }
+        let url = try await TestBinary.databaseURL()
+        for signal in [SIGINT, SIGTERM] {
+            let (process, output, port) = try await Self.serve(
+                ["DATABASE_URL": url, "SIWA_APPLE_BUNDLE_IDS": keys.aud, "SIWA_APPLE_JWKS_URL": keys.jwksURL], directory: keys.directory)
+            let body = try keys.bodies(count: 1, prefix: "signal-\(signal)")[0]
+            #expect(try await Self.post(body.body, port: port) == 200)
+            process.signal(signal)
+            #expect(await process.waitForExit() == 0, "signal \(signal): \(output.text.suffix(2000))")
+            try await TestBinary.withDatabase(url) { client in
+                for try await (count,) in try await client.query("SELECT count(*)::int FROM notifications WHERE jti = \(body.jti)").decode((Int,).self) {
+                    #expect(count == 1)
+                }
+            }
+        }
+    }
+}
