@@ -66,7 +66,7 @@ extension SiwaRequestContext {
 
 /// The last line of every `/v1` route: an error that is not already an API answer is logged with
 /// the request id and answered 500 — or 503 when the database could not be reached — with that
-/// id and nothing internal.
+/// id and nothing internal; a 5xx answer decided further in gets the id and its log line too.
 package struct APIErrorMiddleware: RouterMiddleware {
     package typealias Context = SiwaRequestContext
 
@@ -75,6 +75,12 @@ package struct APIErrorMiddleware: RouterMiddleware {
     package func handle(_ request: Request, context: Context, next: (Request, Context) async throws -> Response) async throws -> Response {
         do {
             return try await next(request, context)
+        } catch var error as APIError where error.status.code >= 500 && error.requestID == nil {
+            // A 5xx decided further in (the token check found the database down): it gets the
+            // request id too, and the one log line that id names.
+            error.requestID = context.id
+            context.logger.error("request failed", metadata: ["error": "\(error.message)", "status": "\(error.status.code)", "path": "\(request.uri.path)"])
+            throw error
         } catch let error as any HTTPResponseError {
             throw error
         } catch {
