@@ -329,6 +329,55 @@ struct AlertTests {
         await slack.stop()
     }
 
+    @Test("bad_signatures: forged tokens through HTTP fire it; a sink answering 500 is retried under the same id while detection goes on; delivered once the sink recovers")
+    func badSignaturesWithFailingSink() async throws {
+        let webhook = try await CallbackEndpoint.start()
+        webhook.answer([500, 500])  // the sink fails twice, then recovers
+        let sinks = AlertSinks(webhooks: [webhook.url], slack: nil, signer: try WebhookSigner(secrets: TestWebhooks.secret))
+        let e = try await EffectHarness.start { configuration in
+            configuration.alertSinks = sinks
+            configuration.backoff = RetryBackoff(base: .zero, cap: .zero)  // a retry is due at once: no waiting on time
+        }
+        var configuration = AlertMonitor.Configuration()
+        configuration.spike = Self.settings()
+        configuration.sinks = sinks
+        configuration.badSignatures = 3
+        let monitor = AlertMonitor(
+            configuration: configuration, store: AlertStore(client: e.client, logger: e.h.logs.logger()), logger: e.h.logs.logger(),
+            identity: e.workers.identity)
+
+        let impostor = try AppleStyleSigner.generate()
+        for index in 0..<4 {
+            let forged = try impostor.sign(
+                header: .object(["kid": .string(e.h.signer.kid), "alg": .string("RS256")]),
+                claims: AppleStyleSigner.claims(aud: Harness.aud, type: "account-delete", sub: "forged-\(index)", eventTime: Date(), issuedAt: Date()))
+            #expect(try await e.h.server.post(jws: forged).json?["reason"] == .string("bad_signature"))
+        }
+        await e.h.flushRejections()
+        let t0 = Date()
+        let fired = try await monitor.evaluate(now: t0)
+        #expect(fired.contains { if case .fire(let episode) = $0 { episode.key.kind == .badSignatures } else { false } }, "\(fired)")
+        #expect(try await e.deliverAlerts() == 1)
+        #expect(webhook.received.map(\.status) == [500])
+        #expect(try await e.h.count("SELECT count(*) FROM jobs WHERE lane = 'alerts' AND state = 'retryable'") == 1)
+
+        // Detection is not held up by the failing sink: a revocation spike fires meanwhile.
+        try await Self.burst(e, "consent-revoked", count: 6, prefix: "meanwhile")
+        let next = try await monitor.evaluate(now: t0.addingTimeInterval(1))
+        #expect(next.contains { if case .fire(let episode) = $0 { episode.key.kind == .revocationSpike } else { false } }, "\(next)")
+        // The sink fails once more, then takes both messages; the retried one keeps its webhook-id.
+        _ = try await e.deliverAlerts()
+        _ = try await e.deliverAlerts()
+        let received = webhook.received
+        #expect(received.filter { $0.status == 200 }.count == 2, "\(received.map(\.status))")
+        let ids = received.map { $0.headers["webhook-id"] ?? "" }
+        let badSignatureID = try #require(ids.first)
+        #expect(ids.filter { $0 == badSignatureID }.count == received.filter { JSONValue.parse(Data($0.body))?["kind"] == .string("bad_signatures") }.count)
+        #expect(try await e.h.count("SELECT count(*) FROM jobs WHERE lane = 'alerts' AND state = 'completed'") == 2)
+        await e.stop()
+        await webhook.stop()
+    }
+
     @Test("operational: a discarded job and a lagging queue fire their own alerts and resolve when cleared")
     func operational() async throws {
         let e = try await EffectHarness.start()
