@@ -23,4 +23,25 @@ struct RepositoryTests {
             #expect(FileManager.default.fileExists(atPath: Repository.appleFixtures.appendingPathComponent(name).path), "\(name)")
         }
     }
+
+    /// What lets the previous release keep running while a new one migrates (docs/operations.md,
+    /// "Upgrades"): no migration takes away or changes what an older binary reads or writes.
+    @Test("migrations are additive: none drops or renames a table or column, changes a column's type, or adds NOT NULL an older binary's inserts would miss")
+    func migrationsAreAdditive() throws {
+        let folder = Repository.root.appendingPathComponent("sql")
+        let files = try FileManager.default.contentsOfDirectory(atPath: folder.path).filter { $0.hasSuffix(".sql") }.sorted()
+        #expect(files.count >= 15)
+        let forbidden = [
+            #"DROP\s+TABLE"#, #"DROP\s+COLUMN"#, #"\bRENAME\b"#, #"ALTER\s+COLUMN\s+\w+\s+(SET\s+DATA\s+)?TYPE"#, #"SET\s+NOT\s+NULL"#,
+            #"DROP\s+TYPE"#, #"ADD\s+COLUMN\s+[^,;]*NOT\s+NULL(?![^,;]*DEFAULT)"#,
+        ]
+        for file in files where file != "001_receiver.sql" {
+            let text = try String(contentsOf: folder.appendingPathComponent(file), encoding: .utf8)
+                .split(separator: "\n").filter { !$0.trimmingCharacters(in: .whitespaces).hasPrefix("--") }.joined(separator: "\n")
+            for pattern in forbidden {
+                #expect(text.range(of: pattern, options: [.regularExpression, .caseInsensitive]) == nil, "\(file): \(pattern)")
+            }
+        }
+    }
 }
+
