@@ -69,6 +69,24 @@ struct CallbackTests {
         await endpoint.stop()
     }
 
+    @Test("a callback slower than SIWA_CALLBACK_TIMEOUT is a failed attempt, recorded and retried (the same delivery)")
+    func slowerThanTimeout() async throws {
+        let endpoint = try await CallbackEndpoint.start(hang: true)  // accepts, never answers
+        let e = try await Self.harness(endpoint) { $0.callbacks?.timeout = .seconds(1) }
+        try await e.post("consent-revoked", sub: "slow-1", at: 5_000, jti: "slow-jti")
+        #expect(try await e.drain() == 1)
+        #expect(try await e.deliverCallbacks() == 1)  // cut at its timeout: the endpoint never answered
+        #expect(try await e.h.count(
+            "SELECT count(*) FROM job_attempts WHERE lane = 'callbacks' AND outcome = 'retrying' AND http_status IS NULL AND error IS NOT NULL") == 1)
+        #expect(try await e.h.count("SELECT count(*) FROM jobs WHERE lane = 'callbacks' AND state = 'retryable' AND attempt = 1") == 1)
+        #expect(try await e.deliverCallbacks() == 1)  // the retry, cut the same way
+        #expect(try await e.h.count("SELECT count(*) FROM job_attempts WHERE lane = 'callbacks' AND outcome = 'retrying'") == 2)
+        #expect(endpoint.arrived.value == 2, "both attempts reached the endpoint")
+        #expect(try await e.h.count("SELECT count(DISTINCT job_id)::int FROM job_attempts WHERE lane = 'callbacks'") == 1, "one delivery, attempted twice")
+        await e.stop()
+        await endpoint.stop()
+    }
+
     @Test("out of attempts: discarded, listed as failed; redeliver sends it again under the same webhook-id")
     func discardedThenRedelivered() async throws {
         let endpoint = try await CallbackEndpoint.start()
