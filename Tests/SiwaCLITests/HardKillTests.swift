@@ -33,16 +33,11 @@ struct HardKillTests {
 
         // The real binary, role all (receiver and workers commit concurrently), durable embedded
         // PostgreSQL under ./.siwa as a user runs it.
-        let port = TestBinary.freePort()
-        let environment = [
-            "SIWA_APPLE_BUNDLE_IDS": aud, "SIWA_APPLE_JWKS_URL": "file://\(directory)/keys/jwks.json", "SIWA_PORT": "\(port)", "SIWA_ADMIN_PORT": "\(TestBinary.freePort())",
-        ]
-        let server = try Subprocess.start(
-            TestBinary.url.path, ["serve"], environment: ProcessInfo.processInfo.environment.merging(environment) { $1 },
-            workingDirectory: directory)
+        let serving = try await TestBinary.startServing(
+            environment: ["SIWA_APPLE_BUNDLE_IDS": aud, "SIWA_APPLE_JWKS_URL": "file://\(directory)/keys/jwks.json"], directory: directory)
+        let server = serving.process
         let http = HTTPClient(eventLoopGroupProvider: .singleton)
-        let url = "http://127.0.0.1:\(port)/apple/notifications"
-        #expect(await TestBinary.waitReady(port: port))
+        let url = "http://127.0.0.1:\(serving.port)/apple/notifications"
 
         // 32 concurrent senders; the server is killed once 600 answers have come back.
         let load = Load()
@@ -85,9 +80,12 @@ struct HardKillTests {
         let postmasterPID = try String(contentsOfFile: "\(directory)/.siwa/pgdata/postmaster.pid", encoding: .utf8)
             .split(separator: "\n").first.flatMap { pid_t($0) }
         #expect(postmasterPID != nil)
-        if let postmasterPID { kill(postmasterPID, SIGKILL) }
-        for _ in 0..<100 where postmasterPID.map({ kill($0, 0) == 0 }) == true {
-            try await Task.sleep(for: .milliseconds(100))
+        if let postmasterPID {
+            let backends = ProcessExit.children(of: postmasterPID)
+            kill(postmasterPID, SIGKILL)
+            #expect(await ProcessExit.wait(pid: postmasterPID, within: .seconds(10)), "the postmaster \(postmasterPID) did not exit within 10 s of SIGKILL")
+            // Its orphaned backends hold its shared memory until they notice and exit.
+            #expect(await ProcessExit.wait(pids: backends, within: .seconds(30)), "the postmaster's backends \(backends) did not exit within 30 s")
         }
 
         let acked = load.acknowledged.withLock { $0 }
