@@ -28,6 +28,17 @@ package final class GroupCommitter: Service, Sendable {
         var sweepScheduled = false
         /// Callers of `settled`, resumed when no batch is committing and none is queued.
         var settledWaiters: [CheckedContinuation<Void, Never>] = []
+        /// Callers of `wait(committing:queued:within:)`, resumed once the state reaches theirs.
+        var occupancyWaiters: [(id: Int, slots: Int, queued: Int, continuation: CheckedContinuation<Bool, Never>)] = []
+        var nextWaiter = 0
+
+        /// Takes out the occupancy waiters whose state is reached.
+        mutating func reached() -> [CheckedContinuation<Bool, Never>] {
+            let (inFlight, queued) = (inFlight, queue.count)
+            let ready = occupancyWaiters.filter { $0.slots <= inFlight && $0.queued <= queued }
+            occupancyWaiters.removeAll { $0.slots <= inFlight && $0.queued <= queued }
+            return ready.map(\.continuation)
+        }
     }
 
     private let store: NotificationStore
@@ -108,16 +119,40 @@ package final class GroupCommitter: Service, Sendable {
         }
     }
 
+    /// Returns true once at least `slots` batches are committing and at least `queued` requests
+    /// wait for a slot (at once if so now), false after `limit` without: for a test to know
+    /// where its deliveries are instead of guessing from time.
+    package func wait(committing slots: Int, queued: Int = 0, within limit: Duration) async -> Bool {
+        await withCheckedContinuation { (continuation: CheckedContinuation<Bool, Never>) in
+            let id = state.withLock { state -> Int? in
+                if state.inFlight >= slots && state.queue.count >= queued { return nil }
+                state.nextWaiter += 1
+                state.occupancyWaiters.append((state.nextWaiter, slots, queued, continuation))
+                return state.nextWaiter
+            }
+            guard let id else { return continuation.resume(returning: true) }
+            after(limit) { [self] in
+                let expired = state.withLock { state -> CheckedContinuation<Bool, Never>? in
+                    guard let index = state.occupancyWaiters.firstIndex(where: { $0.id == id }) else { return nil }
+                    return state.occupancyWaiters.remove(at: index).continuation
+                }
+                expired?.resume(returning: false)
+            }
+        }
+    }
+
     private func enqueue(_ pending: Pending) {
-        let (batch, sweep, full): ([Pending]?, Bool, Bool) = state.withLock { state in
+        let (batch, sweep, full, reached): ([Pending]?, Bool, Bool, [CheckedContinuation<Bool, Never>]) = state.withLock { state in
             // A non-empty queue means both slots are busy: a free one takes the queue at once.
-            guard state.queue.count < maximumQueued else { return (nil, false, true) }
+            guard state.queue.count < maximumQueued else { return (nil, false, true, []) }
             state.queue.append(pending)
             state.watched.append(pending.waiter)
             let sweep = !state.sweepScheduled
             state.sweepScheduled = true
-            return (takeBatch(&state), sweep, false)
+            let batch = takeBatch(&state)
+            return (batch, sweep, false, state.reached())
         }
+        for waiter in reached { waiter.resume(returning: true) }
         if full {
             pending.waiter.resume(.failure(CommitQueueFull(limit: maximumQueued)))
             return
@@ -225,17 +260,19 @@ package final class GroupCommitter: Service, Sendable {
 
     /// Frees the batch's commit slot and starts the next batch, if one is waiting.
     private func finish(unresolved: [Pending]) {
-        let (next, settled): ([Pending]?, [CheckedContinuation<Void, Never>]) = state.withLock { state in
+        let (next, settled, reached): ([Pending]?, [CheckedContinuation<Void, Never>], [CheckedContinuation<Bool, Never>]) = state.withLock { state in
             state.inFlight -= 1
             state.queue.insert(contentsOf: unresolved, at: 0)
             let answered = state.watched.prefix { $0.isAnswered }.count
             state.watched.removeFirst(answered)
             let next = takeBatch(&state)
-            guard state.inFlight == 0 && state.queue.isEmpty else { return (next, []) }
+            let reached = state.reached()
+            guard state.inFlight == 0 && state.queue.isEmpty else { return (next, [], reached) }
             defer { state.settledWaiters = [] }
-            return (next, state.settledWaiters)
+            return (next, state.settledWaiters, reached)
         }
         for waiter in settled { waiter.resume() }
+        for waiter in reached { waiter.resume(returning: true) }
         if let next { start(next) }
     }
 

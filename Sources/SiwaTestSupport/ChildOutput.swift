@@ -12,6 +12,7 @@ package final class ChildOutput: Sendable {
     private let state = Mutex("")
     /// One per read; closed at end of output (the child exited).
     private let reads = Progress()
+    private let ended = Mutex(false)
 
     /// Everything the child has written so far.
     package var text: String { state.withLock { $0 } }
@@ -45,6 +46,7 @@ package final class ChildOutput: Sendable {
                 self.reads.add()
             }
             close(descriptor)
+            self.ended.withLock { $0 = true }
             self.reads.close()
         }.start()
     }
@@ -57,5 +59,56 @@ package final class ChildOutput: Sendable {
             if text.contains(needle) { return true }
             guard await reads.wait(until: seen + 1, within: deadline - .now) else { return text.contains(needle) }
         }
+    }
+
+    /// Whether the output comes to contain one of `needles` within `limit`.
+    package func wait(forAnyOf needles: [String], within limit: Duration = .seconds(30)) async -> Bool {
+        let deadline = ContinuousClock.now + limit
+        while true {
+            let seen = reads.value
+            if needles.contains(where: text.contains) { return true }
+            guard await reads.wait(until: seen + 1, within: deadline - .now) else { return needles.contains(where: text.contains) }
+        }
+    }
+
+    /// The port in the `address` of the first complete line that contains `message` (text or JSON
+    /// log format: `address=HOST:PORT`, `"address":"HOST:PORT"`), once one is written within `limit`.
+    package func port(loggedWith message: String, within limit: Duration = .seconds(60)) async -> Int? {
+        guard await wait(for: message, within: limit) else { return nil }
+        // The rest of the line may still be on its way: wait for its end.
+        let deadline = ContinuousClock.now + limit
+        while true {
+            let seen = reads.value
+            if let line = text.split(separator: "\n", omittingEmptySubsequences: false).dropLast().first(where: { $0.contains(message) }) {
+                guard let key = line.range(of: "address") else { return nil }
+                let value = line[key.upperBound...].drop { $0 == "=" || $0 == "\"" || $0 == ":" }.prefix { !$0.isWhitespace && $0 != "\"" && $0 != "," }
+                return value.split(separator: ":").last.flatMap { Int($0) }
+            }
+            guard await reads.wait(until: seen + 1, within: deadline - .now) else { return nil }
+        }
+    }
+
+    /// Whether the output comes to hold a complete line containing every one of `parts` within
+    /// `limit` (one log line's message and metadata, say: `["] job", "jti=a", "outcome=applied"]`).
+    package func wait(forLineWith parts: [String], within limit: Duration = .seconds(30)) async -> Bool {
+        let deadline = ContinuousClock.now + limit
+        func found() -> Bool {
+            text.split(separator: "\n", omittingEmptySubsequences: false).dropLast().contains { line in parts.allSatisfy { line.contains($0) } }
+        }
+        while true {
+            let seen = reads.value
+            if found() { return true }
+            guard await reads.wait(until: seen + 1, within: deadline - .now) else { return found() }
+        }
+    }
+
+    /// Whether the output ends (every writer closed it: the child exited, and any process it
+    /// left holding the pipe too) within `limit`; `text` is then all there will be.
+    package func waitForEnd(within limit: Duration = .seconds(30)) async -> Bool {
+        let deadline = ContinuousClock.now + limit
+        while !ended.withLock({ $0 }) {
+            guard await reads.wait(until: reads.value + 1, within: deadline - .now) else { return ended.withLock { $0 } }
+        }
+        return true
     }
 }

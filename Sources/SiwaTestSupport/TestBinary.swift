@@ -32,8 +32,10 @@ package enum TestBinary {
     }
 
     /// A port nothing listens on right now, chosen by the kernel (bound to 0 and released) and
-    /// never handed out twice in one run: a random pick could land on another test's server,
-    /// which then answered `/health/ready` for a replica that had failed to bind.
+    /// never handed out twice in one run. Racy (another bind may take it before its user does):
+    /// only for a program that must be told its port in advance and cannot report the one it
+    /// bound (the reverse proxies' configuration files); `serve` binds 0 (`startServing`), and
+    /// "nothing listens here" is a `RefusingPort`.
     package static func freePort() -> Int {
         while true {
             let descriptor = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
@@ -53,6 +55,31 @@ package enum TestBinary {
     }
 
     private static let handedOut = Mutex(Set<Int>())
+
+    /// A loopback port bound and not listening, for as long as this lives: a connection to it is
+    /// refused at once, and no one else can bind it meanwhile — "nothing listens here" without
+    /// `freePort`'s race (a port released could be taken by another test's server).
+    package final class RefusingPort: Sendable {
+        package let port: Int
+        private let descriptor: Int32
+
+        package init() {
+            descriptor = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
+            precondition(descriptor >= 0, "socket: \(String(cString: strerror(errno)))")
+            var address = sockaddr_in()
+            address.sin_family = sa_family_t(AF_INET)
+            address.sin_addr.s_addr = inet_addr("127.0.0.1")
+            var length = socklen_t(MemoryLayout<sockaddr_in>.size)
+            let descriptor = self.descriptor
+            let bound = withUnsafeMutablePointer(to: &address) {
+                $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { bind(descriptor, $0, length) == 0 && getsockname(descriptor, $0, &length) == 0 }
+            }
+            precondition(bound, "bind: \(String(cString: strerror(errno)))")
+            port = Int(UInt16(bigEndian: address.sin_port))
+        }
+
+        deinit { close(descriptor) }
+    }
 
     /// A loopback port held in the LISTEN state by a socket that never accepts: a connection to
     /// it completes (the kernel's backlog) and then never gets an answer; and no one else can bind it.
@@ -144,30 +171,76 @@ package enum TestBinary {
         }
     }
 
-    package static func waitReady(port: Int, seconds: Int = 60) async -> Bool {
-        let http = HTTPClient(eventLoopGroupProvider: .singleton)
-        defer { Task { try? await http.shutdown() } }
-        return await poll(http, "http://127.0.0.1:\(port)/health/ready", until: { $0 == 200 }, seconds: seconds) != nil
+    /// A `serve` child that bound port 0 on both listeners and logged the ports the kernel gave it:
+    /// no port is chosen in advance, so none can be taken by another bind in between.
+    package struct Serving: Sendable {
+        package let process: ChildProcess
+        package let output: ChildOutput
+        /// The public listener's port (`siwa-events listening`).
+        package let port: Int
+        /// The admin listener's port (`admin listener (API, dashboard, metrics)`).
+        package let adminPort: Int
     }
 
+    /// Starts `siwa-events serve` (or `arguments`) with SIWA_PORT=0 and SIWA_ADMIN_PORT=0, the
+    /// process's environment (less the variables `unsetting` names) under `environment`, and returns once both listeners logged their
+    /// address and — unless `ready` is false — the key set is loaded (a receiver is ready then: its
+    /// database opened before the listeners). Throws, with the child's output, on either missing.
+    package static func startServing(
+        _ arguments: [String] = ["serve"], environment: [String: String], unsetting: (String) -> Bool = { _ in false }, directory: String? = nil,
+        ready: Bool = true, within limit: Duration = .seconds(90)
+    ) async throws -> Serving {
+        let (process, output) = try ChildOutput.start(
+            url.path, arguments,
+            environment: ProcessInfo.processInfo.environment.filter { !unsetting($0.key) }.merging(environment) { $1 }
+                .merging(["SIWA_PORT": "0", "SIWA_ADMIN_PORT": "0"]) { $1 },
+            workingDirectory: directory ?? FileManager.default.currentDirectoryPath)
+        func fail(_ what: String) -> any Error {
+            process.signal(SIGKILL)
+            return ServingFailed(description: "siwa-events \(arguments.joined(separator: " ")): no \(what) within \(limit): \(output.text.suffix(4000))")
+        }
+        guard let port = await output.port(loggedWith: "siwa-events listening", within: limit) else { throw fail("'siwa-events listening' with its address") }
+        guard let adminPort = await output.port(loggedWith: "admin listener (API, dashboard, metrics)", within: limit) else {
+            throw fail("'admin listener' with its address")
+        }
+        // The worker role loads no keys: its readiness is the database, open already.
+        if ready && !arguments.contains("worker") {
+            guard await output.wait(forAnyOf: ["apple keys fetched", "apple keys loaded from database"], within: limit) else {
+                throw fail("'apple keys fetched' (readiness)")
+            }
+        }
+        return Serving(process: process, output: output, port: port, adminPort: adminPort)
+    }
+
+    package struct ServingFailed: Error, CustomStringConvertible {
+        package let description: String
+    }
+
+    /// One GET of `url`: its status, nil without an answer.
     package static func status(_ http: HTTPClient, _ url: String) async -> Int? {
         guard let response = try? await http.execute(HTTPClientRequest(url: url), timeout: .seconds(3)) else { return nil }
         _ = try? await response.body.collect(upTo: 1 << 16)
         return Int(response.status.code)
     }
 
-    /// GETs `url` every 100 ms until its status satisfies `until`; returns that answer's body.
+    /// GETs `url` every 100 ms until its status satisfies `until`; returns that answer's body. Only
+    /// for a readiness change the server announces nowhere (PostgreSQL stopped under it and
+    /// back: `/health/ready` pings at each request): anything that logs or notifies is awaited instead.
     package static func poll(_ http: HTTPClient, _ url: String, until: (Int) -> Bool, seconds: Int = 15) async -> String? {
         let deadline = ContinuousClock.now + .seconds(seconds)
         while ContinuousClock.now < deadline {
-            if let response = try? await http.execute(HTTPClientRequest(url: url), timeout: .seconds(3)),
-                let body = try? await response.body.collect(upTo: 1 << 16), until(Int(response.status.code))
-            {
-                return String(buffer: body)
-            }
+            if let answer = await get(http, url), until(answer.status) { return answer.body }
             try? await Task.sleep(for: .milliseconds(100))
         }
         return nil
+    }
+
+    /// One GET of `url`: its status and body, nil without an answer.
+    package static func get(_ http: HTTPClient, _ url: String) async -> (status: Int, body: String)? {
+        guard let response = try? await http.execute(HTTPClientRequest(url: url), timeout: .seconds(10)),
+            let body = try? await response.body.collect(upTo: 1 << 16)
+        else { return nil }
+        return (Int(response.status.code), String(buffer: body))
     }
 
     /// A client on the database a `TestBinary.databaseURL()` names (same cluster, same user).

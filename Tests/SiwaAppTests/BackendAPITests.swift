@@ -260,12 +260,9 @@ struct BackendAPITests {
             try await connection.query("BEGIN", logger: logger)
             try await connection.query("UPDATE accounts SET consent_revoked_at = now() WHERE aud = \(Harness.aud) AND sub = \(sub)", logger: logger)
             let creating = Task { try await API.call(h, .POST, "/v1/sessions", token: token, body: ["aud": .string(Harness.aud), "sub": .string(sub)]) }
-            var waiting = 0
-            for _ in 0..<600 where waiting < 1 {
-                try await Task.sleep(for: .milliseconds(20))
-                waiting = try await h.count("SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock'")
-            }
-            #expect(waiting == 1)
+            let waiting = try await DatabaseEvents.waitForLockWaiters(
+                h.server.client, "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock'", reach: 1)
+            #expect(waiting, "the session's creation never waited for the account row")
             try await connection.query("COMMIT", logger: logger)
             return try await creating.value
         }

@@ -111,21 +111,17 @@ struct LogSafetyTests {
         defer { keys.remove() }
         let databaseURL = try await TestBinary.databaseURL()
         for format in ["text", "json"] {
-            let port = TestBinary.freePort()
-            let output = "\(keys.directory)/serve-\(format).log"
-            let environment = [
-                "DATABASE_URL": databaseURL, "SIWA_APPLE_JWKS_URL": keys.jwksURL, "SIWA_APPLE_BUNDLE_IDS": keys.aud, "SIWA_PORT": "\(port)", "SIWA_ADMIN_PORT": "\(TestBinary.freePort())",
-                "SIWA_LOG_FORMAT": format,
-            ]
-            let server = try Subprocess.start(
-                TestBinary.url.path, ["serve"], environment: ProcessInfo.processInfo.environment.merging(environment) { $1 }, outputPath: output)
-            #expect(await TestBinary.waitReady(port: port), "\(format): not ready")
+            let serving = try await TestBinary.startServing(
+                environment: [
+                    "DATABASE_URL": databaseURL, "SIWA_APPLE_JWKS_URL": keys.jwksURL, "SIWA_APPLE_BUNDLE_IDS": keys.aud, "SIWA_LOG_FORMAT": format,
+                ], directory: keys.directory)
             for jti in Self.hostile.dropLast() {
-                #expect(try await Self.postForged(jti: jti, keys: keys, port: port) == 401)
+                #expect(try await Self.postForged(jti: jti, keys: keys, port: serving.port) == 401)
             }
-            server.signal(SIGTERM)
-            #expect(await server.waitForExit() == 0)
-            let lines = try String(contentsOfFile: output, encoding: .utf8).split(separator: "\n")
+            serving.process.signal(SIGTERM)
+            #expect(await serving.process.waitForExit() == 0)
+            #expect(await serving.output.waitForEnd(), "\(format): the output did not end with the process")
+            let lines = serving.output.text.split(separator: "\n")
             #expect(!lines.contains { $0.hasPrefix("2026-01-01") }, "a forged line")
             switch format {
             case "text":

@@ -88,7 +88,10 @@ struct ReceiverTests {
             let statuses = try await withThrowingTaskGroup(of: Int.self) { group in
                 for (index, jws) in tokens.enumerated() {
                     group.addTask { try await h.server.post(jws: jws).status }
-                    if index < 2 { try await Task.sleep(for: .milliseconds(300)) }
+                    if index < 2 {
+                        let slots = await h.server.application.committer.wait(committing: index + 1, within: .seconds(30))
+                        #expect(slots, "delivery \(index) never took a commit slot")
+                    }
                 }
                 return try await group.reduce(into: [Int]()) { $0.append($1) }
             }
@@ -116,12 +119,8 @@ struct ReceiverTests {
             // Two deliveries take the two commit slots: two batches waiting for the lock.
             post(0)
             post(1)
-            var blocked = 0
-            for _ in 0..<600 where blocked < 2 {
-                try await Task.sleep(for: .milliseconds(100))
-                blocked = try await h.count("SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock'")
-            }
-            #expect(blocked == 2)
+            let slots = await h.server.application.committer.wait(committing: 2, within: .seconds(30))
+            #expect(slots, "the first two deliveries never took both commit slots")
             // Six more: whichever three reach the committer first wait in its queue (the limit),
             // the other three are refused without waiting out the 30 s timeout.
             for index in 2..<8 { post(index) }

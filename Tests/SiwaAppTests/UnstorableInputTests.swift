@@ -88,17 +88,11 @@ struct UnstorableInputTests {
             + (0..<3).map { try h.notification(sub: "001.neighbour.\($0)", jti: "neighbour-\($0)") }
         let answers = try await h.withInsertsBlocked {
             let blocking = blockers.map { jws in Task { try await h.server.post(jws: jws) } }
-            var waiting = 0
-            for _ in 0..<600 where waiting < 2 {
-                try await Task.sleep(for: .milliseconds(50))
-                waiting = try await h.count("SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock'")
-            }
-            #expect(waiting == 2)
+            let slots = await h.server.application.committer.wait(committing: 2, within: .seconds(30))
+            #expect(slots, "the blockers never took both commit slots")
             let queued = batch.map { jws in Task { try await h.server.post(jws: jws) } }
-            for _ in 0..<600 where h.server.application.committer.queued < batch.count {
-                try await Task.sleep(for: .milliseconds(20))
-            }
-            #expect(h.server.application.committer.queued == batch.count)
+            let waiting = await h.server.application.committer.wait(committing: 2, queued: batch.count, within: .seconds(30))
+            #expect(waiting && h.server.application.committer.queued == batch.count, "\(h.server.application.committer.queued) of \(batch.count) queued")
             return (blocking, queued)
         }
         for task in answers.0 { #expect(try await task.value.status == 200) }

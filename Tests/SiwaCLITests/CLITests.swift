@@ -16,40 +16,26 @@ struct CLITests {
         let directory = try TestBinary.makeDirectory("cli")
         defer { try? FileManager.default.removeItem(atPath: directory) }
         #expect(try await TestBinary.run(["keys", "generate", "--dir", "keys"], directory: directory).status == 0)
-        let port = TestBinary.freePort()
-        let environment = [
-            "SIWA_APPLE_BUNDLE_IDS": "com.example.cli", "SIWA_APPLE_JWKS_URL": "file://\(directory)/keys/jwks.json", "SIWA_PORT": "\(port)", "SIWA_ADMIN_PORT": "\(TestBinary.freePort())",
-        ]
-        let server = try Subprocess.start(
-            TestBinary.url.path, ["serve"], environment: ProcessInfo.processInfo.environment.merging(environment) { $1 },
-            workingDirectory: directory)
-        var sent: TestBinary.Run?
-        for _ in 0..<120 {
-            let attempt = try await TestBinary.run(
-                ["send", "consent-revoked", "--sub", "001.cli.1", "--keys", "keys", "--aud", "com.example.cli", "--url", "http://127.0.0.1:\(port)", "--jti", "cli-1"],
-                directory: directory)
-            if attempt.status != 2 {
-                sent = attempt
-                break
-            }
-            try await Task.sleep(for: .milliseconds(500))
-        }
-        #expect(sent?.status == 0)
-        #expect(sent?.stdout.contains(#""status":"accepted""#) == true)
+        let environment = ["SIWA_APPLE_BUNDLE_IDS": "com.example.cli", "SIWA_APPLE_JWKS_URL": "file://\(directory)/keys/jwks.json"]
+        let serving = try await TestBinary.startServing(environment: environment, directory: directory)
+        let (server, port) = (serving.process, serving.port)
+        let sent = try await TestBinary.run(
+            ["send", "consent-revoked", "--sub", "001.cli.1", "--keys", "keys", "--aud", "com.example.cli", "--url", "http://127.0.0.1:\(port)", "--jti", "cli-1"],
+            directory: directory)
+        #expect(sent.status == 0, "\(sent.stdout) \(sent.stderr)")
+        #expect(sent.stdout.contains(#""status":"accepted""#) == true)
         let wrong = try await TestBinary.run(
             ["send", "consent-revoked", "--sub", "x", "--keys", "keys", "--aud", "com.example.typo", "--url", "http://127.0.0.1:\(port)"],
             directory: directory)
         #expect(wrong.status == 1)
         #expect(wrong.stdout.contains("wrong_audience"))
-        // The worker in the same process (role all) applies the effect within moments; the CLI
-        // attaches to the running embedded cluster to see it.
-        var status: JSONValue?
-        for _ in 0..<50 where status != .string("applied") {
-            let listed = try await TestBinary.run(["notifications", "list", "--json"], directory: directory)
-            status = listed.stdout.split(separator: "\n").compactMap { JSONValue.parse(Data($0.utf8)) }.first?["status"]
-            if status != .string("applied") { try await Task.sleep(for: .milliseconds(200)) }
-        }
-        #expect(status == .string("applied"))
+        // The worker in the same process (role all) applies the effect and logs it (after its
+        // commit); the CLI attaches to the running embedded cluster to see it.
+        let applied = await serving.output.wait(forLineWith: ["jti=cli-1", "outcome=applied"], within: .seconds(60))
+        #expect(applied, "no 'job … jti=cli-1 outcome=applied' line within 60 s: \(serving.output.text.suffix(3000))")
+        let whileServing = try await TestBinary.run(["notifications", "list", "--json"], directory: directory)
+        let status = whileServing.stdout.split(separator: "\n").compactMap { JSONValue.parse(Data($0.utf8)) }.first?["status"]
+        #expect(status == .string("applied"), "\(whileServing.stdout)")
         server.signal(SIGTERM)
         #expect(await server.waitForExit() == 0)  // exited with status 0, not killed
         #expect(!FileManager.default.fileExists(atPath: "\(directory)/.siwa/pgdata/postmaster.pid"))
@@ -85,15 +71,11 @@ struct CLITests {
         defer { try? FileManager.default.removeItem(atPath: directory) }
         #expect(try await TestBinary.run(["keys", "generate", "--dir", "keys"], directory: directory).status == 0)
         #expect(try FileManager.default.attributesOfItem(atPath: "\(directory)/keys/private-key.pem")[.posixPermissions] as? Int == 0o600)
-        let port = TestBinary.freePort()
         let environment = [
-            "SIWA_APPLE_BUNDLE_IDS": "com.example.env", "SIWA_APPLE_JWKS_URL": "file://\(directory)/keys/jwks.json", "SIWA_PORT": "\(port)", "SIWA_ADMIN_PORT": "\(TestBinary.freePort())",
+            "SIWA_APPLE_BUNDLE_IDS": "com.example.env", "SIWA_APPLE_JWKS_URL": "file://\(directory)/keys/jwks.json",
             "SIWA_METRICS_TOKEN": "a-metrics-secret-0123456789", "SIWA_ALERT_SLACK_URL": "https://hooks.example.com/secret-path",
         ]
-        let server = try Subprocess.start(
-            TestBinary.url.path, ["serve"], environment: ProcessInfo.processInfo.environment.merging(environment) { $1 }.filter { $0.key != "DATABASE_URL" },
-            workingDirectory: directory)
-        #expect(await TestBinary.waitReady(port: port))
+        let server = try await TestBinary.startServing(environment: environment, unsetting: { $0 == "DATABASE_URL" }, directory: directory).process
         let postmasterPID = try String(contentsOfFile: "\(directory)/.siwa/pgdata/postmaster.pid", encoding: .utf8).split(separator: "\n").first.map(String.init)
         let pid = try #require(postmasterPID)
         let variables = try Data(contentsOf: URL(fileURLWithPath: "/proc/\(pid)/environ")).split(separator: 0).map { String(decoding: $0, as: UTF8.self) }

@@ -25,22 +25,19 @@ struct DatabaseRoleTests {
         owned.user = role
         let ownerURL = try #require(owned.string)
 
+        let nothing = TestBinary.RefusingPort()  // doctor's URL: nothing listens there
         for (url, superuser) in [(superuserURL, true), (ownerURL, false)] {
-            let (server, output) = try ChildOutput.start(
-                TestBinary.url.path, ["serve"],
-                environment: ProcessInfo.processInfo.environment.merging([
-                    "DATABASE_URL": url, "SIWA_APPLE_BUNDLE_IDS": "com.example.role", "SIWA_PORT": "\(TestBinary.freePort())",
-                    "SIWA_ADMIN_PORT": "\(TestBinary.freePort())", "SIWA_APPLE_JWKS_URL": "file:///nonexistent/jwks.json",
-                ]) { $1 },
-                workingDirectory: directory)
             // The warning comes after the migrations and before the listener.
-            #expect(await output.wait(for: "siwa-events listening"), "\(output.text)")
+            let serving = try await TestBinary.startServing(
+                environment: ["DATABASE_URL": url, "SIWA_APPLE_BUNDLE_IDS": "com.example.role", "SIWA_APPLE_JWKS_URL": "file:///nonexistent/jwks.json"],
+                directory: directory, ready: false)
+            let (server, output) = (serving.process, serving.output)
             server.signal(SIGTERM)
             #expect(await server.waitForExit() == 0)
             #expect(output.text.contains("a superuser") == superuser, "\(superuser): \(output.text)")
 
             let doctor = try await TestBinary.run(
-                ["doctor", "--url", "http://127.0.0.1:\(TestBinary.freePort())/apple/notifications", "--timeout", "2s"],
+                ["doctor", "--url", "http://127.0.0.1:\(nothing.port)/apple/notifications", "--timeout", "2s"],
                 environment: ["DATABASE_URL": url], directory: directory)
             if superuser {
                 #expect(doctor.stdout.contains("FAIL  database:") && doctor.stdout.contains("a superuser"), "\(doctor.stdout)")
@@ -50,8 +47,9 @@ struct DatabaseRoleTests {
         }
         // Nothing to check where there is no database: said, not failed.
         let nowhere = try await TestBinary.run(
-            ["doctor", "--url", "http://127.0.0.1:\(TestBinary.freePort())/apple/notifications", "--timeout", "2s"],
+            ["doctor", "--url", "http://127.0.0.1:\(nothing.port)/apple/notifications", "--timeout", "2s"],
             directory: directory)
         #expect(nowhere.stdout.contains("warn  database: not checked"), "\(nowhere.stdout)")
+        withExtendedLifetime(nothing) {}
     }
 }

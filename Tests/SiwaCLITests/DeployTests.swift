@@ -207,9 +207,7 @@ struct DeployTests {
         defer { keys.remove() }
         let databaseURL = try await TestBinary.databaseURL()
         // Only what must differ on this machine: the database, Apple's keys (no internet), the ports.
-        func local(_ port: Int) -> [String: String] {
-            ["SIWA_APPLE_JWKS_URL": keys.jwksURL, "SIWA_APPLE_BUNDLE_IDS": keys.aud, "SIWA_PORT": "\(port)", "SIWA_ADMIN_PORT": "\(TestBinary.freePort())"]
-        }
+        let local = ["SIWA_APPLE_JWKS_URL": keys.jwksURL, "SIWA_APPLE_BUNDLE_IDS": keys.aud]
 
         // systemd: ExecStart's arguments, EnvironmentFile's variables (the shipped example).
         let unit = try String(contentsOf: Repository.deploy.appendingPathComponent("systemd/siwa-events.service"), encoding: .utf8)
@@ -241,11 +239,9 @@ struct DeployTests {
             ("systemd", Array(execStart.dropFirst()), envFile.merging(unitEnvironment) { $1 }),
             ("container", Array(image.entrypoint.dropFirst()), image.environment.merging(["DATABASE_URL": databaseURL]) { $1 }),
         ] {
-            let port = TestBinary.freePort()
-            let server = try Subprocess.start(
-                TestBinary.url.path, arguments, environment: isolated.merging(environment) { $1 }.merging(local(port)) { $1 }, workingDirectory: "/tmp")
-            let ready = await TestBinary.waitReady(port: port)
-            #expect(ready, "\(name): not ready")
+            let serving = try await TestBinary.startServing(
+                arguments, environment: isolated.merging(environment) { $1 }.merging(local) { $1 }, unsetting: { _ in true }, directory: "/tmp")
+            let (server, port) = (serving.process, serving.port)
             if name == "container" {
                 // The image's HEALTHCHECK command, pointed at this port.
                 let check = image.healthcheck.dropFirst().map { $0.replacingOccurrences(of: ":8080/", with: ":\(port)/") }
@@ -257,7 +253,7 @@ struct DeployTests {
             #expect(await server.waitForExit() == 0, "\(name): exit status after SIGTERM")
 
             // Without DATABASE_URL: a clear refusal, never a private database.
-            var missing = isolated.merging(environment) { $1 }.merging(local(port)) { $1 }
+            var missing = isolated.merging(environment) { $1 }.merging(local) { $1 }.merging(["SIWA_PORT": "0", "SIWA_ADMIN_PORT": "0"]) { $1 }
             missing["DATABASE_URL"] = nil
             missing["DATABASE_URL_FILE"] = nil
             let refused = try await Subprocess.run(TestBinary.url.path, arguments, environment: missing, workingDirectory: keys.directory)
@@ -281,13 +277,9 @@ struct DeployTests {
         let keys = try await TestBinary.Keys.make()
         defer { keys.remove() }
 
-        let port = TestBinary.freePort()
         let base = ["DATABASE_URL": url, "SIWA_APPLE_BUNDLE_IDS": keys.aud, "SIWA_APPLE_JWKS_URL": keys.jwksURL, "SIWA_DATABASE_TIMEOUT": "1s"]
-        let log = "\(directory)/server.log"
-        let server = try Subprocess.start(
-            TestBinary.url.path, ["serve"], environment: ProcessInfo.processInfo.environment.merging(base) { $1 }.merging(["SIWA_PORT": "\(port)", "SIWA_ADMIN_PORT": "\(TestBinary.freePort())"]) { $1 },
-            outputPath: log)
-        #expect(await TestBinary.waitReady(port: port))
+        let serving = try await TestBinary.startServing(environment: base, directory: directory)
+        let (server, port) = (serving.process, serving.port)
 
         try await cluster.stop()
         let down = await TestBinary.poll(http, "http://127.0.0.1:\(port)/health/ready", until: { $0 == 503 })
@@ -307,7 +299,8 @@ struct DeployTests {
         #expect(burst.allSatisfy { $0 == 200 }, "statuses after the outage: \(burst)")
         server.signal(SIGTERM)
         let status = await server.waitForExit()
-        let output = (try? String(contentsOfFile: log, encoding: .utf8)) ?? ""
+        _ = await serving.output.waitForEnd()
+        let output = serving.output.text
         #expect(status == 0, "exit \(status); log: \(output.suffix(20000))")
         // A first start on an empty database: the workers wait for the migrations.
         #expect(output.contains("migration applied") && !output.contains("does not exist"), "\(output.prefix(5000))")
@@ -315,10 +308,8 @@ struct DeployTests {
         // Apple's keys unreachable: a worker is ready (it never needs them), a receiver is not.
         let unreachable = base.merging(["SIWA_APPLE_JWKS_URL": "file://\(directory)/missing-jwks.json"]) { $1 }
         for (role, expected) in [("worker", 200), ("receiver", 503)] {
-            let port = TestBinary.freePort()
-            let process = try Subprocess.start(
-                TestBinary.url.path, ["serve", "--role", role],
-                environment: ProcessInfo.processInfo.environment.merging(unreachable) { $1 }.merging(["SIWA_PORT": "\(port)", "SIWA_ADMIN_PORT": "\(TestBinary.freePort())"]) { $1 })
+            let serving = try await TestBinary.startServing(["serve", "--role", role], environment: unreachable, directory: directory, ready: false)
+            let (process, port) = (serving.process, serving.port)
             let answer = await TestBinary.poll(http, "http://127.0.0.1:\(port)/health/ready", until: { $0 == expected }, seconds: 30)
             #expect(answer != nil, "\(role): /health/ready never answered \(expected)")
             if role == "receiver" { #expect(answer?.contains(#""apple_keys":"unavailable""#) == true && answer?.contains(directory) == false, "\(answer ?? "")") }
@@ -339,14 +330,11 @@ struct DeployTests {
         // A callback endpoint that accepts and never answers: deliveries are in hand (leased,
         // `running`) when the signal comes, and must be handed back.
         let endpoint = try await CallbackEndpoint.start(hang: true)
-        let port = TestBinary.freePort()
-        let server = try Subprocess.start(
-            TestBinary.url.path, ["serve"],
-            environment: ProcessInfo.processInfo.environment.merging([
-                "DATABASE_URL": databaseURL, "SIWA_APPLE_BUNDLE_IDS": keys.aud, "SIWA_APPLE_JWKS_URL": keys.jwksURL, "SIWA_PORT": "\(port)", "SIWA_ADMIN_PORT": "\(TestBinary.freePort())",
-                "SIWA_SHUTDOWN_GRACE": "10s", "SIWA_CALLBACK_URL": endpoint.url.absoluteString, "SIWA_CALLBACK_SECRET": TestWebhooks.secret, "SIWA_CALLBACK_TIMEOUT": "60s",
-            ]) { $1 })
-        #expect(await TestBinary.waitReady(port: port))
+        let serving = try await TestBinary.startServing(environment: [
+            "DATABASE_URL": databaseURL, "SIWA_APPLE_BUNDLE_IDS": keys.aud, "SIWA_APPLE_JWKS_URL": keys.jwksURL,
+            "SIWA_SHUTDOWN_GRACE": "10s", "SIWA_CALLBACK_URL": endpoint.url.absoluteString, "SIWA_CALLBACK_SECRET": TestWebhooks.secret, "SIWA_CALLBACK_TIMEOUT": "60s",
+        ])
+        let (server, port) = (serving.process, serving.port)
         let bodies = try keys.bodies(count: 3_000, prefix: "term")
         let load = DeliveryLoad(bodies: bodies, ports: [port])
         var exit: Task<(Int32, Duration), Never>?
@@ -390,14 +378,9 @@ struct DeployTests {
         let keys = try await TestBinary.Keys.make()
         defer { keys.remove() }
         let databaseURL = try await TestBinary.databaseURL()
-        let ports = [TestBinary.freePort(), TestBinary.freePort()]
-        let environment = ProcessInfo.processInfo.environment.merging([
-            "DATABASE_URL": databaseURL, "SIWA_APPLE_BUNDLE_IDS": keys.aud, "SIWA_APPLE_JWKS_URL": keys.jwksURL, "SIWA_JOB_LEASE": "2s",
-        ]) { $1 }
-        let replicas = try ports.map { port in
-            try Subprocess.start(TestBinary.url.path, ["serve"], environment: environment.merging(["SIWA_PORT": "\(port)", "SIWA_ADMIN_PORT": "\(TestBinary.freePort())"]) { $1 })
-        }
-        for port in ports { #expect(await TestBinary.waitReady(port: port)) }
+        let environment = ["DATABASE_URL": databaseURL, "SIWA_APPLE_BUNDLE_IDS": keys.aud, "SIWA_APPLE_JWKS_URL": keys.jwksURL, "SIWA_JOB_LEASE": "2s"]
+        let serving = [try await TestBinary.startServing(environment: environment), try await TestBinary.startServing(environment: environment)]
+        let (replicas, ports) = (serving.map(\.process), serving.map(\.port))
         let bodies = try keys.bodies(count: 2_000, prefix: "replica", users: 200)
         // Senders alternate between the replicas; a request the killed one did not answer is sent
         // again to the other, as Apple retries.
@@ -416,13 +399,12 @@ struct DeployTests {
         #expect(acknowledged.count == bodies.count, "every notification acknowledged by one replica or the other")
         try await TestBinary.withDatabase(databaseURL) { client in
             // The survivor applies everything, including jobs the killed replica's transactions held (rolled back when it died).
-            var pending = -1
-            for _ in 0..<120 {
-                pending = try await TestBinary.count(client, "SELECT count(*) FROM jobs WHERE lane = 'effects' AND state <> 'completed'")
-                if pending == 0 { break }
-                try await Task.sleep(for: .milliseconds(250))
+            // Re-counted at each applied batch (its NOTIFY siwa_effects); the survivor takes the
+            // killed replica's jobs once their 2 s lease runs out.
+            let applied = try await DatabaseEvents.wait(client, on: "siwa_effects", within: .seconds(60)) {
+                try await TestBinary.count(client, "SELECT count(*) FROM jobs WHERE lane = 'effects' AND state <> 'completed'") == 0
             }
-            #expect(pending == 0)
+            #expect(applied, "effect jobs still pending after 60 s")
             #expect(try await TestBinary.count(client, "SELECT count(*) FROM notifications WHERE jti = ANY(\(acknowledged)) AND status = 'applied'") == acknowledged.count)
             #expect(try await TestBinary.count(client, "SELECT count(*) FROM (SELECT job_id FROM job_attempts WHERE outcome = 'applied' GROUP BY job_id HAVING count(*) > 1) twice") == 0)
             #expect(try await TestBinary.count(client, "SELECT count(*) FROM job_attempts WHERE outcome = 'applied'") == bodies.count)
@@ -436,25 +418,16 @@ struct DeployTests {
         let keys = try await TestBinary.Keys.make()
         defer { keys.remove() }
         let databaseURL = try await TestBinary.databaseURL()
-        let environment = ProcessInfo.processInfo.environment.merging([
-            "DATABASE_URL": databaseURL, "SIWA_APPLE_BUNDLE_IDS": keys.aud, "SIWA_APPLE_JWKS_URL": keys.jwksURL, "SIWA_JOB_NOTIFY": "off",
-        ]) { $1 }
-        let (receiverPort, workerPort) = (TestBinary.freePort(), TestBinary.freePort())
-        let receiver = try Subprocess.start(
-            TestBinary.url.path, ["serve", "--role", "receiver"], environment: environment.merging(["SIWA_PORT": "\(receiverPort)", "SIWA_ADMIN_PORT": "\(TestBinary.freePort())"]) { $1 })
-        let worker = try Subprocess.start(
-            TestBinary.url.path, ["serve", "--role", "worker"], environment: environment.merging(["SIWA_PORT": "\(workerPort)", "SIWA_ADMIN_PORT": "\(TestBinary.freePort())"]) { $1 })
-        #expect(await TestBinary.waitReady(port: receiverPort))
-        #expect(await TestBinary.waitReady(port: workerPort))
+        let environment = ["DATABASE_URL": databaseURL, "SIWA_APPLE_BUNDLE_IDS": keys.aud, "SIWA_APPLE_JWKS_URL": keys.jwksURL, "SIWA_JOB_NOTIFY": "off"]
+        let receiving = try await TestBinary.startServing(["serve", "--role", "receiver"], environment: environment)
+        let working = try await TestBinary.startServing(["serve", "--role", "worker"], environment: environment)
+        let (receiver, worker, receiverPort) = (receiving.process, working.process, receiving.port)
         let load = DeliveryLoad(bodies: try keys.bodies(count: 40, prefix: "poll"), ports: [receiverPort])
         await load.send()
         #expect(load.acknowledged.count == 40)
         try await TestBinary.withDatabase(databaseURL) { client in
-            var applied = 0
-            for _ in 0..<80 where applied < 40 {
-                applied = try await TestBinary.count(client, "SELECT count(*) FROM notifications WHERE status = 'applied'")
-                try await Task.sleep(for: .milliseconds(250))
-            }
+            // The worker does not LISTEN, but its batches still NOTIFY siwa_effects: the test listens.
+            let applied = try await DatabaseEvents.count(client, "SELECT count(*) FROM notifications WHERE status = 'applied'", reaches: 40)
             #expect(applied == 40)
             #expect(try await TestBinary.count(client, "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND query ILIKE 'LISTEN%'") == 0)
         }
@@ -470,14 +443,10 @@ struct DeployTests {
     func doctor() async throws {
         let keys = try await TestBinary.Keys.make()
         defer { keys.remove() }
-        let port = TestBinary.freePort()
-        let server = try Subprocess.start(
-            TestBinary.url.path, ["serve", "--role", "receiver"],
-            environment: ProcessInfo.processInfo.environment.merging([
-                "DATABASE_URL": try await TestBinary.databaseURL(), "SIWA_APPLE_BUNDLE_IDS": keys.aud, "SIWA_APPLE_JWKS_URL": keys.jwksURL,
-                "SIWA_PORT": "\(port)", "SIWA_ADMIN_PORT": "\(TestBinary.freePort())",
-            ]) { $1 })
-        #expect(await TestBinary.waitReady(port: port))
+        let serving = try await TestBinary.startServing(
+            ["serve", "--role", "receiver"],
+            environment: ["DATABASE_URL": try await TestBinary.databaseURL(), "SIWA_APPLE_BUNDLE_IDS": keys.aud, "SIWA_APPLE_JWKS_URL": keys.jwksURL])
+        let (server, port) = (serving.process, serving.port)
         func doctor(_ arguments: [String]) async throws -> TestBinary.Run {
             try await TestBinary.run(["doctor"] + arguments + ["--timeout", "5s"], directory: keys.directory)
         }
@@ -502,21 +471,14 @@ struct DeployTests {
             environment: ProcessInfo.processInfo.environment)
         #expect(generated.succeeded, "\(generated.combinedOutput)")
         // siwa-events serving HTTPS itself (SIWA_TLS_CERT_FILE / SIWA_TLS_KEY_FILE).
-        let tlsPort = TestBinary.freePort()
-        let tlsEnvironment = ProcessInfo.processInfo.environment.merging([
+        let tlsSettings = [
             "DATABASE_URL": try await TestBinary.databaseURL(), "SIWA_APPLE_BUNDLE_IDS": keys.aud, "SIWA_APPLE_JWKS_URL": keys.jwksURL,
-            "SIWA_PORT": "\(tlsPort)", "SIWA_ADMIN_PORT": "\(TestBinary.freePort())", "SIWA_TLS_CERT_FILE": "\(keys.directory)/tls.pem", "SIWA_TLS_KEY_FILE": "\(keys.directory)/tls.key",
-        ]) { $1 }
-        let tls = try Subprocess.start(TestBinary.url.path, ["serve", "--role", "receiver"], environment: tlsEnvironment)
-        var untrusted = try await doctor(["--url", "https://localhost:\(tlsPort)/apple/notifications"])
-        // Still starting: refused, reset, or (seen on a loaded machine) "cannot connect to …: notFound".
-        for _ in 0..<120
-        where untrusted.stdout.contains("Connection refused") || untrusted.stdout.contains("connection reset")
-            || untrusted.stdout.contains("FAIL  tls: cannot connect to")
-        {
-            try await Task.sleep(for: .milliseconds(250))
-            untrusted = try await doctor(["--url", "https://localhost:\(tlsPort)/apple/notifications"])
-        }
+            "SIWA_TLS_CERT_FILE": "\(keys.directory)/tls.pem", "SIWA_TLS_KEY_FILE": "\(keys.directory)/tls.key",
+        ]
+        let tlsServing = try await TestBinary.startServing(["serve", "--role", "receiver"], environment: tlsSettings)
+        let (tls, tlsPort) = (tlsServing.process, tlsServing.port)
+        // Listening (logged once the listener is bound): the handshake is answered at once.
+        let untrusted = try await doctor(["--url", "https://localhost:\(tlsPort)/apple/notifications"])
         #expect(untrusted.stdout.contains("FAIL  tls: handshake with localhost:\(tlsPort) failed"), "\(untrusted.stdout)")
         #expect(untrusted.status == 1)
         let trusted = try await doctor(["--url", "https://localhost:\(tlsPort)/apple/notifications", "--ca-file", "\(keys.directory)/tls.pem"])
@@ -529,7 +491,7 @@ struct DeployTests {
         #expect(await tls.waitForExit() == 0)
 
         // Half a TLS configuration is a configuration error naming what is missing.
-        var half = tlsEnvironment
+        var half = ProcessInfo.processInfo.environment.merging(tlsSettings) { $1 }.merging(["SIWA_PORT": "0", "SIWA_ADMIN_PORT": "0"]) { $1 }
         half["SIWA_TLS_KEY_FILE"] = nil
         let refused = try await Subprocess.run(TestBinary.url.path, ["serve"], environment: half, workingDirectory: keys.directory)
         #expect(refused.status == 78 && refused.standardError.contains("SIWA_TLS_KEY_FILE"), "\(refused.combinedOutput)")

@@ -33,16 +33,11 @@ struct HardKillTests {
 
         // The real binary, role all (receiver and workers commit concurrently), durable embedded
         // PostgreSQL under ./.siwa as a user runs it.
-        let port = TestBinary.freePort()
-        let environment = [
-            "SIWA_APPLE_BUNDLE_IDS": aud, "SIWA_APPLE_JWKS_URL": "file://\(directory)/keys/jwks.json", "SIWA_PORT": "\(port)", "SIWA_ADMIN_PORT": "\(TestBinary.freePort())",
-        ]
-        let server = try Subprocess.start(
-            TestBinary.url.path, ["serve"], environment: ProcessInfo.processInfo.environment.merging(environment) { $1 },
-            workingDirectory: directory)
+        let serving = try await TestBinary.startServing(
+            environment: ["SIWA_APPLE_BUNDLE_IDS": aud, "SIWA_APPLE_JWKS_URL": "file://\(directory)/keys/jwks.json"], directory: directory)
+        let server = serving.process
         let http = HTTPClient(eventLoopGroupProvider: .singleton)
-        let url = "http://127.0.0.1:\(port)/apple/notifications"
-        #expect(await TestBinary.waitReady(port: port))
+        let url = "http://127.0.0.1:\(serving.port)/apple/notifications"
 
         // 32 concurrent senders; the server is killed once 600 answers have come back.
         let load = Load()

@@ -66,25 +66,24 @@ struct IntegrationGuideTests {
         let databaseURL = try await TestBinary.databaseURL()
         let endpoint = try await CallbackEndpoint.start()
         defer { Task { await endpoint.stop() } }
-        let (port, adminPort) = (TestBinary.freePort(), TestBinary.freePort())
-        let shell = Shell(directory: directory, environment: ProcessInfo.processInfo.environment.merging([
-            "PATH": "\(directory)/bin:" + (ProcessInfo.processInfo.environment["PATH"] ?? "/usr/bin:/bin"),
-            "DATABASE_URL": databaseURL, "SIWA_PUBLIC": "http://127.0.0.1:\(port)", "SIWA_ADMIN": "http://127.0.0.1:\(adminPort)",
-        ]) { $1 })
+        let shellEnvironment = ProcessInfo.processInfo.environment.merging([
+            "PATH": "\(directory)/bin:" + (ProcessInfo.processInfo.environment["PATH"] ?? "/usr/bin:/bin"), "DATABASE_URL": databaseURL,
+        ]) { $1 }
 
-        let keys = try await shell.run(try block("keys"))
+        let keys = try await Shell(directory: directory, environment: shellEnvironment).run(try block("keys"))
         #expect(keys.status == 0, "\(keys.stderr)")
-        let server = try Subprocess.start(
-            TestBinary.url.path, ["serve"],
-            environment: ProcessInfo.processInfo.environment.merging([
+        let serving = try await TestBinary.startServing(
+            environment: [
                 "DATABASE_URL": databaseURL, "SIWA_APPLE_BUNDLE_IDS": "com.example.app", "SIWA_APPLE_JWKS_URL": "file://\(directory)/siwa-keys/jwks.json",
-                "SIWA_PORT": "\(port)", "SIWA_ADMIN_PORT": "\(adminPort)", "SIWA_CALLBACK_URL": endpoint.url.absoluteString,
-                "SIWA_CALLBACK_SECRET": TestWebhooks.secret,
-            ]) { $1 }, workingDirectory: directory, outputPath: "\(directory)/serve.log")
+                "SIWA_CALLBACK_URL": endpoint.url.absoluteString, "SIWA_CALLBACK_SECRET": TestWebhooks.secret,
+            ], directory: directory)
+        let (server, port, adminPort) = (serving.process, serving.port, serving.adminPort)
         defer {
             server.signal(SIGTERM)
         }
-        #expect(await TestBinary.waitReady(port: port))
+        let shell = Shell(directory: directory, environment: shellEnvironment.merging([
+            "SIWA_PUBLIC": "http://127.0.0.1:\(port)", "SIWA_ADMIN": "http://127.0.0.1:\(adminPort)",
+        ]) { $1 })
 
         // Recipe 1: the sessions API.
         let token = try await shell.run(try block("api-token") + "\necho \"$SIWA_TOKEN\"")
@@ -170,16 +169,13 @@ struct IntegrationGuideTests {
         let databaseURL = try await TestBinary.databaseURL()
         let endpoint = try await CallbackEndpoint.start()
         defer { Task { await endpoint.stop() } }
-        let port = TestBinary.freePort()
-        let server = try Subprocess.start(
-            TestBinary.url.path, ["serve"],
-            environment: ProcessInfo.processInfo.environment.merging([
+        let serving = try await TestBinary.startServing(
+            environment: [
                 "DATABASE_URL": databaseURL, "SIWA_APPLE_BUNDLE_IDS": "com.example.app", "SIWA_APPLE_JWKS_URL": "file://\(directory)/keys/jwks.json",
-                "SIWA_PORT": "\(port)", "SIWA_ADMIN_PORT": "\(TestBinary.freePort())", "SIWA_CALLBACK_URL": endpoint.url.absoluteString,
-                "SIWA_CALLBACK_SECRET": TestWebhooks.secret,
-            ]) { $1 }, workingDirectory: directory, outputPath: "\(directory)/serve.log")
+                "SIWA_CALLBACK_URL": endpoint.url.absoluteString, "SIWA_CALLBACK_SECRET": TestWebhooks.secret,
+            ], directory: directory)
+        let (server, port) = (serving.process, serving.port)
         defer { server.signal(SIGTERM) }
-        #expect(await TestBinary.waitReady(port: port))
         let environment = ["DATABASE_URL": databaseURL]
         let sent = try await TestBinary.run(
             ["send", "account-delete", "--sub", "001.redeliver.1", "--keys", "keys", "--aud", "com.example.app", "--url", "http://127.0.0.1:\(port)"],
@@ -191,10 +187,10 @@ struct IntegrationGuideTests {
         let jti = try #require(JSONValue.parse(Data(sent.stdout.dropFirst(4).utf8))?["id"]?.stringValue, "\(sent.stdout)")
 
         // Listed webhook-id first; delivered once the deliverer has recorded its attempt.
-        var listed = ""
-        for _ in 0..<200 where !listed.contains("completed") {
-            listed = try await TestBinary.run(["callbacks", "list"], environment: environment, directory: directory).stdout
-        }
+        // The deliverer logs the delivery once its attempt is recorded.
+        let recorded = await serving.output.wait(forLineWith: ["webhook_id=\(original)", "outcome=delivered"], within: .seconds(60))
+        #expect(recorded, "no 'callback … outcome=delivered' line for \(original) within 60 s: \(serving.output.text.suffix(3000))")
+        let listed = try await TestBinary.run(["callbacks", "list"], environment: environment, directory: directory).stdout
         #expect(listed.hasPrefix("WEBHOOK ID"), "\(listed)")
         #expect(listed.contains("\(original)  ") && listed.contains("completed"), "\(listed)")
         let shown = try await TestBinary.run(["notifications", "show", jti, "--json"], environment: environment, directory: directory)

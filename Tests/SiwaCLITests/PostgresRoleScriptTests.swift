@@ -45,10 +45,12 @@ struct PostgresRoleScriptTests {
         let url = try #require(service.string)
         let migrate = try await TestBinary.run(["migrate"], environment: ["DATABASE_URL": url], directory: directory)
         #expect(migrate.status == 0, "\(migrate.stderr)")
+        let nothing = TestBinary.RefusingPort()  // doctor's URL: nothing listens there
         let doctor = try await TestBinary.run(
-            ["doctor", "--url", "http://127.0.0.1:\(TestBinary.freePort())/apple/notifications", "--timeout", "2s"],
+            ["doctor", "--url", "http://127.0.0.1:\(nothing.port)/apple/notifications", "--timeout", "2s"],
             environment: ["DATABASE_URL": url], directory: directory)
         #expect(doctor.stdout.contains("ok    database:") && doctor.stdout.contains("connected as \(role), not a superuser"), "\(doctor.stdout)")
+        withExtendedLifetime(nothing) {}
         // A backend role granted by siwa-events gets CONNECT of its own (PUBLIC has none here).
         try await TestBinary.withDatabase(superuserURL) { client in try await client.query(PostgresQuery(unsafeSQL: "CREATE ROLE backend_\(suffix) LOGIN")) }
         let granted = try await TestBinary.run(["db", "grant-backend", "--role", "backend_\(suffix)"], environment: ["DATABASE_URL": url], directory: directory)

@@ -13,7 +13,7 @@ struct QuickstartTests {
     func quickstart() async throws {
         let blocks = try IntegrationGuideTests.testedBlocks(in: "README.md")
         #expect(Set(blocks.keys) == ["quickstart", "quickstart-revoked"], "README.md's tested blocks changed: run each new one here")
-        let (port, adminPort) = (TestBinary.freePort(), TestBinary.freePort())
+        var (port, adminPort) = (0, 0)  // the server's, once it has bound them
         func block(_ name: String) throws -> String {
             try #require(blocks[name]?.code, "README.md has no tested block \(name)")
                 .replacingOccurrences(of: "127.0.0.1:8080", with: "127.0.0.1:\(port)")
@@ -34,15 +34,14 @@ struct QuickstartTests {
         #expect(try await TestBinary.run(["keys", "generate", "--dir", "siwa-keys"], directory: directory).status == 0)
         let endpoint = try await CallbackEndpoint.start()
         defer { Task { await endpoint.stop() } }
-        let server = try Subprocess.start(
-            TestBinary.url.path, ["serve"],
-            environment: environment.merging([
+        let serving = try await TestBinary.startServing(
+            environment: [
                 "SIWA_APPLE_BUNDLE_IDS": "com.example.app", "SIWA_APPLE_JWKS_URL": "file://\(directory)/siwa-keys/jwks.json",
-                "SIWA_PORT": "\(port)", "SIWA_ADMIN_PORT": "\(adminPort)",
                 "SIWA_CALLBACK_URL": endpoint.url.absoluteString, "SIWA_CALLBACK_SECRET": TestWebhooks.secret,
-            ]) { $1 }, workingDirectory: directory, outputPath: "\(directory)/serve.log")
+            ], unsetting: { $0.hasPrefix("SIWA_") || $0 == "DATABASE_URL" }, directory: directory)
+        let server = serving.process
         defer { server.signal(SIGTERM) }
-        try #require(await TestBinary.waitReady(port: port))
+        (port, adminPort) = (serving.port, serving.adminPort)
 
         // Steps 3 to 5.
         let steps = try await shell.run(try block("quickstart"))

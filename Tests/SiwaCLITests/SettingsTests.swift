@@ -128,20 +128,16 @@ struct SettingsTests {
         let keys = try await TestBinary.Keys.make()
         defer { keys.remove() }
         let token = "metrics-token-from-a-file-0123"
-        let port = TestBinary.freePort(), adminPort = TestBinary.freePort()
         let environment = [
             "DATABASE_URL_FILE": try Self.secretFile(directory, "database-url", try await TestBinary.databaseURL()),
             "SIWA_EMBEDDED_DATABASE": "off",
             "SIWA_CALLBACK_URL": "http://127.0.0.1:9/siwa", "SIWA_CALLBACK_SECRET_FILE": try Self.secretFile(directory, "callback-secret", TestWebhooks.secret),
             "SIWA_METRICS_TOKEN_FILE": try Self.secretFile(directory, "metrics-token", token),
-            "SIWA_APPLE_BUNDLE_IDS": keys.aud, "SIWA_APPLE_JWKS_URL": keys.jwksURL, "SIWA_PORT": "\(port)", "SIWA_ADMIN_PORT": "\(adminPort)",
+            "SIWA_APPLE_BUNDLE_IDS": keys.aud, "SIWA_APPLE_JWKS_URL": keys.jwksURL,
         ]
-        let server = try Subprocess.start(
-            TestBinary.url.path, ["serve"],
-            environment: ProcessInfo.processInfo.environment.filter { !$0.key.hasPrefix("SIWA_") && $0.key != "DATABASE_URL" }.merging(environment) { $1 },
-            workingDirectory: directory, outputPath: "\(directory)/server.log")
-        let ready = await TestBinary.waitReady(port: port)
-        #expect(ready, "\((try? String(contentsOfFile: "\(directory)/server.log", encoding: .utf8)) ?? "")")
+        let serving = try await TestBinary.startServing(
+            environment: environment, unsetting: { $0.hasPrefix("SIWA_") || $0 == "DATABASE_URL" }, directory: directory)
+        let (server, adminPort) = (serving.process, serving.adminPort)
         let http = HTTPClient(eventLoopGroupProvider: .singleton)
         var request = HTTPClientRequest(url: "http://127.0.0.1:\(adminPort)/metrics")
         #expect(try await http.execute(request, timeout: .seconds(5)).status.code == 401)

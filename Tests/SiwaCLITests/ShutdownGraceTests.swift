@@ -14,14 +14,12 @@ struct ShutdownGraceTests {
         let keys = try await TestBinary.Keys.make()
         defer { keys.remove() }
         let databaseURL = try await TestBinary.databaseURL()
-        let port = TestBinary.freePort()
-        let environment = ProcessInfo.processInfo.environment.merging([
+        let serving = try await TestBinary.startServing(environment: [
             "DATABASE_URL": databaseURL, "SIWA_APPLE_BUNDLE_IDS": keys.aud, "SIWA_APPLE_JWKS_URL": keys.jwksURL,
-            "SIWA_DATABASE_TIMEOUT": "120s", "SIWA_SHUTDOWN_GRACE": "1s", "SIWA_PORT": "\(port)", "SIWA_ADMIN_PORT": "\(TestBinary.freePort())",
-        ]) { $1 }
-        let server = try Subprocess.start(TestBinary.url.path, ["serve"], environment: environment)
-        #expect(await TestBinary.waitReady(port: port))
-        let load = DeliveryLoad(bodies: try keys.bodies(count: 1, prefix: "grace"), ports: [port])
+            "SIWA_DATABASE_TIMEOUT": "120s", "SIWA_SHUTDOWN_GRACE": "1s",
+        ])
+        let server = serving.process
+        let load = DeliveryLoad(bodies: try keys.bodies(count: 1, prefix: "grace"), ports: [serving.port])
         try await TestBinary.withDatabase(databaseURL) { client in
             // Another session holds the lock the receiver's insert needs: the delivery is in flight,
             // and graceful shutdown waits for it.
@@ -29,12 +27,9 @@ struct ShutdownGraceTests {
                 _ = try await connection.query("BEGIN", logger: Self.logger)
                 _ = try await connection.query("LOCK TABLE notifications IN SHARE MODE", logger: Self.logger)
                 let delivery = Task { await load.send() }
-                var waiting = 0
-                for _ in 0..<600 where waiting == 0 {
-                    waiting = try await TestBinary.count(client, "SELECT count(*) FROM pg_locks WHERE relation = 'notifications'::regclass AND NOT granted")
-                    if waiting == 0 { try await Task.sleep(for: .milliseconds(100)) }
-                }
-                try #require(waiting > 0, "the delivery never reached the database")
+                let waiting = try await DatabaseEvents.waitForLockWaiters(
+                    client, "SELECT count(*) FROM pg_locks WHERE relation = 'notifications'::regclass AND NOT granted", reach: 1)
+                try #require(waiting, "the delivery never reached the database (no session waits for the lock on notifications)")
                 let signalled = ContinuousClock.now
                 server.signal(SIGTERM)
                 let status = await server.waitForExit()  // the raw wait status: exit code 1, not a signal

@@ -12,9 +12,9 @@ import Testing
 /// binary names the setting and the fix, and stops (or waits) as the failure deserves.
 @Suite("Start-up errors that name the fix")
 struct StartupErrorTests {
-    /// `serve`'s environment on free ports, with the settings given.
+    /// `serve`'s environment on ports the kernel picks (0), with the settings given.
     static func serving(_ settings: [String: String]) -> [String: String] {
-        ["SIWA_APPLE_BUNDLE_IDS": "com.example.errors", "SIWA_PORT": "\(TestBinary.freePort())", "SIWA_ADMIN_PORT": "\(TestBinary.freePort())", "SIWA_DATA_DIR": ""]
+        ["SIWA_APPLE_BUNDLE_IDS": "com.example.errors", "SIWA_PORT": "0", "SIWA_ADMIN_PORT": "0", "SIWA_DATA_DIR": ""]
             .merging(settings) { $1 }
     }
 
@@ -85,7 +85,8 @@ struct StartupErrorTests {
     func databaseUnreachable() async throws {
         let directory = try TestBinary.makeDirectory("unreachable")
         defer { try? FileManager.default.removeItem(atPath: directory) }
-        let port = TestBinary.freePort()
+        let refusing = TestBinary.RefusingPort()  // DATABASE_URL's port: bound, never listening
+        let port = refusing.port
         let url = "postgres://siwa:hunter2@127.0.0.1:\(port)/siwa"
         let (server, serveOutput) = try ChildOutput.start(
             TestBinary.url.path, ["serve"], environment: ProcessInfo.processInfo.environment.merging(Self.serving(["DATABASE_URL": url])) { $1 },
@@ -100,6 +101,7 @@ struct StartupErrorTests {
         let list = try await TestBinary.run(["jobs", "list"], environment: ["DATABASE_URL": url], directory: directory, within: .seconds(30))
         #expect(list.status == 69, "\(list.status): \(list.output)")
         #expect(list.output.contains("DATABASE_URL: cannot reach postgres://siwa:***@127.0.0.1:\(port)/siwa") && list.output.contains("refused"), "\(list.output)")
+        withExtendedLifetime(refusing) {}
     }
 
     @Test("A port in use: serve names the address and SIWA_PORT (or SIWA_ADMIN_PORT) and exits 78")
@@ -129,20 +131,22 @@ struct StartupErrorTests {
         let url = try await TestBinary.databaseURL()
         // A mirror with credentials in its URL: they are never shown (log, health, errors).
         let jwksURL = "http://mirror:s3cret-pw@127.0.0.1:\(apple.port)/auth/keys"
-        let environment = Self.serving(["DATABASE_URL": url, "SIWA_APPLE_BUNDLE_IDS": keys.aud, "SIWA_APPLE_JWKS_URL": jwksURL])
-        let port = try #require(Int(environment["SIWA_PORT"] ?? ""))
-        let log = "\(directory)/serve.log"
-        let server = try Subprocess.start(
-            TestBinary.url.path, ["serve"], environment: ProcessInfo.processInfo.environment.merging(environment) { $1 }, workingDirectory: directory,
-            outputPath: log)
+        // Listening means the database is open (before the listeners) and the keys still loading
+        // (the fetch never gets an answer): one answer each, no polling.
+        let serving = try await TestBinary.startServing(
+            environment: Self.serving(["DATABASE_URL": url, "SIWA_APPLE_BUNDLE_IDS": keys.aud, "SIWA_APPLE_JWKS_URL": jwksURL]), directory: directory, ready: false)
+        let (server, port) = (serving.process, serving.port)
         let http = HTTPClient(eventLoopGroupProvider: .singleton)
-        let ready = await TestBinary.poll(http, "http://127.0.0.1:\(port)/health/ready", until: { $0 == 503 }, seconds: 60)
+        let publicAnswer = await TestBinary.get(http, "http://127.0.0.1:\(port)/health/ready")
+        #expect(publicAnswer?.status == 503, "\(publicAnswer.map { "\($0.status) \($0.body)" } ?? "no answer")")
+        let ready = publicAnswer?.body
         let checks = ready.flatMap { JSONValue.parse(Data($0.utf8)) }?["checks"]
         #expect(checks?["database"] == .string("ok"), "\(ready ?? "no answer")")
         // The public listener says one word; the admin listener says why, credentials hidden.
         #expect(checks?["apple_keys"] == .string("loading") && ready?.contains("127.0.0.1") == false, "\(ready ?? "no answer")")
-        let adminPort = try #require(Int(environment["SIWA_ADMIN_PORT"] ?? ""))
-        let adminReady = await TestBinary.poll(http, "http://127.0.0.1:\(adminPort)/health/ready", until: { $0 == 503 }, seconds: 60)
+        let adminAnswer = await TestBinary.get(http, "http://127.0.0.1:\(serving.adminPort)/health/ready")
+        #expect(adminAnswer?.status == 503, "\(adminAnswer.map { "\($0.status) \($0.body)" } ?? "no answer")")
+        let adminReady = adminAnswer?.body
         let adminChecks = adminReady.flatMap { JSONValue.parse(Data($0.utf8)) }?["checks"]
         #expect(adminChecks?["apple_keys"]?.stringValue?.hasPrefix("not loaded") == true, "\(adminReady ?? "no answer")")
         #expect(adminReady?.contains("http://***@127.0.0.1:\(apple.port)/auth/keys") == true && adminReady?.contains("s3cret") == false, "\(adminReady ?? "no answer")")
@@ -161,7 +165,8 @@ struct StartupErrorTests {
         #expect(rejections.status == 0 && rejections.stdout.isEmpty, "\(rejections.stdout) \(rejections.stderr)")
         server.signal(SIGTERM)
         #expect(await server.waitForExit() == 0)
-        let output = (try? String(contentsOfFile: log, encoding: .utf8)) ?? ""
+        _ = await serving.output.waitForEnd()
+        let output = serving.output.text
         #expect(output.contains("loading apple keys") && output.contains("http://***@127.0.0.1:\(apple.port)/auth/keys"), "\(output.suffix(3000))")
         #expect(!output.contains("s3cret-pw"), "\(output.suffix(3000))")
         try await http.shutdown()

@@ -7,17 +7,32 @@ import Testing
 @Suite("Deadlines: an answer by the limit, and at once when the caller is cancelled")
 struct DeadlineTests {
     /// An operation that answers only when opened, deaf to cancellation — as a statement
-    /// postgres-nio lost on a closing connection.
+    /// postgres-nio lost on a closing connection. Also what a test waits on for an operation to
+    /// reach a point (`wait(within:)`: bounded, false at the limit).
     final class Gate: Sendable {
-        private let state = Mutex<(open: Bool, waiters: [CheckedContinuation<Void, Never>])>((false, []))
+        private let state = Mutex<(open: Bool, next: Int, waiters: [(id: Int, continuation: CheckedContinuation<Bool, Never>)])>((false, 0, []))
 
-        func wait() async {
+        func wait() async { _ = await wait(within: nil) }
+
+        /// Whether the gate opens within `limit` (nil: no limit).
+        func wait(within limit: Duration?) async -> Bool {
             await withCheckedContinuation { continuation in
-                let now = state.withLock { state in
-                    if !state.open { state.waiters.append(continuation) }
-                    return state.open
+                let id = state.withLock { state -> Int? in
+                    if state.open { return nil }
+                    state.next += 1
+                    state.waiters.append((state.next, continuation))
+                    return state.next
                 }
-                if now { continuation.resume() }
+                guard let id else { return continuation.resume(returning: true) }
+                if let limit {
+                    after(limit) { [self] in
+                        let expired = state.withLock { state -> CheckedContinuation<Bool, Never>? in
+                            guard let index = state.waiters.firstIndex(where: { $0.id == id }) else { return nil }
+                            return state.waiters.remove(at: index).continuation
+                        }
+                        expired?.resume(returning: false)
+                    }
+                }
             }
         }
 
@@ -27,7 +42,7 @@ struct DeadlineTests {
                 defer { state.waiters = [] }
                 return state.waiters
             }
-            for waiter in waiters { waiter.resume() }
+            for waiter in waiters { waiter.continuation.resume(returning: true) }
         }
     }
 
@@ -42,25 +57,30 @@ struct DeadlineTests {
     @Test("An operation that does not answer: DeadlineExceeded at the limit, while the operation goes on to finish")
     func deadline() async throws {
         let gate = Gate()
-        let finished = Mutex(false)
+        let finished = Gate()
         await #expect(throws: DeadlineExceeded.self) {
             try await withDeadline(.milliseconds(50)) {
                 await gate.wait()
-                finished.withLock { $0 = true }
+                finished.open()
                 return 1
             }
         }
-        #expect(!finished.withLock { $0 })
+        #expect(!(await finished.wait(within: .zero)))
         gate.open()
-        for _ in 0..<500 where !finished.withLock({ $0 }) { try await Task.sleep(for: .milliseconds(10)) }
-        #expect(finished.withLock { $0 }, "the operation was abandoned, not left to finish")
+        #expect(await finished.wait(within: .seconds(10)), "the operation was abandoned, not left to finish")
     }
 
     @Test("A cancelled caller gets CancellationError at once, even from an operation deaf to cancellation")
     func cancelledWhileWaiting() async throws {
-        let gate = Gate()
-        let caller = Task { try await withDeadline(.seconds(30)) { await gate.wait(); return 1 } }
-        try await Task.sleep(for: .milliseconds(20))
+        let (gate, started) = (Gate(), Gate())
+        let caller = Task {
+            try await withDeadline(.seconds(30)) {
+                started.open()
+                await gate.wait()
+                return 1
+            }
+        }
+        #expect(await started.wait(within: .seconds(10)), "the operation never started")  // the caller waits on it now
         caller.cancel()
         // Waiting for the operation (or the 30 s limit) would end in DeadlineExceeded instead.
         await #expect(throws: CancellationError.self) { try await caller.value }
@@ -69,29 +89,30 @@ struct DeadlineTests {
 
     @Test("A cancelled caller's operation is cancelled too, also when the caller was cancelled before it started")
     func operationCancelled() async throws {
-        for delay in [Duration.milliseconds(20), .zero] {
-            let sawCancellation = Mutex(false)
+        for before in [false, true] {
+            let sawCancellation = Gate()
             let started = Gate()
             let caller = Task {
-                if delay == .zero { withUnsafeCurrentTask { $0?.cancel() } }
+                if before { withUnsafeCurrentTask { $0?.cancel() } }
                 return try await withDeadline(.seconds(30)) {
                     started.open()
                     do {
+                        // The operation's own work: 30 s unless cancelled (the test never waits it out).
                         try await Task.sleep(for: .seconds(30))
                     } catch is CancellationError {
-                        sawCancellation.withLock { $0 = true }
+                        sawCancellation.open()
                     }
                     return 1
                 }
             }
-            if delay > .zero {
-                await started.wait()
-                try await Task.sleep(for: delay)
+            if !before {
+                #expect(await started.wait(within: .seconds(10)), "the operation never started")
                 caller.cancel()
             }
             await #expect(throws: CancellationError.self) { try await caller.value }
-            for _ in 0..<500 where !sawCancellation.withLock({ $0 }) { try await Task.sleep(for: .milliseconds(10)) }
-            #expect(sawCancellation.withLock { $0 }, "cancelled \(delay == .zero ? "before the call" : "during the call"): the operation was not cancelled")
+            #expect(
+                await sawCancellation.wait(within: .seconds(10)),
+                "cancelled \(before ? "before the call" : "during the call"): the operation was not cancelled within 10 s")
         }
     }
 }

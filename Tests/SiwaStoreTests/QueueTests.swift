@@ -23,11 +23,10 @@ struct QueueTests {
         let group = ServiceGroup(configuration: .init(services: [workers], logger: logger))
         let started = ContinuousClock.now
         let task = Task { try await group.run() }
-        var done = 0
-        for _ in 0..<Int(giveUpAfter / .milliseconds(100)) where done < total {
-            try await Task.sleep(for: .milliseconds(100))
-            for try await (n,) in try await client.query("SELECT count(*) FROM jobs WHERE state = 'completed'").decode((Int,).self) { done = n }
-        }
+        // Each applied batch NOTIFYs siwa_effects in its commit: re-counted then, not on a timer.
+        let done = try await DatabaseEvents.count(
+            client, "SELECT count(*) FROM jobs WHERE state = 'completed'", reaches: total, on: "siwa_effects", within: giveUpAfter)
+        #expect(done >= total, "\(done) of \(total) jobs completed within \(giveUpAfter)")
         let elapsed = ContinuousClock.now - started
         await group.triggerGracefulShutdown()
         _ = await task.result
@@ -296,8 +295,9 @@ struct QueueTests {
     /// their completion statement; other tests' databases share the cluster and are not counted.
     static func waitForBlockedCompletions(_ client: PostgresClient, _ count: Int) async throws {
         let waiting = "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock' AND query LIKE 'WITH done AS%'"
-        for _ in 0..<600 where try await Self.count(client, waiting) < count { try await Task.sleep(for: .milliseconds(50)) }
-        #expect(try await Self.count(client, waiting) == count, "transactions blocked at their completion statement")
+        let reached = try await DatabaseEvents.waitForLockWaiters(client, waiting, reach: count)
+        let blocked = try await Self.count(client, waiting)
+        #expect(reached && blocked == count, "\(blocked), not \(count), transactions blocked at their completion statement within 30 s")
     }
 
     /// The race tests' user: forwarding, its event time and the consent revocation time, in
