@@ -12,28 +12,10 @@ import Testing
 /// `serve` as an operator runs it: several processes on one database, and the signals that stop it.
 @Suite("serve processes: concurrent migration, SIGINT")
 struct ServeProcessTests {
-    /// Starts `serve` on ports it picks itself (SIWA_PORT=0) and returns the public port it logged,
-    /// once its key set is loaded.
+    /// `serve` on ports it binds itself, once its key set is loaded.
     static func serve(_ environment: [String: String], directory: String) async throws -> (ChildProcess, ChildOutput, Int) {
-        let (process, output) = try ChildOutput.start(
-            TestBinary.url.path, ["serve"],
-            environment: ProcessInfo.processInfo.environment.merging(["SIWA_PORT": "0", "SIWA_ADMIN_PORT": "0"].merging(environment) { $1 }) { $1 },
-            workingDirectory: directory)
-        // Listening comes first; the key set (a local file here) loads just after: wait for both.
-        guard await output.wait(for: "siwa-events listening"), await output.wait(for: "apple keys fetched"),
-            let line = output.text.split(separator: "\n").first(where: { $0.contains("siwa-events listening") }),
-            let address = line.split(separator: " ").first(where: { $0.hasPrefix("address=") }),
-            let port = Int(address.split(separator: ":").last ?? "")
-        else {
-            process.signal(SIGKILL)
-            throw ServeFailed(output: output.text)
-        }
-        return (process, output, port)
-    }
-
-    struct ServeFailed: Error, CustomStringConvertible {
-        let output: String
-        var description: String { "serve did not log its listening address: \(output.suffix(3000))" }
+        let serving = try await TestBinary.startServing(environment: environment, directory: directory)
+        return (serving.process, serving.output, serving.port)
     }
 
     static func post(_ body: String, port: Int) async throws -> Int {
