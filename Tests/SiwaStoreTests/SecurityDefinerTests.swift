@@ -41,7 +41,7 @@ struct SecurityDefinerTests {
     func shadowObjectsNeverRun() async throws {
         // Before sql/015 the attack works: the test can tell.
         let before = try await TestCluster.shared.makeEmptyDatabase()
-        try await Self.withClient(before) { owner in
+        _ = try await Self.withClient(before) { owner in
             try await Migrator(client: owner, migrations: Migration.all.filter { $0.version < 15 }, logger: Self.logger).migrate()
         }
         let old = try await attack(before)
