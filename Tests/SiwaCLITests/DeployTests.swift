@@ -355,8 +355,9 @@ struct DeployTests {
         }
         let (status, took) = await exit!.value
         await endpoint.stop()
-        #expect(status == 0, "exit status \(status)")
-        #expect(took < .seconds(10), "shutdown took \(took)")
+        // Exit 0 is the proof it finished within SIWA_SHUTDOWN_GRACE (10 s): a shutdown cut short
+        // exits 1 (ShutdownGraceTests). A wall-clock bound here would measure the machine.
+        #expect(status == 0, "exit status \(status) after \(took)")
         #expect(load.incomplete.isEmpty, "answers cut short: \(load.incomplete.prefix(5))")
         #expect(load.failedBeforeSignal.isEmpty, "requests that failed before SIGTERM: \(load.failedBeforeSignal.prefix(5))")
         #expect(load.serverErrors.isEmpty, "5xx answers: \(load.serverErrors.prefix(5))")
