@@ -83,8 +83,8 @@ struct EffectTests {
         let email = "erase-me-7q@privaterelay.appleid.com"
         try await e.post("email-disabled", sub: "u4", at: 1_000, email: email)
         // A genuine token for another app of ours, kept whole among rejections.
-        let kept = try e.h.signer.notification(aud: "com.example.typo", type: "email-enabled", sub: "u4", email: email, isPrivateEmail: true)
-        _ = try await e.h.server.post(jws: kept)
+        let kept = try e.h.signer.notification(aud: "com.example.typo", type: "email-enabled", sub: "u4", email: email, isPrivateEmail: true, jti: "kept-other")
+        #expect(try await e.h.server.post(jws: kept).json?["reason"] == .string("wrong_audience"))
         // Signed events without a type (skipped as unreadable), for us and for another app of
         // ours: their rows name the user, so erasure finds them.
         for (aud, jti) in [(Harness.aud, "untyped-ours"), ("com.example.typo", "untyped-other")] {
@@ -101,11 +101,14 @@ struct EffectTests {
         try await e.drain()
         #expect(try await e.h.count("SELECT count(*) FROM notifications WHERE jti = 'untyped-ours' AND sub = 'u4' AND type IS NULL") == 1)
         #expect(try await e.h.count("SELECT count(*) FROM rejections WHERE jti = 'untyped-other' AND sub = 'u4'") == 1)
+        // The other app's token is kept whole (it holds the address) until the erasure.
+        #expect(try await e.h.count("SELECT count(*) FROM rejections WHERE jti = 'kept-other' AND sub = 'u4' AND token IS NOT NULL") == 1)
         #expect(try await DatabaseSearch.occurrences(of: email, in: e.client) > 0)
         try await e.post("account-delete", sub: "u4", at: 2_000)
         try await e.drain()
         #expect(try await DatabaseSearch.occurrences(of: email, in: e.client) == 0)
         #expect(try await e.h.count("SELECT count(*) FROM notifications WHERE sub = 'u4' AND erased_at IS NOT NULL") == 2)
+        #expect(try await e.h.count("SELECT count(*) FROM rejections WHERE jti = 'kept-other' AND token IS NULL AND key_jwk IS NULL") == 1)
         await e.stop()
     }
 
