@@ -56,15 +56,15 @@ package struct AlertStore: Sendable {
     // MARK: LeasesAcquire
 
     /// Takes or renews the lease `name` for `holder` for `ttl`; false while another holder's
-    /// lease runs.
-    package func acquire(lease name: String, holder: String, ttl: Duration) async throws -> Bool {
+    /// lease runs. `now`: the lease's clock (nil: PostgreSQL's, which every process shares).
+    package func acquire(lease name: String, holder: String, ttl: Duration, now: Date? = nil) async throws -> Bool {
         var held = false
         for try await (_,) in try await client.bounded.query(
             """
             INSERT INTO leases AS l (name, holder, expires_at)
-            VALUES (\(name), \(holder), now() + \(Int(ttl.milliseconds)) * interval '1 millisecond')
+            VALUES (\(name), \(holder), coalesce(\(now)::timestamptz, now()) + \(Int(ttl.milliseconds)) * interval '1 millisecond')
             ON CONFLICT (name) DO UPDATE SET holder = excluded.holder, expires_at = excluded.expires_at
-            WHERE l.holder = excluded.holder OR l.expires_at < now()
+            WHERE l.holder = excluded.holder OR l.expires_at < coalesce(\(now)::timestamptz, now())
             RETURNING holder
             """, logger: logger
         ).decode((String,).self) {
@@ -132,9 +132,9 @@ package struct AlertStore: Sendable {
 
     /// The operational alerts' inputs: seconds the oldest ready job (any lane) has waited, jobs
     /// discarded (both from the queue) and deliveries refused for a bad signature (recorded or
-    /// sampled out) since `since`.
-    package func operationalSignals(since: Date) async throws -> (queueLag: Int, discarded: Int, badSignatures: Int) {
-        let queue = try await JobQueue(client: client, logger: logger).signals(since: since)
+    /// sampled out) since `since`; the queue's wait is measured at `now` (nil: PostgreSQL's).
+    package func operationalSignals(since: Date, now: Date? = nil) async throws -> (queueLag: Int, discarded: Int, badSignatures: Int) {
+        let queue = try await JobQueue(client: client, logger: logger).signals(since: since, now: now)
         var badSignatures = 0
         for try await (n,) in try await client.bounded.query(
             """

@@ -22,8 +22,8 @@ package struct CallbackStore: Sendable {
     package static func notificationID(webhookID: String) -> Int? { JobQueue.notificationID(webhookID: webhookID) }
 
     /// Claims up to `limit` ready deliveries of `lane`, oldest first, leased for `lease`.
-    package func claim(lane: DeliveryLane, worker: String, limit: Int, lease: Duration) async throws -> [ClaimedDelivery] {
-        try await queue.claimDeliveries(lane: lane, worker: worker, limit: limit, lease: lease)
+    package func claim(lane: DeliveryLane, worker: String, limit: Int, lease: Duration, now: Date? = nil) async throws -> [ClaimedDelivery] {
+        try await queue.claimDeliveries(lane: lane, worker: worker, limit: limit, lease: lease, now: now)
     }
 
     /// Records one attempt; returns the state the job is in now (nil: no longer held).

@@ -218,15 +218,17 @@ package struct HistoryStore: Sendable {
     /// Deletes the whole tokens (their keys, and the body prefix, which holds the same address) of
     /// rejections received before `retention` ago, up to `limit` at a time; the rejection rows stay
     /// (until the history retention). Such a token is another app's genuine notification, kept only
-    /// to be replayed after a bundle-ID fix.
+    /// to be replayed after a bundle-ID fix. `now`: the time to count the retention from (nil:
+    /// PostgreSQL's; tests pass theirs).
     @discardableResult
-    package func deleteKeptTokens(olderThan retention: Duration, limit: Int = 1000) async throws -> Int {
+    package func deleteKeptTokens(olderThan retention: Duration, limit: Int = 1000, now: Date? = nil) async throws -> Int {
         let seconds = Int(retention.components.seconds)
         var cleared = 0
         for try await (n,) in try await client.bounded.query(
             """
             WITH old AS (
-                SELECT id FROM rejections WHERE token IS NOT NULL AND received_at < now() - \(seconds) * interval '1 second'
+                SELECT id FROM rejections
+                WHERE token IS NOT NULL AND received_at < coalesce(\(now)::timestamptz, now()) - \(seconds) * interval '1 second'
                 ORDER BY received_at LIMIT \(limit)
             ), cleared AS (
                 UPDATE rejections SET token = NULL, key_jwk = NULL, body_prefix = ''::bytea WHERE id IN (SELECT id FROM old) RETURNING id

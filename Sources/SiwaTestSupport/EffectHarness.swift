@@ -35,12 +35,12 @@ package struct EffectHarness {
 
     package func stop() async { await h.stop() }
 
-    /// Runs worker 0 until nothing is ready.
+    /// Runs worker 0 until nothing is ready at `now` (nil: PostgreSQL's time).
     @discardableResult
-    package func drain() async throws -> Int {
+    package func drain(now: Date? = nil) async throws -> Int {
         var total = 0
         while true {
-            let claimed = try await workers.effects[0].runOnce().claimed
+            let claimed = try await workers.effects[0].runOnce(now: now).claimed
             if claimed == 0 { return total }
             total += claimed
         }

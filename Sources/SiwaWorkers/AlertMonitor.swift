@@ -60,10 +60,11 @@ package final class AlertMonitor: Service, Sendable {
         _ = try? await withDeadline(.seconds(5)) { try await store.release(lease: Self.leaseName, holder: identity) }
     }
 
-    /// One round at `now`: evaluates if this process holds (or takes) the `alerts` lease.
+    /// One round at `now`: evaluates if this process holds (or takes) the `alerts` lease, judged at
+    /// `leaseNow` (nil: PostgreSQL's time, which every process shares; tests pass theirs).
     @discardableResult
-    package func runOnce(now: Date) async throws -> AlertRound {
-        guard try await store.acquire(lease: Self.leaseName, holder: identity, ttl: configuration.spike.interval * 3 + .seconds(5)) else {
+    package func runOnce(now: Date, leaseNow: Date? = nil) async throws -> AlertRound {
+        guard try await store.acquire(lease: Self.leaseName, holder: identity, ttl: configuration.spike.interval * 3 + .seconds(5), now: leaseNow) else {
             return .notHolder
         }
         return .evaluated(try await evaluate(now: now))
@@ -96,7 +97,7 @@ package final class AlertMonitor: Service, Sendable {
                 revocations[aud, default: [:]][entry.type] = SpikeRule.observe(count: entry.window, baseline: baseline, settings: settings)
             }
         }
-        let signals = try await store.operationalSignals(since: now.addingTimeInterval(-settings.window.timeInterval))
+        let signals = try await store.operationalSignals(since: now.addingTimeInterval(-settings.window.timeInterval), now: now)
         observations[AlertKey(kind: .queueLag)] = .atLeast(Int(configuration.queueLag.timeInterval), value: signals.queueLag)
         observations[AlertKey(kind: .jobsDiscarded)] = .atLeast(configuration.discardedJobs, value: signals.discarded)
         observations[AlertKey(kind: .badSignatures)] = .atLeast(configuration.badSignatures, value: signals.badSignatures)

@@ -64,15 +64,16 @@ package final class EffectWorker: Service, Sendable {
     /// running is abandoned, not waited for: its transaction either commits whole or rolls back
     /// whole (the jobs then wait for the next claim, no attempt spent) — and one that never
     /// answers (a statement lost at a database restart, see `BoundedPostgres`) cannot hold SIGTERM.
+    /// `now`: the time the batch is claimed at (nil: PostgreSQL's; tests pass theirs to be past a backoff).
     @discardableResult
-    package func runOnce() async throws -> EffectRound {
+    package func runOnce(now: Date? = nil) async throws -> EffectRound {
         let started = ContinuousClock.now
         let round: EffectStore.Round
         do {
             round = try await cancelWhenGracefulShutdown {
                 try await self.store.runBatch(
                     worker: self.name, limit: self.configuration.batchSize, eraseOnDelete: self.configuration.eraseOnDelete,
-                    callbacks: self.configuration.callbacks != nil, lease: self.configuration.lease)
+                    callbacks: self.configuration.callbacks != nil, lease: self.configuration.lease, now: now)
             }
         } catch let failed as EffectStore.BatchFailed {
             // One bad job must not hold back its batch: its jobs one by one.

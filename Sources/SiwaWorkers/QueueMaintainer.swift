@@ -1,3 +1,4 @@
+import Foundation
 import Logging
 import ServiceLifecycle
 import SiwaRuntime
@@ -42,11 +43,12 @@ package final class QueueMaintainer: Service, Sendable {
     }
 
     /// One round at `now`: the rescue, and the prune when a minute has passed since the last one
-    /// (the first round always prunes).
+    /// (the first round always prunes). `queueNow`: the time leases and retention are judged at
+    /// (nil: PostgreSQL's, which every process shares; tests pass theirs).
     @discardableResult
-    package func runOnce(now: ContinuousClock.Instant = .now) async throws -> MaintenanceRound {
+    package func runOnce(now: ContinuousClock.Instant = .now, queueNow: Date? = nil) async throws -> MaintenanceRound {
         var round = MaintenanceRound()
-        round.rescued = try await store.rescueExpiredLeases(maxAttempts: configuration.maxAttempts)
+        round.rescued = try await store.rescueExpiredLeases(maxAttempts: configuration.maxAttempts, now: queueNow)
         if round.rescued > 0 {
             logger.warning("rescued jobs whose worker stopped renewing its lease", metadata: ["count": "\(round.rescued)"])
             doorbell.ring()
@@ -57,7 +59,7 @@ package final class QueueMaintainer: Service, Sendable {
             return true
         }
         if due {
-            let pruned = try await store.prune(retention: configuration.retention)
+            let pruned = try await store.prune(retention: configuration.retention, now: queueNow)
             if pruned > 0 { logger.info("pruned finished jobs", metadata: ["count": "\(pruned)"]) }
             round.pruned = pruned
         }

@@ -1,5 +1,7 @@
 import Crypto
 import Foundation
+import HTTPTypes
+import Hummingbird
 import Logging
 import NIOHTTP1
 import PostgresNIO
@@ -33,6 +35,25 @@ struct BackendAPITests {
         let store = TokenStore(client: h.server.client, logger: h.logs.logger())
         #expect(try await store.revoke("reader", actor: "test") == "reader")
         #expect(try await API.call(h, .GET, path, token: reader).status == 401)
+        // Every /v1 route the admin listener registers, whatever its scope: no token and a revoked
+        // token (one that could do anything before) are both 401 before the route runs.
+        let everything = try await API.token(h, [.admin], name: "everything")
+        #expect(try await store.revoke("everything", actor: "test") == "everything")
+        let routes = h.server.application.adminRouter(methodNotAllowed: false).routes.filter { $0.path.description.hasPrefix("/v1/") }
+        #expect(routes.count >= 10, "\(routes.map(\.path))")
+        for route in routes {
+            let concrete = route.path.description.split(separator: "/").map { segment -> String in
+                guard segment.hasPrefix("{") else { return String(segment) }
+                return segment == "{id}" ? UUID().uuidString : segment == "{aud}" ? Harness.aud : "001.probe.1"
+            }.joined(separator: "/")
+            let body: JSONValue? = route.method == .post ? ["aud": .string(Harness.aud), "sub": "001.probe.1"] : nil
+            for token in [nil, everything] as [String?] {
+                let answer = try await API.call(h, HTTPMethod(rawValue: route.method.rawValue), "/\(concrete)", token: token, body: body)
+                #expect(answer.status == 401, "\(route.method) \(route.path) with \(token == nil ? "no token" : "a revoked token"): \(answer.status) \(answer.body)")
+                #expect(answer.json?["error"] == .string("unauthorized"))
+            }
+        }
+        #expect(try await h.count("SELECT count(*) FROM sessions WHERE sub = '001.probe.1'") == 0)
         // Stored as a hash only: the token text is nowhere in the database.
         #expect(try await DatabaseSearch.occurrences(of: reader, in: h.server.client) == 0)
         let actions = try await store.audit(limit: 10).map(\.action)
@@ -127,9 +148,11 @@ struct BackendAPITests {
     /// A harness that knows Apple's real keys, accepts the fixture's client ID for com.example.app,
     /// and checks identity tokens at `at`.
     static func realTokenHarness(at: Date, clientIDs: String = "com.example.app,de.lunaone.sign-in-with-apple-example=com.example.app") async throws -> Harness {
-        try await Harness.start(jwksURL: try Harness.appleFixture("jwks.json"), fixedTime: at) { config in
-            config.apple.clientIDs = (try? Configuration.load(
-                environment: ["SIWA_APPLE_BUNDLE_IDS": "com.example.app", "SIWA_APPLE_CLIENT_IDS": clientIDs], requireBundleIDs: true))?.apple.clientIDs ?? [:]
+        // Parsed as SIWA_APPLE_CLIENT_IDS is; a value it refuses fails the test here.
+        let parsed = try Configuration.load(
+            environment: ["SIWA_APPLE_BUNDLE_IDS": "com.example.app", "SIWA_APPLE_CLIENT_IDS": clientIDs], requireBundleIDs: true).apple.clientIDs
+        return try await Harness.start(jwksURL: try Harness.appleFixture("jwks.json"), fixedTime: at) { config in
+            config.apple.clientIDs = parsed
         }
     }
 

@@ -70,6 +70,10 @@ struct DashboardTests {
 
         let artifacts = Repository.root.appendingPathComponent(".build/test-artifacts")
         try FileManager.default.createDirectory(at: artifacts, withIntermediateDirectories: true)
+        let screenshots = ["dashboard-390.png", "dashboard-1280.png", "dashboard-1920.png", "dashboard-detail.png", "dashboard-user.png"]
+        // An earlier run's screenshots would pass the check below by themselves.
+        for name in screenshots { try? FileManager.default.removeItem(at: artifacts.appendingPathComponent(name)) }
+        #expect(screenshots.allSatisfy { !FileManager.default.fileExists(atPath: artifacts.appendingPathComponent($0).path) })
         let python = try #require(Executables.find("python3"), "python3 is not on PATH: scripts/test installs it (with selenium)")
         let result = try await Subprocess.run(
             python,
@@ -79,7 +83,7 @@ struct DashboardTests {
             ],
             environment: ProcessInfo.processInfo.environment)
         #expect(result.succeeded, "\(result.standardOutput.suffix(5000))\n\(result.standardError.suffix(3000))")
-        for name in ["dashboard-390.png", "dashboard-1280.png", "dashboard-1920.png", "dashboard-detail.png", "dashboard-user.png"] {
+        for name in screenshots {
             #expect(FileManager.default.fileExists(atPath: artifacts.appendingPathComponent(name).path), "\(name)")
         }
         await e.stop()

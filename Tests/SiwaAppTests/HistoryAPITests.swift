@@ -8,6 +8,7 @@ import SiwaDomain
 import SiwaEmbeddedPostgres
 import SiwaStore
 import SiwaTestSupport
+import SiwaWorkers
 import Testing
 
 /// The event history API through real HTTP on a real database.
@@ -267,7 +268,12 @@ struct HistoryAPITests {
 
     @Test("retention: notifications past SIWA_HISTORY_RETENTION go in batches, with their jobs and attempts; unapplied ones stay; stats follow")
     func retention() async throws {
-        let h = try await Harness.start()
+        let endpoint = try await CallbackEndpoint.start()
+        let e = try await EffectHarness.start { configuration in
+            configuration.callbacks = .init(url: endpoint.url, signer: try! WebhookSigner(secrets: TestWebhooks.secret))
+            configuration.backoff = RetryBackoff(base: .zero, cap: .zero)  // a retry is due at once
+        }
+        let h = e.h
         let client = h.server.client
         let token = try await API.token(h, [.notificationsRead])
         /// Stats totals per type over the last hour, as the API answers them.
@@ -288,12 +294,25 @@ struct HistoryAPITests {
             }
             return totals
         }
+        // One notification through the service: its effect applied, its callback answered 500 and
+        // then 200 — two jobs and three attempts, as the API shows them.
+        try await e.post("consent-revoked", sub: "001.retained.1", at: 1_000, jti: "retained-1")
+        #expect(try await e.drain() == 1)
+        endpoint.answer([500])
+        #expect(try await e.deliverCallbacks() == 1)
+        #expect(try await e.deliverCallbacks() == 1)
+        let shown = try await API.call(h, .GET, "/v1/notifications/retained-1", token: token)
+        #expect((shown.json?["jobs"]?.arrayValue ?? []).compactMap { $0["lane"]?.stringValue }.sorted() == ["callbacks", "effects"], "\(shown.body)")
+        let outcomes = (shown.json?["attempts"]?.arrayValue ?? []).compactMap { $0["outcome"]?.stringValue }
+        #expect(outcomes.sorted() == ["applied", "delivered", "retrying"], "\(shown.body)")
+        #expect(try await h.count("SELECT count(*) FROM job_attempts") == 3)
+
         try await BulkLoad.notifications(count: 2_500, users: 2_500, aud: Harness.aud, client: client)
-        try await client.query("UPDATE notifications SET status = 'applied' WHERE id % 10 <> 0")  // a tenth still pending
+        try await client.query("UPDATE notifications SET status = 'applied' WHERE id % 10 <> 0 AND jti LIKE 'bulk-%'")  // a tenth still pending
         let history = HistoryStore(client: client, logger: h.logs.logger())
         // Counted the moment they commit (deltas not folded yet), and the same after the fold.
         let loaded = try await storedTotals()
-        #expect(loaded.values.reduce(0, +) == 2_500)
+        #expect(loaded.values.reduce(0, +) == 2_501)
         #expect(try await statsTotals() == loaded)
         #expect(try await history.foldCounts() > 0)
         #expect(try await statsTotals() == loaded)
@@ -305,6 +324,9 @@ struct HistoryAPITests {
         #expect(try await h.count("SELECT count(*) FROM notifications") == 250)
         #expect(try await h.count("SELECT count(*) FROM notifications WHERE status <> 'pending'") == 0)
         #expect(try await h.count("SELECT count(*) FROM jobs") == 250)
+        // The notification that went through the service: gone with its jobs and their attempts.
+        #expect(try await API.call(h, .GET, "/v1/notifications/retained-1", token: token).status == 404)
+        #expect(try await h.count("SELECT count(*) FROM job_attempts") == 0)
         // Pruned notifications leave the stats too, before and after folding.
         let kept = try await storedTotals()
         #expect(kept.values.reduce(0, +) == 250)
@@ -312,6 +334,7 @@ struct HistoryAPITests {
         while try await history.foldCounts() > 0 {}
         #expect(try await statsTotals() == kept)
         #expect(try await h.count("SELECT count(*) FROM notification_count_deltas") == 0)
-        await h.stop()
+        await e.stop()
+        await endpoint.stop()
     }
 }

@@ -496,15 +496,27 @@ struct HostileInputTests {
         #expect(try await h.count("SELECT count(*) FROM rejections WHERE aud = 'com.example.typo' AND token IS NOT NULL") == 1)
         #expect(try await h.count("SELECT coalesce(sum(recorded), 0)::bigint FROM rejection_counts WHERE reason = 'wrong_audience'") == 5)
 
-        // Kept past SIWA_OTHER_APP_TOKEN_RETENTION: the token goes, the row stays.
-        _ = try await h.count("UPDATE rejections SET received_at = now() - interval '8 days' WHERE jti = 'other-0'")
+        // Kept past SIWA_OTHER_APP_TOKEN_RETENTION: the token goes, the row stays. Judged at a
+        // time a week after the first was received and before a week after the next one was.
+        func receivedAt(_ sql: String) async throws -> Date {
+            var found: Date?
+            for try await (date,) in try await h.server.client.query(PostgresQuery(unsafeSQL: sql)).decode((Date?,).self) { found = date }
+            return try #require(found, "\(sql)")
+        }
+        let first = try await receivedAt("SELECT received_at FROM rejections WHERE jti = 'other-0'")
+        let next = try await receivedAt("SELECT min(received_at) FROM rejections WHERE token IS NOT NULL AND jti <> 'other-0'")
+        try #require(next.timeIntervalSince(first) > 0.000_01, "other-0 was posted first: \(first) \(next)")
+        let week = Duration.seconds(7 * 86_400)
+        let weekLater = first.addingTimeInterval(week.timeInterval + next.timeIntervalSince(first) / 2)
         let history = HistoryStore(client: h.server.client, logger: h.logs.logger())
-        #expect(try await history.deleteKeptTokens(olderThan: .seconds(7 * 86_400)) == 1)
+        #expect(try await history.deleteKeptTokens(olderThan: week, now: weekLater) == 1)
         #expect(try await h.count("SELECT count(*) FROM rejections WHERE jti = 'other-0' AND token IS NULL AND key_jwk IS NULL AND length(body_prefix) = 0") == 1)
         #expect(try await DatabaseSearch.occurrences(of: "u0@privaterelay.appleid.com", in: h.server.client) == 0, "the body prefix held the address")
         #expect(try await DatabaseSearch.occurrences(of: "u1@privaterelay.appleid.com", in: h.server.client) > 0, "a kept token within its retention stays")
         #expect(try await h.count("SELECT count(*) FROM rejections WHERE token IS NOT NULL") == 2)
-        #expect(try await history.deleteKeptTokens(olderThan: .seconds(7 * 86_400)) == 0)
+        #expect(try await history.deleteKeptTokens(olderThan: week, now: weekLater) == 0)
+        #expect(try await history.deleteKeptTokens(olderThan: week, now: Date().addingTimeInterval(week.timeInterval + 1)) == 2)
+        #expect(try await h.count("SELECT count(*) FROM rejections WHERE token IS NOT NULL") == 0)
         await h.stop()
     }
 

@@ -1,4 +1,5 @@
 import Foundation
+import NIOHTTP1
 import PostgresNIO
 import SiwaDomain
 import SiwaEmbeddedPostgres
@@ -119,7 +120,7 @@ struct CLITests {
     @Test("A missing SIWA_APPLE_BUNDLE_IDS stops serve with a message naming the variable")
     func missingBundleIDs() async throws {
         let run = try await TestBinary.run(["serve"], environment: ["SIWA_APPLE_BUNDLE_IDS": ""], directory: "/tmp")
-        #expect(run.status != 0)
+        #expect(run.status == 78, "a configuration error, as the README's exit codes say: \(run.stderr)")
         #expect(run.stderr.contains("SIWA_APPLE_BUNDLE_IDS"))
     }
 
@@ -178,9 +179,11 @@ struct CLITests {
         #expect(foreign.status == 64 && foreign.stderr.contains("--workers"), "\(foreign.stderr)")
     }
 
-    @Test("tokens: create prints exactly the token; list never shows it; revoke makes it 401-worthy; audit list shows both; errors name the flag")
+    @Test("tokens: create prints exactly the token; list never shows it; after revoke the API answers it 401 (a live one 200); audit list shows both; errors name the flag")
     func tokenCommands() async throws {
-        let environment = ["DATABASE_URL": try await TestBinary.databaseURL()]
+        let database = try await TestCluster.shared.makeDatabase()
+        let socketDirectory = ((database.unixSocketPath ?? "") as NSString).deletingLastPathComponent
+        let environment = ["DATABASE_URL": "postgres://\(database.username)@/\(database.database ?? "")?host=\(socketDirectory)"]
         let created = try await TestBinary.run(["tokens", "create", "--name", "ci", "--scope", "sessions:read", "--scope", "accounts:read"], environment: environment, directory: "/tmp")
         #expect(created.status == 0, "\(created.stderr)")
         let token = created.stdout.dropLast()
@@ -204,11 +207,22 @@ struct CLITests {
         let badScope = try await TestBinary.run(["tokens", "create", "--name", "x", "--scope", "everything"], environment: environment, directory: "/tmp")
         #expect(badScope.status == 64 && badScope.stderr.contains("--scope everything is not a scope"))
 
+        // A server on the same database: both tokens work until one is revoked.
+        let h = try await Harness.start(database: database)
+        let live = try await TestBinary.run(["tokens", "create", "--name", "ci-live", "--scope", "sessions:read"], environment: environment, directory: "/tmp")
+        let liveToken = String(live.stdout.dropLast())
+        let path = "/v1/accounts/com.example.app/001.cli.none/sessions"
+        #expect(try await API.call(h, .GET, path, token: String(token)).status == 200)
+        #expect(try await API.call(h, .GET, path, token: liveToken).status == 200)
         #expect(try await TestBinary.run(["tokens", "revoke", "ci"], environment: environment, directory: "/tmp").status == 0)
         #expect(try await TestBinary.run(["tokens", "revoke", "ci"], environment: environment, directory: "/tmp").status == 1)
+        let refused = try await API.call(h, .GET, path, token: String(token))
+        #expect(refused.status == 401 && refused.json?["error"] == .string("unauthorized"), "\(refused.status) \(refused.body)")
+        #expect(try await API.call(h, .GET, path, token: liveToken).status == 200)
+        await h.stop()
         let audit = try await TestBinary.run(["audit", "list", "--json"], environment: environment, directory: "/tmp")
         let actions = audit.stdout.split(separator: "\n").compactMap { JSONValue.parse(Data($0.utf8))?["action"]?.stringValue }
-        #expect(actions.filter { $0 == "token.create" }.count == 2)
+        #expect(actions.filter { $0 == "token.create" }.count == 3)
         #expect(actions.contains("token.revoke"))
 
         let erase = try await TestBinary.run(["accounts", "erase", "--aud", "com.example.app", "--sub", "001.cli.erase"], environment: environment, directory: "/tmp")

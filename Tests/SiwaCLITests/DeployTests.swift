@@ -174,7 +174,10 @@ struct DeployTests {
 
     struct ValidationFailure: Error, CustomStringConvertible { var description: String; init(_ d: String) { description = d } }
 
-    @Test("The Dockerfile builds and runs with the commands the README documents")
+    /// Reads the Dockerfile and compares it with the README; it builds no image (the suite needs
+    /// no container daemon). That the binary starts with the image's entrypoint and environment
+    /// is `startsAsShipped`.
+    @Test("The Dockerfile's build command, entrypoint, environment, ports and healthcheck are the ones the README documents")
     func dockerfileMatchesDocs() async throws {
         let image = try ContainerImage(String(contentsOf: Repository.deploy.appendingPathComponent("Dockerfile"), encoding: .utf8))
         let readme = try String(contentsOf: Repository.root.appendingPathComponent("README.md"), encoding: .utf8)

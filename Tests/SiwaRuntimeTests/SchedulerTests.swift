@@ -25,6 +25,24 @@ struct SchedulerTests {
         }
     }
 
+    /// The first time something happened in a loop under test.
+    final class Moment: Sendable {
+        private let first = Mutex<ContinuousClock.Instant?>(nil)
+        func mark() { first.withLock { $0 = $0 ?? ContinuousClock.now } }
+        var time: ContinuousClock.Instant? { first.withLock { $0 } }
+    }
+
+    /// Waits for `loop` to end by itself, failing (and cancelling it) if it has not within 30 s:
+    /// a loop that misses the shutdown fails the test instead of hanging it for its hour.
+    static func ended(_ loop: Task<Void, Never>) async throws {
+        do {
+            try await withDeadline(.seconds(30)) { await loop.value }
+        } catch {
+            loop.cancel()
+            throw error
+        }
+    }
+
     @Test("A loop with work goes again at once; idle, it waits a one-hour interval until its doorbell rings")
     func doorbellWakesIdleLoop() async throws {
         let rounds = Rounds()
@@ -48,17 +66,25 @@ struct SchedulerTests {
     func errorsAreRetried() async throws {
         struct Broken: Error {}
         let rounds = Rounds()
-        let errors = Rounds()
+        let doorbell = Doorbell()
+        let delay = Duration.milliseconds(300)
         let schedule = {
-            var schedule = Schedule(interval: .seconds(3600))
-            schedule.errorDelay = .milliseconds(1)
+            var schedule = Schedule(interval: .seconds(3600), doorbell: doorbell)
+            (schedule.errorDelay, schedule.maximumErrorDelay) = (delay, delay)
             return schedule
         }()
+        let (reported, retried) = (Moment(), Moment())
         try await withThrowingTaskGroup(of: Void.self) { group in
             group.addTask {
                 await Scheduler.run(schedule, once: {
                     if rounds.round() == 1 { throw Broken() }
-                }) { _ in _ = errors.round() }
+                    retried.mark()
+                }) { _ in
+                    reported.mark()
+                    // Rung as the delay begins, and kept by the doorbell if nobody waits on it yet:
+                    // a loop that waited out its error delay on the doorbell would go again at once.
+                    doorbell.ring()
+                }
             }
             var iterator = rounds.stream.makeAsyncIterator()
             #expect(await iterator.next() == 1)
@@ -66,11 +92,35 @@ struct SchedulerTests {
             group.cancelAll()
             try await group.waitForAll()
         }
-        #expect(errors.count.withLock { $0 } == 1)
+        // A lower bound only: a slow machine makes the retry later, never earlier.
+        let failedAt = try #require(reported.time, "the failure was reported")
+        let retriedAt = try #require(retried.time)
+        #expect(retriedAt - failedAt >= delay, "retried \(retriedAt - failedAt) after the failure, before its \(delay) delay")
     }
 
-    @Test("Graceful shutdown ends a loop waiting out a one-hour interval, and abandons a round in progress when asked to")
-    func gracefulShutdown() async throws {
+    @Test("Graceful shutdown ends a loop waiting out a one-hour interval")
+    func gracefulShutdownEndsWait() async throws {
+        let doorbell = Doorbell()
+        let rounds = Rounds()
+        try await testGracefulShutdown { shutdown in
+            let loop = Task {
+                await Scheduler.run(Schedule(interval: .seconds(3600), doorbell: doorbell), once: { _ = rounds.round() }) { _ in
+                    Issue.record("shutdown is not an error")
+                }
+            }
+            var iterator = rounds.stream.makeAsyncIterator()
+            #expect(await iterator.next() == 1)
+            // Idle after its round: the loop is waiting out its hour on the doorbell.
+            while doorbell.waiting == 0 { await Task.yield() }
+            shutdown.triggerGracefulShutdown()
+            // Not cancelled: only the shutdown can end the hour early.
+            try await Self.ended(loop)
+        }
+        #expect(rounds.count.withLock { $0 } == 1)
+    }
+
+    @Test("Graceful shutdown abandons a round in progress when the schedule says so")
+    func gracefulShutdownAbandonsRound() async throws {
         let schedule = {
             var schedule = Schedule(interval: .seconds(3600))
             schedule.abandonOnShutdown = true
@@ -78,23 +128,21 @@ struct SchedulerTests {
         }()
         let rounds = Rounds()
         try await testGracefulShutdown { shutdown in
-            try await withThrowingTaskGroup(of: Void.self) { group in
-                group.addTask {
-                    await Scheduler.run(schedule, once: {
-                        // The second round never ends by itself (as a statement that is never answered).
-                        if rounds.round() == 2 {
-                            let (never, continuation) = AsyncStream<Int>.makeStream()
-                            for await _ in never {}
-                            continuation.finish()
-                        }
-                    }, pace: { _ in .again }) { _ in Issue.record("shutdown is not an error") }
-                }
-                var iterator = rounds.stream.makeAsyncIterator()
-                #expect(await iterator.next() == 1)
-                #expect(await iterator.next() == 2)
-                shutdown.triggerGracefulShutdown()
-                try await group.waitForAll()
+            let loop = Task {
+                await Scheduler.run(schedule, once: {
+                    // The second round never ends by itself (as a statement that is never answered).
+                    if rounds.round() == 2 {
+                        let (never, continuation) = AsyncStream<Int>.makeStream()
+                        for await _ in never {}
+                        continuation.finish()
+                    }
+                }, pace: { _ in .again }) { _ in Issue.record("shutdown is not an error") }
             }
+            var iterator = rounds.stream.makeAsyncIterator()
+            #expect(await iterator.next() == 1)
+            #expect(await iterator.next() == 2)
+            shutdown.triggerGracefulShutdown()
+            try await Self.ended(loop)
         }
         #expect(rounds.count.withLock { $0 } == 2)
     }

@@ -39,10 +39,16 @@ struct UpgradeTests {
         let url = "postgres://\(database.username)@/\(database.database ?? "")?host=\((socket as NSString).deletingLastPathComponent)"
         let migrated = try await TestBinary.run(["migrate"], environment: ["DATABASE_URL": url], directory: "/tmp")
         #expect(migrated.status == 0, "\(migrated.stderr)")
+        #expect(migrated.stdout.hasPrefix("applied migrations: 14"), "\(migrated.stdout)")
         let after = try await Self.rowCounts(database)
         for (table, count) in before { #expect(after[table] == count, "\(table): \(count) rows before the upgrade, \(after[table] ?? 0) after") }
+        // A second migrate applies nothing: it says so, and the migration records are as they were.
+        let recorded = try await Self.migrations(database)
+        #expect(recorded.count > 13, "\(recorded)")
         let again = try await TestBinary.run(["migrate"], environment: ["DATABASE_URL": url], directory: "/tmp")
-        #expect(again.status == 0 && !again.stderr.contains("migration applied"), "a second migrate applies nothing: \(again.stderr)")
+        #expect(again.status == 0, "\(again.stderr)")
+        #expect(again.stdout == "schema is up to date\n", "\(again.stdout)")
+        #expect(try await Self.migrations(database) == recorded)
 
         // The service over it: an old user's consent revoked now revokes the session made before.
         let h = try await Harness.start(database: database) { $0.apple.bundleIDs = [Self.aud] }
@@ -76,6 +82,22 @@ struct UpgradeTests {
             #expect(rows >= 4)
             try await client.query("UPDATE sessions SET revoked_at = now(), revoked_reason = 'logout' WHERE sub = '001.up.new'")
             await #expect(throws: (any Error).self) { try await client.query("SELECT count(*) FROM notifications") }
+        }
+    }
+
+    /// Every applied migration as `schema_migrations` records it: version, checksum, time applied.
+    static func migrations(_ database: PostgresClient.Configuration) async throws -> [String] {
+        let client = PostgresClient(configuration: database)
+        return try await withThrowingTaskGroup(of: Void.self) { group in
+            group.addTask { await client.run() }
+            defer { group.cancelAll() }
+            var rows: [String] = []
+            for try await (row,) in try await client.query(
+                "SELECT concat_ws(' ', version, checksum, applied_at) FROM schema_migrations ORDER BY version"
+            ).decode((String,).self) {
+                rows.append(row)
+            }
+            return rows
         }
     }
 

@@ -380,20 +380,29 @@ struct AlertTests {
 
     @Test("operational: a discarded job and a lagging queue fire their own alerts and resolve when cleared")
     func operational() async throws {
-        let e = try await EffectHarness.start()
-        let monitor = Self.monitor(e, sinks: AlertSinks())
-        try await e.post("consent-revoked", sub: "op", at: 1)
+        let e = try await EffectHarness.start { $0.maxAttempts = 1 }
+        // A ten-minute window: the discarded job counts at the evaluation five minutes on.
+        let monitor = Self.monitor(e, sinks: AlertSinks(), window: .seconds(600))
+        // The database refuses this user's account row: the effect fails, and with one attempt allowed it is discarded.
         try await e.client.query(
-            "UPDATE jobs SET state = 'discarded', finished_at = now(), last_error = 'test' WHERE lane = 'effects'")
+            """
+            CREATE FUNCTION refuse_op() RETURNS trigger LANGUAGE plpgsql AS $$
+            BEGIN IF NEW.sub = 'op' THEN RAISE EXCEPTION 'refused for the test'; END IF; RETURN NEW; END $$
+            """)
+        try await e.client.query("CREATE TRIGGER refuse_op BEFORE INSERT OR UPDATE ON accounts FOR EACH ROW EXECUTE FUNCTION refuse_op()")
+        try await e.post("consent-revoked", sub: "op", at: 1)
+        #expect(try await e.drain() == 1)
+        #expect(try await e.h.count("SELECT count(*) FROM jobs WHERE lane = 'effects' AND state = 'discarded'") == 1)
+        // Three jobs ready now, nobody taking them: evaluated five minutes on, the queue lags.
         try await BulkLoad.notifications(count: 3, users: 3, aud: "com.example.other", client: e.client)
-        try await e.client.query("UPDATE jobs SET run_at = now() - interval '10 minutes' WHERE state = 'available'")
-        let now = Date()
+        let now = Date().addingTimeInterval(300)
         let fired = try await monitor.evaluate(now: now)
         let kinds = fired.compactMap { decision -> String? in if case .fire(let episode) = decision { episode.key.kind.rawValue } else { nil } }
         #expect(Set(kinds) == ["jobs_discarded", "queue_lag"])
-        try await e.client.query("UPDATE jobs SET state = 'completed', finished_at = now() - interval '1 hour' WHERE state <> 'completed'")
-        #expect(try await monitor.evaluate(now: now.addingTimeInterval(11)).isEmpty)  // normal since now: waiting out resolve-after
-        let resolved = try await monitor.evaluate(now: now.addingTimeInterval(13))
+        // Cleared: the ready jobs applied, and the discard older than the window.
+        #expect(try await e.drain(now: now) == 3)
+        #expect(try await monitor.evaluate(now: now.addingTimeInterval(601)).isEmpty)  // normal since then: waiting out resolve-after
+        let resolved = try await monitor.evaluate(now: now.addingTimeInterval(603))
         #expect(resolved.count == 2)
         #expect(resolved.allSatisfy { if case .resolve = $0 { true } else { false } })
         await e.stop()

@@ -88,14 +88,19 @@ struct WorkerLoopTests {
             if case .evaluated = round { return true }
             return false
         }
-        #expect(evaluated(try await first.runOnce(now: Date())))
-        #expect(!evaluated(try await second.runOnce(now: Date())), "the lease is held")
-        #expect(evaluated(try await first.runOnce(now: Date())), "the holder renews its lease")
-        // The first process dies: its lease runs out (the row is made past due, as time would).
-        try await e.client.query("UPDATE leases SET expires_at = now() - interval '1 second' WHERE name = 'alerts'")
-        #expect(evaluated(try await second.runOnce(now: Date())), "taken over")
-        #expect(!evaluated(try await first.runOnce(now: Date())), "the old holder stands by")
-        #expect(try await e.h.count("SELECT count(*) FROM leases WHERE name = 'alerts' AND holder = 'second' AND expires_at > now()") == 1)
+        // The lease lasts three evaluation intervals and 5 s.
+        let ttl = AlertMonitor.Configuration().spike.interval * 3 + .seconds(5)
+        let start = Date()
+        func at(_ offset: Duration) -> Date { start.addingTimeInterval(offset.timeInterval) }
+        #expect(evaluated(try await first.runOnce(now: start, leaseNow: start)))
+        #expect(!evaluated(try await second.runOnce(now: start, leaseNow: start)), "the lease is held")
+        #expect(evaluated(try await first.runOnce(now: at(.seconds(10)), leaseNow: at(.seconds(10)))), "the holder renews its lease")
+        #expect(!evaluated(try await second.runOnce(now: at(ttl + .seconds(5)), leaseNow: at(ttl + .seconds(5)))), "renewed: held past the first lease's end")
+        // The first process dies: nothing renews its lease, which runs out.
+        let later = at(.seconds(10) + ttl + .seconds(1))
+        #expect(evaluated(try await second.runOnce(now: later, leaseNow: later)), "taken over")
+        #expect(!evaluated(try await first.runOnce(now: later, leaseNow: later)), "the old holder stands by")
+        #expect(try await e.h.count("SELECT count(*) FROM leases WHERE name = 'alerts' AND holder = 'second'") == 1)
         await e.stop()
     }
 }
