@@ -63,21 +63,7 @@ package enum TestBinary {
         package let port: Int
         private let descriptor: Int32
 
-        package init() {
-            descriptor = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
-            precondition(descriptor >= 0, "socket: \(String(cString: strerror(errno)))")
-            var address = sockaddr_in()
-            address.sin_family = sa_family_t(AF_INET)
-            address.sin_addr.s_addr = inet_addr("127.0.0.1")
-            var length = socklen_t(MemoryLayout<sockaddr_in>.size)
-            let descriptor = self.descriptor
-            let bound = withUnsafeMutablePointer(to: &address) {
-                $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { bind(descriptor, $0, length) == 0 && getsockname(descriptor, $0, &length) == 0 }
-            }
-            precondition(bound, "bind: \(String(cString: strerror(errno)))")
-            port = Int(UInt16(bigEndian: address.sin_port))
-        }
-
+        package init() { (descriptor, port) = TestBinary.bindLoopback(listening: false) }
         deinit { close(descriptor) }
     }
 
@@ -87,24 +73,25 @@ package enum TestBinary {
         package let port: Int
         private let descriptor: Int32
 
-        package init() {
-            descriptor = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
-            precondition(descriptor >= 0, "socket: \(String(cString: strerror(errno)))")
-            var address = sockaddr_in()
-            address.sin_family = sa_family_t(AF_INET)
-            address.sin_addr.s_addr = inet_addr("127.0.0.1")
-            var length = socklen_t(MemoryLayout<sockaddr_in>.size)
-            let descriptor = self.descriptor
-            let bound = withUnsafeMutablePointer(to: &address) {
-                $0.withMemoryRebound(to: sockaddr.self, capacity: 1) {
-                    bind(descriptor, $0, length) == 0 && listen(descriptor, 16) == 0 && getsockname(descriptor, $0, &length) == 0
-                }
-            }
-            precondition(bound, "bind/listen: \(String(cString: strerror(errno)))")
-            port = Int(UInt16(bigEndian: address.sin_port))
-        }
-
+        package init() { (descriptor, port) = TestBinary.bindLoopback(listening: true) }
         deinit { close(descriptor) }
+    }
+
+    /// A socket bound to a free loopback port (listening or not) and the port the kernel chose.
+    static func bindLoopback(listening: Bool) -> (descriptor: Int32, port: Int) {
+        let descriptor = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
+        precondition(descriptor >= 0, "socket: \(String(cString: strerror(errno)))")
+        var address = sockaddr_in()
+        address.sin_family = sa_family_t(AF_INET)
+        address.sin_addr.s_addr = inet_addr("127.0.0.1")
+        var length = socklen_t(MemoryLayout<sockaddr_in>.size)
+        let bound = withUnsafeMutablePointer(to: &address) {
+            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) {
+                bind(descriptor, $0, length) == 0 && (!listening || listen(descriptor, 16) == 0) && getsockname(descriptor, $0, &length) == 0
+            }
+        }
+        precondition(bound, "bind\(listening ? "/listen" : ""): \(String(cString: strerror(errno)))")
+        return (descriptor, Int(UInt16(bigEndian: address.sin_port)))
     }
 
     /// Runs the binary with its stdout and stderr in one file, SIGKILLed (status 137) if it has not
