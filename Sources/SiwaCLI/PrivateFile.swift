@@ -1,3 +1,9 @@
+import Foundation
+// `stat`'s fields are declared by CoreFoundation's copy of the C headers in a release build
+// (MemberImportVisibility then needs it imported); a debug build finds them through Glibc.
+#if canImport(CoreFoundation)
+import CoreFoundation
+#endif
 #if canImport(Glibc)
 import Glibc
 #elseif canImport(Musl)
@@ -5,7 +11,6 @@ import Musl
 #elseif canImport(Darwin)
 import Darwin
 #endif
-import Foundation
 
 /// A file the CLI writes for its user (private keys, exports with email addresses): written under a
 /// new name beside the target (O_CREAT|O_EXCL|O_NOFOLLOW, mode 0600 from its first byte), fsynced,
