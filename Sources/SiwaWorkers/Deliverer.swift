@@ -123,10 +123,10 @@ package final class Deliverer: Service, Sendable {
 
     /// Renews the leases of the deliveries in hand; returns how many.
     @discardableResult
-    package func heartbeatOnce() async throws -> Int {
+    package func heartbeatOnce(now: Date? = nil) async throws -> Int {
         let jobs = inHand.withLock { $0 }
         guard !jobs.isEmpty else { return 0 }
-        try await store.heartbeat(worker: worker, jobs: jobs, lease: configuration.lease)
+        try await store.heartbeat(worker: worker, jobs: jobs, lease: configuration.lease, now: now)
         return jobs.count
     }
 

@@ -1,6 +1,7 @@
 import AsyncHTTPClient
 import Crypto
 import Foundation
+import Logging
 import ServiceLifecycle
 import SiwaApp
 import SiwaDomain
@@ -83,6 +84,33 @@ struct CallbackTests {
         #expect(try await e.h.count("SELECT count(*) FROM job_attempts WHERE lane = 'callbacks' AND outcome = 'retrying'") == 2)
         #expect(endpoint.arrived.value == 2, "both attempts reached the endpoint")
         #expect(try await e.h.count("SELECT count(DISTINCT job_id)::int FROM job_attempts WHERE lane = 'callbacks'") == 1, "one delivery, attempted twice")
+        await e.stop()
+        await endpoint.stop()
+    }
+
+    @Test("a callback in flight longer than the lease is not delivered twice: the heartbeat renews its lease, so nothing is rescued or claimed by another deliverer")
+    func slowerThanLease() async throws {
+        let endpoint = try await CallbackEndpoint.start(hang: true)  // holds the POST open
+        let e = try await Self.harness(endpoint) { configuration in
+            configuration.lease = .seconds(60)
+            configuration.callbacks?.timeout = .seconds(600)
+        }
+        try await e.post("consent-revoked", sub: "lease-1", at: 5_000)
+        #expect(try await e.drain() == 1)
+        let deliverer = try #require(e.workers.callbacks)
+        let inFlight = Task { try await deliverer.runOnce(http: .shared) }
+        #expect(await endpoint.arrived.wait(until: 1, within: .seconds(60)), "the callback never reached the endpoint")
+        let t0 = Date()  // the claim was earlier: its lease ends before t0 + 60 s
+        // The heartbeat, as its schedule runs it (a third of the lease) at 50 s: the lease now ends at 110 s.
+        #expect(try await deliverer.heartbeatOnce(now: t0.addingTimeInterval(50)) == 1)
+        #expect(try await e.workers.maintainer.runOnce(queueNow: t0.addingTimeInterval(61)).rescued == 0, "rescued past the first lease although renewed")
+        let store = CallbackStore(client: e.client, logger: Logger(label: "other"))
+        #expect(try await store.claim(lane: .callbacks, worker: "other/callbacks", limit: 10, lease: .seconds(60), now: t0.addingTimeInterval(61)).isEmpty)
+        #expect(endpoint.arrived.value == 1, "sent once")
+        // The renewed lease is what holds it: past it, the rescuer hands it on.
+        #expect(try await e.workers.maintainer.runOnce(queueNow: t0.addingTimeInterval(111)).rescued == 1)
+        inFlight.cancel()
+        _ = await inFlight.result
         await e.stop()
         await endpoint.stop()
     }
