@@ -75,6 +75,18 @@ package enum TestBinary {
 
         package init() { (descriptor, port) = TestBinary.bindLoopback(listening: true) }
         deinit { close(descriptor) }
+
+        /// Whether a client connects within `limit` (its connection waits in the backlog,
+        /// unanswered): `poll` on the listening socket, on a thread of its own.
+        package func waitForConnection(within limit: Duration = .seconds(30)) async -> Bool {
+            let (descriptor, milliseconds) = (self.descriptor, Int32(limit.components.seconds * 1000))
+            return await withCheckedContinuation { continuation in
+                Thread {
+                    var ready = pollfd(fd: descriptor, events: Int16(POLLIN), revents: 0)
+                    continuation.resume(returning: Glibc.poll(&ready, 1, milliseconds) == 1)
+                }.start()
+            }
+        }
     }
 
     /// A socket bound to a free loopback port (listening or not) and the port the kernel chose.

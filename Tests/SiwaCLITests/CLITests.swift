@@ -347,12 +347,9 @@ struct CLITests {
             TestBinary.url.path, ["notifications", "export", "--output", target],
             environment: ProcessInfo.processInfo.environment.merging(["DATABASE_URL": "postgres://siwa@127.0.0.1:\(silent.port)/siwa?sslmode=disable"]) { $1 },
             workingDirectory: directory)
-        var opened = false
-        for _ in 0..<100 where !opened {
-            opened = try FileManager.default.contentsOfDirectory(atPath: directory).count == 2
-            if !opened { try await Task.sleep(for: .milliseconds(20)) }
-        }
-        #expect(opened, "no new file beside the target")
+        // The export opens its new file, then connects: its connection is the event to wait for.
+        #expect(await silent.waitForConnection(), "the export never connected to the database")
+        #expect(try FileManager.default.contentsOfDirectory(atPath: directory).count == 2, "no new file beside the target")
         export.signal(SIGINT)
         let status = await export.waitForExit()
         #expect(status & 0x7f == SIGINT, "ended by SIGINT, as without the cleanup (status \(status))")
