@@ -116,3 +116,28 @@ func stopClusterSynchronously(dataDirectory: String) {
     }
     _ = child?.waitBlocking()
 }
+
+/// A throwaway cluster of one test's own, migrated, which the test may stop and start (an
+/// outage) without touching the shared one; `remove()` deletes it once stopped.
+package struct OwnCluster: Sendable {
+    package let cluster: EmbeddedPostgres
+    package let database: PostgresClient.Configuration
+    package let directory: String
+
+    package static func start(label: String) async throws -> OwnCluster {
+        let directory = "/tmp/siwa-\(UUID().uuidString.prefix(8).lowercased())"
+        let cluster = EmbeddedPostgres(options: .init(dataDirectory: directory, durable: false), logger: Logger(label: label))
+        let connection = try await cluster.start()
+        let database = PostgresClient.Configuration(
+            unixSocketPath: connection.socketPath, username: connection.username, password: nil, database: connection.database)
+        let client = PostgresClient(configuration: database)
+        try await withThrowingTaskGroup(of: Void.self) { group in
+            group.addTask { await client.run() }
+            try await Migrator(client: client, logger: Logger(label: label)).migrate()
+            group.cancelAll()
+        }
+        return OwnCluster(cluster: cluster, database: database, directory: directory)
+    }
+
+    package func remove() { try? FileManager.default.removeItem(atPath: directory) }
+}

@@ -37,21 +37,11 @@ struct APIErrorTests {
 
     @Test("503 unavailable: PostgreSQL stopped; Retry-After, and the request_id names the logged line")
     func unavailable() async throws {
-        let directory = "/tmp/siwa-apierr-\(UUID().uuidString.prefix(8).lowercased())"
-        defer { try? FileManager.default.removeItem(atPath: directory) }
-        let cluster = EmbeddedPostgres(options: .init(dataDirectory: directory, durable: false), logger: Logger(label: "api-503"))
-        let connection = try await cluster.start()
-        let database = PostgresClient.Configuration(
-            unixSocketPath: connection.socketPath, username: connection.username, password: nil, database: connection.database)
-        let migrator = PostgresClient(configuration: database)
-        try await withThrowingTaskGroup(of: Void.self) { group in
-            group.addTask { await migrator.run() }
-            try await Migrator(client: migrator, logger: Logger(label: "m")).migrate()
-            group.cancelAll()
-        }
-        let h = try await Harness.start(database: database) { $0.database.timeout = .seconds(2) }
+        let own = try await OwnCluster.start(label: "api-503")
+        defer { own.remove() }
+        let h = try await Harness.start(database: own.database) { $0.database.timeout = .seconds(2) }
         let token = try await API.token(h, [.admin])
-        try await cluster.stop()
+        try await own.cluster.stop()
         let answer = try await API.call(h, .GET, "/v1/notifications", token: token)
         #expect(answer.status == 503 && answer.json?["error"] == .string("unavailable"), "\(answer.status) \(answer.body)")
         #expect(answer.headers.first(name: "retry-after").flatMap(Int.init) != nil)

@@ -23,18 +23,9 @@ struct DatabaseTests {
 
     @Test("PostgreSQL stopped → 503 with Retry-After and nothing claimed accepted; recovery without restarting the service")
     func outageAndRecovery() async throws {
-        let directory = Self.temporaryDirectory()
-        defer { try? FileManager.default.removeItem(atPath: directory) }
-        let cluster = EmbeddedPostgres(options: .init(dataDirectory: directory, durable: false), logger: Logger(label: "outage"))
-        let connection = try await cluster.start()
-        let database = PostgresClient.Configuration(
-            unixSocketPath: connection.socketPath, username: connection.username, password: nil, database: connection.database)
-        let client = PostgresClient(configuration: database)
-        try await withThrowingTaskGroup(of: Void.self) { group in
-            group.addTask { await client.run() }
-            try await Migrator(client: client, logger: Logger(label: "m")).migrate()
-            group.cancelAll()
-        }
+        let own = try await OwnCluster.start(label: "outage")
+        defer { own.remove() }
+        let (cluster, database) = (own.cluster, own.database)
         let h = try await Harness.start(database: database) { $0.database.timeout = .seconds(2) }
         #expect(try await h.server.post(jws: try h.notification(jti: "before")).status == 200)
 
