@@ -56,8 +56,7 @@ package enum DatabaseURL {
     /// declines TLS: credentials and data then cross the network readable and alterable.
     package static func transportWarning(_ text: String) -> String? {
         guard let target = try? target(text), case .host(let host, _, let mode) = target.place, mode == .prefer else { return nil }
-        let name = host.lowercased().trimmingCharacters(in: CharacterSet(charactersIn: "[]"))
-        if name == "localhost" || name == "::1" || KeySetRedirect.isLoopback(URL(string: "postgres://\(name)")!) { return nil }
+        if LoopbackHost.contains(host) { return nil }
         let query = URLComponents(string: text)?.queryItems?.first { $0.name == "sslmode" }?.value
         return "DATABASE_URL reaches \(host) with sslmode=\(query ?? "prefer (the default)"): TLS is used only if offered, so anyone on the network path can downgrade the connection to plain text; add sslmode=require"
     }
