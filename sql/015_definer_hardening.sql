@@ -1,13 +1,7 @@
--- What a role granted by `db grant-backend` can make the database do, closed from two sides.
---
--- 1. `siwa_session_allowed` runs as its owner (SECURITY DEFINER). 011 pinned its search_path
---    without `pg_temp`, which PostgreSQL then searches first for tables and types: a caller's
---    temporary `accounts` table (with a trigger of its own) ran as the owner. Now every name is
---    schema-qualified (tables, types, functions, operators) and `pg_temp` comes last. The
---    suite's SecurityDefinerTests audit every SECURITY DEFINER function of every migration.
--- 2. A revocation is final: once `revoked_at` is set it never changes, and `revoked_reason`
---    changes only when the service attributes the revocation to an earlier revoking event
---    (`revoked_event_time`, a column the backend role may not write). SQLSTATE SE003 otherwise.
+-- What a role granted by `db grant-backend` can make the database do, closed from two sides:
+-- the SECURITY DEFINER session trigger names everything by schema with pg_temp last in its
+-- search_path (a caller's temporary objects never run as the owner), and a revocation is final
+-- (SE003) unless the service re-attributes it to an earlier revoking event.
 
 CREATE OR REPLACE FUNCTION public.siwa_session_allowed() RETURNS trigger
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, public, pg_temp AS $$
