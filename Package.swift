@@ -251,7 +251,7 @@ let package = Package(
         .testTarget(
             name: "SiwaCLITests",
             dependencies: [
-                "SiwaTestSupport", "SiwaRuntime", "SiwaApp", "SiwaDomain", "SiwaStore", "SiwaEmbeddedPostgres",
+                "SiwaTestSupport", "SiwaRuntime", "SiwaApp", "SiwaDomain", "SiwaStore", "SiwaEmbeddedPostgres", "SiwaKeys",
             ] + integrationTestDependencies,
             swiftSettings: swiftSettings
         ),

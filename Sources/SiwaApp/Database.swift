@@ -22,8 +22,8 @@ package struct Database: Sendable {
     /// `tuneForServing`); one-shot commands open connections as they need them, after one bounded
     /// attempt that names DATABASE_URL when it fails. `creating`: may start a new embedded cluster
     /// (`serve`, `migrate`); other commands name where they looked instead.
-    package static func open(_ config: Configuration, logger: Logger, serving: Bool = false, creating: Bool = false) async throws -> Database {
-        if let url = config.database.url {
+    package static func open(_ settings: DatabaseSettings, logger: Logger, serving: Bool = false, creating: Bool = false) async throws -> Database {
+        if let url = settings.url {
             var configuration: PostgresClient.Configuration
             do {
                 configuration = try DatabaseURL.configuration(url)
@@ -37,17 +37,15 @@ package struct Database: Sendable {
                 case .unreachable(let reason): throw DatabaseUnreachable(url: DatabaseURL.redacted(url), reason: reason)
                 }
             }
-            configuration.options.maximumConnections = config.database.poolSize
+            configuration.options.maximumConnections = settings.poolSize
             if serving { configuration.options.tuneForServing() }
             return Database(
                 client: PostgresClient(configuration: configuration, backgroundLogger: logger), embedded: nil, startedEmbedded: false,
                 description: DatabaseURL.redacted(url))
         }
-        guard config.database.embedded else {
-            throw ConfigurationError(variable: "DATABASE_URL", message: "is not set and SIWA_EMBEDDED_DATABASE=off: set DATABASE_URL=postgres://user:password@host:5432/db (a deployment never starts a private database)")
-        }
+        guard settings.embedded else { throw DatabaseSettings.noDatabase }
         let embedded = EmbeddedPostgres(
-            options: .init(dataDirectory: config.database.dataDirectory, durable: true, binDirectory: config.database.postgresBinaries, extraSettings: ["max_connections": "\(max(100, config.database.poolSize * 2 + 10))"]),
+            options: .init(dataDirectory: settings.dataDirectory, durable: true, binDirectory: settings.postgresBinaries, extraSettings: ["max_connections": "\(max(100, settings.poolSize * 2 + 10))"]),
             logger: logger)
         guard creating || embedded.clusterExists else {
             throw ConfigurationError(
@@ -56,15 +54,15 @@ package struct Database: Sendable {
         }
         let connection = try await embedded.start()
         logger.notice(
-            "EMBEDDED POSTGRESQL IN USE — data in \(config.database.dataDirectory); set DATABASE_URL for production",
-            metadata: ["data_dir": "\(config.database.dataDirectory)", "socket": "\(connection.socketPath)", "started": "\(connection.startedByUs)"])
+            "EMBEDDED POSTGRESQL IN USE — data in \(settings.dataDirectory); set DATABASE_URL for production",
+            metadata: ["data_dir": "\(settings.dataDirectory)", "socket": "\(connection.socketPath)", "started": "\(connection.startedByUs)"])
         var configuration = PostgresClient.Configuration(
             unixSocketPath: connection.socketPath, username: connection.username, password: nil, database: connection.database)
-        configuration.options.maximumConnections = config.database.poolSize
+        configuration.options.maximumConnections = settings.poolSize
         if serving { configuration.options.tuneForServing() }
         return Database(
             client: PostgresClient(configuration: configuration, backgroundLogger: logger), embedded: embedded,
-            startedEmbedded: connection.startedByUs, description: "embedded PostgreSQL in \(config.database.dataDirectory)")
+            startedEmbedded: connection.startedByUs, description: "embedded PostgreSQL in \(settings.dataDirectory)")
     }
 
     /// Stops the embedded cluster if this process started it.
@@ -76,9 +74,9 @@ package struct Database: Sendable {
 
     /// Runs `body` with the client running, then closes. For CLI commands.
     package static func with<T: Sendable>(
-        _ config: Configuration, logger: Logger, creating: Bool = false, _ body: @Sendable (Database) async throws -> T
+        _ settings: DatabaseSettings, logger: Logger, creating: Bool = false, _ body: @Sendable (Database) async throws -> T
     ) async throws -> T {
-        let database = try await open(config, logger: logger, creating: creating)
+        let database = try await open(settings, logger: logger, creating: creating)
         do {
             let result = try await withThrowingTaskGroup(of: Void.self) { group in
                 group.addTask { await database.client.run() }
@@ -101,8 +99,8 @@ extension Database {
     /// `serve` on DATABASE_URL: waits until the database lets us in, retrying (with a warning
     /// naming DATABASE_URL) only what may heal; a refusal (authentication, unknown role or
     /// database) is a configuration error at once. False when SIGTERM/SIGINT came first.
-    package static func waitUntilReachable(_ config: Configuration, logger: Logger) async throws(ConfigurationError) -> Bool {
-        guard let url = config.database.url else { return true }
+    package static func waitUntilReachable(_ settings: DatabaseSettings, logger: Logger) async throws(ConfigurationError) -> Bool {
+        guard let url = settings.url else { return true }
         let stop = Doorbell()
         let signals = await UnixSignalsSequence(trapping: .sigterm, .sigint)
         let watcher = Task {

@@ -51,13 +51,10 @@ package struct SiwaApplication: Sendable {
         let store = NotificationStore(client: client, logger: logger)
         let rejectionStore = RejectionStore(client: client, logger: logger)
         let keys = AppleKeyCache(
-            configuration: .init(
-                sourceURL: config.apple.jwksURL, refreshInterval: config.apple.jwksRefreshInterval, unknownKidCooldown: config.apple.unknownKidCooldown,
-                maximumAge: config.apple.jwksMaximumAge),
-            fetcher: keyFetcher, persistence: store, logger: logger, onRefresh: { metrics.count(keyRefresh: $0) })
+            configuration: config.apple.keys, fetcher: keyFetcher, persistence: store, logger: logger, onRefresh: { metrics.count(keyRefresh: $0) })
         self.metrics = metrics
         let rejections = RejectionRecorder(
-            store: rejectionStore, limitPerMinute: config.history.rejectionsPerMinute, tokensPerAudiencePerHour: config.history.otherAppTokensPerHour, metrics: metrics,
+            store: rejectionStore, limitPerMinute: config.rejections.perMinute, tokensPerAudiencePerHour: config.rejections.otherAppTokensPerHour, metrics: metrics,
             logger: logger)
         let committer = GroupCommitter(store: store, maximumQueued: config.http.commitQueueLimit, timeout: config.database.timeout, logger: logger) {
             metrics.batchSize.record(Double($0))
@@ -75,21 +72,21 @@ package struct SiwaApplication: Sendable {
         self.backend = !config.receives ? nil : BackendController(
             accounts: AccountStore(client: client, logger: logger), keys: keys,
             settings: .init(
-                bundleIDs: Set(config.apple.bundleIDs), clientIDs: config.apple.clientIDs, sessionTTL: config.accounts.sessionTTL, clockSkew: config.apple.clockSkew,
+                bundleIDs: Set(config.apple.bundleIDs), clientIDs: config.apple.clientIDs, sessionTTL: config.sessionTTL, clockSkew: config.apple.clockSkew,
                 databaseTimeout: config.database.timeout), clock: clock)
         self.history = !config.receives ? nil : HistoryController(
-            history: HistoryStore(client: client, logger: logger), rejections: rejectionStore, callbackURL: config.callbacks.url)
+            history: HistoryStore(client: client, logger: logger), rejections: rejectionStore, callbackURL: config.workers.callbacks?.url)
         self.alertsAPI = !config.receives ? nil : AlertsController(alerts: AlertStore(client: client, logger: logger))
         self.databaseTimeout = config.database.timeout
         self.metricsToken = config.http.metricsToken
         self.listeners = ListenerConnections(maximum: config.http.limits.maximumConnections)
         let workers = !config.works ? nil : EffectWorkers(
-            configuration: config.workerConfiguration, store: effects, logger: logger, metrics: WorkerMetrics(registry: registry))
+            configuration: config.workers, store: effects, logger: logger, metrics: WorkerMetrics(registry: registry))
         self.workers = workers
         if let workers { store.jobsNotifier.addLocalWaker { workers.wake() } }
         self.alerts = workers.map {
             AlertMonitor(
-                configuration: config.alerts.monitorConfiguration, store: AlertStore(client: client, logger: logger), logger: logger, identity: $0.identity,
+                configuration: config.alerts, store: AlertStore(client: client, logger: logger), logger: logger, identity: $0.identity,
                 metrics: AlertMetrics(registry: registry))
         }
         self.store = store
@@ -257,8 +254,8 @@ package enum Server {
     package static func serve(_ config: Configuration, logger: Logger) async throws {
         _ = try config.http.tlsConfiguration()  // a bad certificate stops start-up before the database opens
         if let url = config.database.url, let warning = DatabaseURL.transportWarning(url) { logger.warning("\(warning)") }
-        guard try await Database.waitUntilReachable(config, logger: logger) else { return }  // stopped while waiting
-        let database = try await Database.open(config, logger: logger, serving: true, creating: true)
+        guard try await Database.waitUntilReachable(config.database, logger: logger) else { return }  // stopped while waiting
+        let database = try await Database.open(config.database, logger: logger, serving: true, creating: true)
         let receiver = SiwaApplication(config: config, client: database.client, logger: logger)
         let services = try receiver.services(
             config: config, client: database.client, logger: logger,
@@ -267,7 +264,7 @@ package enum Server {
                     "siwa-events listening",
                     metadata: [
                         "address": "\(channel.localAddress?.ipAddress ?? config.http.host):\(channel.localAddress?.port ?? config.http.port)", "database": "\(database.description)",
-                        "bundle_ids": "\(config.apple.bundleIDs.joined(separator: ","))", "tls": "\(config.http.tlsCertificateFile == nil ? "off (behind a TLS proxy)" : "on")", "jwks_url": "\(URLRedaction.redacted(config.apple.jwksURL))",
+                        "bundle_ids": "\(config.apple.bundleIDs.joined(separator: ","))", "tls": "\(config.http.tlsCertificateFile == nil ? "off (behind a TLS proxy)" : "on")", "jwks_url": "\(URLRedaction.redacted(config.apple.keys.sourceURL))",
                     ])
             },
             onAdminRunning: { channel in
@@ -316,71 +313,4 @@ final class ShutdownWatch: Service, Sendable {
 package struct ShutdownCutShort: Error, CustomStringConvertible {
     package let grace: Duration
     package var description: String { "shutdown took longer than SIWA_SHUTDOWN_GRACE (\(DurationSyntax.format(grace))); what was still running was cancelled" }
-}
-
-extension Configuration {
-    package var workerConfiguration: EffectWorkers.Configuration {
-        var workers = EffectWorkers.Configuration()
-        workers.workers = jobs.workers
-        workers.lease = jobs.lease
-        workers.maxAttempts = jobs.maxAttempts
-        workers.retention = jobs.retention
-        workers.pollInterval = jobs.pollInterval
-        workers.listen = jobs.notify
-        workers.eraseOnDelete = accounts.eraseOnDelete
-        workers.historyRetention = history.retention
-        workers.otherAppTokenRetention = history.otherAppTokenRetention
-        workers.alertSinks = alerts.sinks
-        if let url = callbacks.url, let signer = callbacks.signer {
-            var deliveries = EffectWorkers.Callbacks(url: url, signer: signer)
-            deliveries.timeout = callbacks.timeout
-            deliveries.concurrency = callbacks.concurrency
-            workers.callbacks = deliveries
-        }
-        return workers
-    }
-}
-
-extension Configuration.AlertSettings {
-    package var sinks: AlertSinks {
-        AlertSinks(webhooks: webhooks, slack: slackURL, signer: signer)
-    }
-
-    package var monitorConfiguration: AlertMonitor.Configuration {
-        var monitor = AlertMonitor.Configuration()
-        monitor.spike = spike
-        monitor.queueLag = queueLag
-        monitor.badSignatures = badSignatures
-        monitor.discardedJobs = discardedJobs
-        monitor.sinks = sinks
-        return monitor
-    }
-}
-
-extension Configuration.HTTPSettings {
-    /// HTTPS (TLS 1.2+) with SIWA_TLS_CERT_FILE / SIWA_TLS_KEY_FILE, or nil for plain HTTP.
-    package func tlsConfiguration() throws -> TLSConfiguration? {
-        guard let tlsCertificateFile, let tlsKeyFile else { return nil }
-        let chain: [NIOSSLCertificate]
-        do {
-            chain = try NIOSSLCertificate.fromPEMFile(tlsCertificateFile)
-        } catch {
-            throw ConfigurationError(variable: "SIWA_TLS_CERT_FILE", message: "\(tlsCertificateFile) is not a PEM certificate chain (\(error))")
-        }
-        guard !chain.isEmpty else { throw ConfigurationError(variable: "SIWA_TLS_CERT_FILE", message: "\(tlsCertificateFile) holds no certificate") }
-        let key: NIOSSLPrivateKey
-        do {
-            key = try NIOSSLPrivateKey(file: tlsKeyFile, format: .pem)
-        } catch {
-            throw ConfigurationError(variable: "SIWA_TLS_KEY_FILE", message: "\(tlsKeyFile) is not a PEM private key (\(error))")
-        }
-        var tls = TLSConfiguration.makeServerConfiguration(certificateChain: chain.map { .certificate($0) }, privateKey: .privateKey(key))
-        tls.minimumTLSVersion = .tlsv12
-        do {
-            _ = try NIOSSLContext(configuration: tls)
-        } catch {
-            throw ConfigurationError(variable: "SIWA_TLS_KEY_FILE", message: "the key does not fit the certificate or TLS cannot start (\(error))")
-        }
-        return tls
-    }
 }

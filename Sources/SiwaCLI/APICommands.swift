@@ -13,7 +13,7 @@ struct TokensCommand: AsyncParsableCommand {
     static let configuration = CommandConfiguration(
         commandName: "tokens", abstract: "Bearer tokens for the backend API (stored as hashes only).", subcommands: [Create.self, List.self, Revoke.self])
 
-    struct Create: AsyncParsableCommand, ReadsSettings {
+    struct Create: SettingsCommand {
         static let configuration = CommandConfiguration(
             abstract: "Create a token; prints it once, on stdout.",
             discussion: """
@@ -22,7 +22,6 @@ struct TokensCommand: AsyncParsableCommand {
                   siwa-events tokens create --name ops --scope admin --expires 90d --json
                 """)
         static let settingGroups: [SettingGroup] = [.database, .logging]
-        @OptionGroup var options: ConfigOptions
         @Option(help: "A name for it (letters, digits, . _ -), unique among live tokens.") var name: String
         @Option(name: .customLong("scope"), help: "A scope it grants (repeat for several): \(APIScope.valueNames).") var scopes: [String] = []
         @Option(help: "Lifetime, e.g. 90d (default: until revoked).") var expires: String?
@@ -41,14 +40,14 @@ struct TokensCommand: AsyncParsableCommand {
             }
         }
 
-        func run() async throws {
-            let config = try options.load(requireBundleIDs: false)
-            let logger = try makeLogger()
+        func run(_ settings: SettingSource) async throws {
+            let database = try DatabaseSettings(settings)
+            let logger = try makeLogger(settings)
             let scopes = self.scopes.compactMap(APIScope.init(rawValue:))
             let expiresAt = try expires.map { Date().addingTimeInterval(try DurationSyntax.parse($0).timeInterval) }
             let created: (id: String, token: String)
             do {
-                created = try await Database.with(config, logger: logger) { database in
+                created = try await Database.with(database, logger: logger) { database in
                     try await TokenStore(client: database.client, logger: logger).create(name: name, scopes: scopes, expiresAt: expiresAt, actor: cliActor)
                 }
             } catch let error as TokenStoreError {
@@ -67,7 +66,7 @@ struct TokensCommand: AsyncParsableCommand {
         }
     }
 
-    struct List: AsyncParsableCommand, ReadsSettings {
+    struct List: SettingsCommand {
         static let configuration = CommandConfiguration(
             abstract: "List tokens (never the tokens themselves).",
             discussion: """
@@ -75,14 +74,13 @@ struct TokensCommand: AsyncParsableCommand {
                   siwa-events tokens list
                 """)
         static let settingGroups: [SettingGroup] = [.database, .logging]
-        @OptionGroup var options: ConfigOptions
         @Flag(help: "Include revoked tokens.") var all = false
         @Flag(help: "One JSON object per line.") var json = false
 
-        func run() async throws {
-            let config = try options.load(requireBundleIDs: false)
-            let logger = try makeLogger()
-            let tokens = try await Database.with(config, logger: logger) { database in
+        func run(_ settings: SettingSource) async throws {
+            let database = try DatabaseSettings(settings)
+            let logger = try makeLogger(settings)
+            let tokens = try await Database.with(database, logger: logger) { database in
                 try await TokenStore(client: database.client, logger: logger).list(includeRevoked: all)
             }
             func time(_ date: Date?) -> JSONValue { date.map { .string(iso8601($0)) } ?? .null }
@@ -107,7 +105,7 @@ struct TokensCommand: AsyncParsableCommand {
         }
     }
 
-    struct Revoke: AsyncParsableCommand, ReadsSettings {
+    struct Revoke: SettingsCommand {
         static let configuration = CommandConfiguration(
             abstract: "Revoke a token by name or id: it answers 401 from now on.",
             discussion: """
@@ -115,13 +113,12 @@ struct TokensCommand: AsyncParsableCommand {
                   siwa-events tokens revoke backend
                 """)
         static let settingGroups: [SettingGroup] = [.database, .logging]
-        @OptionGroup var options: ConfigOptions
         @Argument(help: "The token's name or id.") var token: String
 
-        func run() async throws {
-            let config = try options.load(requireBundleIDs: false)
-            let logger = try makeLogger()
-            let revoked = try await Database.with(config, logger: logger) { database in
+        func run(_ settings: SettingSource) async throws {
+            let database = try DatabaseSettings(settings)
+            let logger = try makeLogger(settings)
+            let revoked = try await Database.with(database, logger: logger) { database in
                 try await TokenStore(client: database.client, logger: logger).revoke(token, actor: cliActor)
             }
             guard let revoked else {
@@ -137,7 +134,7 @@ struct AuditCommand: AsyncParsableCommand {
     static let configuration = CommandConfiguration(
         commandName: "audit", abstract: "The audit log: token creation and revocation, privacy erasures.", subcommands: [List.self])
 
-    struct List: AsyncParsableCommand, ReadsSettings {
+    struct List: SettingsCommand {
         static let configuration = CommandConfiguration(
             abstract: "List audit entries, newest first.",
             discussion: """
@@ -145,16 +142,15 @@ struct AuditCommand: AsyncParsableCommand {
                   siwa-events audit list --limit 20
                 """)
         static let settingGroups: [SettingGroup] = [.database, .logging]
-        @OptionGroup var options: ConfigOptions
         @Option(help: ListFlags.limitHelp) var limit: Int = 50
         @Flag(help: "One JSON object per line.") var json = false
 
         func validate() throws { try ListFlags.checkLimit(limit) }
 
-        func run() async throws {
-            let config = try options.load(requireBundleIDs: false)
-            let logger = try makeLogger()
-            let entries = try await Database.with(config, logger: logger) { database in
+        func run(_ settings: SettingSource) async throws {
+            let database = try DatabaseSettings(settings)
+            let logger = try makeLogger(settings)
+            let entries = try await Database.with(database, logger: logger) { database in
                 try await TokenStore(client: database.client, logger: logger).audit(limit: limit)
             }
             if json {
@@ -177,7 +173,7 @@ struct AccountsCommand: AsyncParsableCommand {
     static let configuration = CommandConfiguration(
         commandName: "accounts", abstract: "Sign in with Apple users' accounts.", subcommands: [Erase.self])
 
-    struct Erase: AsyncParsableCommand, ReadsSettings {
+    struct Erase: SettingsCommand {
         static let configuration = CommandConfiguration(
             abstract: "A privacy request: erase the user's email everywhere and revoke their sessions (audited).",
             discussion: """
@@ -185,14 +181,13 @@ struct AccountsCommand: AsyncParsableCommand {
                   siwa-events accounts erase --aud com.example.app --sub 001234.abcd
                 """)
         static let settingGroups: [SettingGroup] = [.database, .logging]
-        @OptionGroup var options: ConfigOptions
         @Option(help: "The app's bundle ID.") var aud: String
         @Option(help: "Apple's user identifier.") var sub: String
 
-        func run() async throws {
-            let config = try options.load(requireBundleIDs: false)
-            let logger = try makeLogger()
-            let erasure = try await Database.with(config, logger: logger) { database in
+        func run(_ settings: SettingSource) async throws {
+            let database = try DatabaseSettings(settings)
+            let logger = try makeLogger(settings)
+            let erasure = try await Database.with(database, logger: logger) { database in
                 try await AccountStore(client: database.client, logger: logger).erase(aud: aud, sub: sub, actor: cliActor)
             }
             print("erased \(aud)/\(sub) at \(iso8601(erasure.erasedAt)); revoked \(erasure.revokedSessions) session\(erasure.revokedSessions == 1 ? "" : "s")")
@@ -204,7 +199,7 @@ struct DatabaseCommand: AsyncParsableCommand {
     static let configuration = CommandConfiguration(
         commandName: "db", abstract: "Database administration.", subcommands: [GrantBackend.self])
 
-    struct GrantBackend: AsyncParsableCommand, ReadsSettings {
+    struct GrantBackend: SettingsCommand {
         static let configuration = CommandConfiguration(
             commandName: "grant-backend",
             abstract: "Grant an existing role exactly what docs/integration.md's session SQL needs (sessions, accounts), nothing else.",
@@ -213,14 +208,13 @@ struct DatabaseCommand: AsyncParsableCommand {
                   siwa-events db grant-backend --role backend_app
                 """)
         static let settingGroups: [SettingGroup] = [.database, .logging]
-        @OptionGroup var options: ConfigOptions
         @Option(help: "The PostgreSQL role your backend connects as (must exist).") var role: String
 
-        func run() async throws {
-            let config = try options.load(requireBundleIDs: false)
-            let logger = try makeLogger()
+        func run(_ settings: SettingSource) async throws {
+            let database = try DatabaseSettings(settings)
+            let logger = try makeLogger(settings)
             do {
-                let outcome = try await Database.with(config, logger: logger) { database in
+                let outcome = try await Database.with(database, logger: logger) { database in
                     try await BackendGrants(client: database.client, logger: logger).grant(role: role)
                 }
                 for statement in outcome.statements { print(statement + ";") }

@@ -3,13 +3,14 @@ import Foundation
 import SiwaApp
 import SiwaDomain
 import SiwaStore
+import SiwaWorkers
 
 struct AlertsCommand: AsyncParsableCommand {
     static let configuration = CommandConfiguration(
         commandName: "alerts", abstract: "Alerts on revocation spikes and operational trouble: list, test the sinks, silence.",
         subcommands: [List.self, Test.self, Silence.self, Silences.self])
 
-    struct List: AsyncParsableCommand, ReadsSettings {
+    struct List: SettingsCommand {
         static let configuration = CommandConfiguration(
             abstract: "List alerts, newest first.",
             discussion: """
@@ -18,7 +19,6 @@ struct AlertsCommand: AsyncParsableCommand {
                   siwa-events alerts list --state firing --json
                 """)
         static let settingGroups: [SettingGroup] = [.database, .logging]
-        @OptionGroup var options: ConfigOptions
         @Option(help: "firing or resolved (default: both).") var state: String?
         @Option(help: ListFlags.limitHelp) var limit: Int = 50
         @Flag(help: "One JSON object per line.") var json = false
@@ -28,10 +28,10 @@ struct AlertsCommand: AsyncParsableCommand {
             try ListFlags.checkLimit(limit)
         }
 
-        func run() async throws {
-            let config = try options.load(requireBundleIDs: false)
-            let logger = try makeLogger()
-            let alerts = try await Database.with(config, logger: logger) { database in
+        func run(_ settings: SettingSource) async throws {
+            let database = try DatabaseSettings(settings)
+            let logger = try makeLogger(settings)
+            let alerts = try await Database.with(database, logger: logger) { database in
                 try await AlertStore(client: database.client, logger: logger).list(state: state, limit: limit)
             }
             if json {
@@ -51,7 +51,7 @@ struct AlertsCommand: AsyncParsableCommand {
         }
     }
 
-    struct Test: AsyncParsableCommand, ReadsSettings {
+    struct Test: SettingsCommand {
         static let configuration = CommandConfiguration(
             abstract: "Send a test alert through every configured sink and wait for each outcome (a running worker process delivers it).",
             discussion: """
@@ -59,25 +59,25 @@ struct AlertsCommand: AsyncParsableCommand {
                   siwa-events alerts test
                 """)
         static let settingGroups: [SettingGroup] = [.database, .alerts, .logging]
-        @OptionGroup var options: ConfigOptions
         @Option(help: "How long to wait for the deliveries, e.g. 30s.") var wait: String = "30s"
 
         func validate() throws {
             if (try? DurationSyntax.parse(wait)) == nil { throw ValidationError("--wait must be a duration like 30s (got \"\(wait)\")") }
         }
 
-        func run() async throws {
-            let config = try options.load(requireBundleIDs: false)
-            let sinks = config.alerts.sinks
+        func run(_ settings: SettingSource) async throws {
+            let database = try DatabaseSettings(settings)
+            let alerts = try AlertMonitor.Configuration(settings)
+            let sinks = alerts.sinks
             if sinks.isEmpty {
                 printError("siwa-events: no alert sink is configured (SIWA_ALERT_WEBHOOK_URLS, SIWA_ALERT_SLACK_URL); alerts go to the log only")
                 throw ExitCode(78)
             }
-            let logger = try makeLogger()
+            let logger = try makeLogger(settings)
             let limit = try DurationSyntax.parse(wait)
-            let failed = try await Database.with(config, logger: logger) { database -> Bool in
+            let failed = try await Database.with(database, logger: logger) { database -> Bool in
                 let store = AlertStore(client: database.client, logger: logger)
-                let id = try await store.test(window: config.alerts.spike.window, sinks: sinks.messages)
+                let id = try await store.test(window: alerts.spike.window, sinks: sinks.messages)
                 printError("queued test alert \(id) for \(sinks.webhooks.count + (sinks.slack == nil ? 0 : 1)) sink(s); waiting up to \(wait)…")
                 let deadline = ContinuousClock.now + limit
                 var outcomes: [AlertDelivery] = []
@@ -101,7 +101,7 @@ struct AlertsCommand: AsyncParsableCommand {
         }
     }
 
-    struct Silence: AsyncParsableCommand, ReadsSettings {
+    struct Silence: SettingsCommand {
         static let configuration = CommandConfiguration(
             abstract: "Silence an alert kind (for one app or all) for a while: alerts are still recorded, sinks are not told.",
             discussion: """
@@ -110,7 +110,6 @@ struct AlertsCommand: AsyncParsableCommand {
                   siwa-events alerts silence --kind queue_lag --for 30m --reason upgrade
                 """)
         static let settingGroups: [SettingGroup] = [.database, .logging]
-        @OptionGroup var options: ConfigOptions
         @Option(help: "revocation_spike, jobs_discarded, queue_lag or bad_signatures.") var kind: String
         @Option(help: "Only this app (bundle ID); default every app.") var aud: String?
         @Option(name: .customLong("for"), help: "How long, e.g. 2h.") var duration: String
@@ -125,10 +124,10 @@ struct AlertsCommand: AsyncParsableCommand {
             }
         }
 
-        func run() async throws {
-            let config = try options.load(requireBundleIDs: false)
-            let logger = try makeLogger()
-            let silence = try await Database.with(config, logger: logger) { database in
+        func run(_ settings: SettingSource) async throws {
+            let database = try DatabaseSettings(settings)
+            let logger = try makeLogger(settings)
+            let silence = try await Database.with(database, logger: logger) { database in
                 try await AlertStore(client: database.client, logger: logger).silence(
                     kind: AlertKind(rawValue: kind)!, aud: aud, for: try DurationSyntax.parse(duration), by: cliActor, reason: reason)
             }
@@ -136,7 +135,7 @@ struct AlertsCommand: AsyncParsableCommand {
         }
     }
 
-    struct Silences: AsyncParsableCommand, ReadsSettings {
+    struct Silences: SettingsCommand {
         static let configuration = CommandConfiguration(
             abstract: "List silences still running (with --expired, also those ended in the last day).",
             discussion: """
@@ -145,14 +144,13 @@ struct AlertsCommand: AsyncParsableCommand {
                   siwa-events alerts silences --expired
                 """)
         static let settingGroups: [SettingGroup] = [.database, .logging]
-        @OptionGroup var options: ConfigOptions
         @Flag(help: "Include silences that ended in the last day.") var expired = false
         @Flag(help: "One JSON object per line.") var json = false
 
-        func run() async throws {
-            let config = try options.load(requireBundleIDs: false)
-            let logger = try makeLogger()
-            let silences = try await Database.with(config, logger: logger) { database in
+        func run(_ settings: SettingSource) async throws {
+            let database = try DatabaseSettings(settings)
+            let logger = try makeLogger(settings)
+            let silences = try await Database.with(database, logger: logger) { database in
                 try await AlertStore(client: database.client, logger: logger).silences(includeExpired: expired)
             }
             if json {

@@ -9,7 +9,7 @@ struct CallbacksCommand: AsyncParsableCommand {
         commandName: "callbacks", abstract: "Callbacks to your backend (SIWA_CALLBACK_URL): inspect, redeliver, make a secret.",
         subcommands: [List.self, Redeliver.self, Secret.self])
 
-    struct List: AsyncParsableCommand, ReadsSettings {
+    struct List: SettingsCommand {
         static let configuration = CommandConfiguration(
             abstract: "List callbacks, newest first.",
             discussion: """
@@ -18,17 +18,16 @@ struct CallbacksCommand: AsyncParsableCommand {
                   siwa-events callbacks list --failed --json
                 """)
         static let settingGroups: [SettingGroup] = [.database, .logging]
-        @OptionGroup var options: ConfigOptions
         @Flag(help: "Only callbacks not delivered after an attempt (retrying or discarded).") var failed = false
         @Option(help: ListFlags.limitHelp) var limit: Int = 50
         @Flag(help: "One JSON object per line.") var json = false
 
         func validate() throws { try ListFlags.checkLimit(limit) }
 
-        func run() async throws {
-            let config = try options.load(requireBundleIDs: false)
-            let logger = try makeLogger()
-            let callbacks = try await Database.with(config, logger: logger) { database in
+        func run(_ settings: SettingSource) async throws {
+            let database = try DatabaseSettings(settings)
+            let logger = try makeLogger(settings)
+            let callbacks = try await Database.with(database, logger: logger) { database in
                 try await CallbackStore(client: database.client, logger: logger).list(failed: failed, limit: limit)
             }
             if json {
@@ -56,7 +55,7 @@ struct CallbacksCommand: AsyncParsableCommand {
         }
     }
 
-    struct Redeliver: AsyncParsableCommand, ReadsSettings {
+    struct Redeliver: SettingsCommand {
         static let configuration = CommandConfiguration(
             abstract: "Send a callback again (same webhook-id), or every callback created since a time.",
             discussion: """
@@ -65,7 +64,6 @@ struct CallbacksCommand: AsyncParsableCommand {
                   siwa-events callbacks redeliver --since 2h
                 """)
         static let settingGroups: [SettingGroup] = [.database, .logging]
-        @OptionGroup var options: ConfigOptions
         @Argument(help: "The callback's webhook-id (msg_12, as your backend saw it), or its job id (see `callbacks list`).")
         var id: String?
         @Option(help: "Every callback created since this time: ISO-8601 (2026-11-21T08:00:00Z) or a duration ago (2h).")
@@ -87,11 +85,11 @@ struct CallbacksCommand: AsyncParsableCommand {
             }
         }
 
-        func run() async throws {
-            let config = try options.load(requireBundleIDs: false)
-            let logger = try makeLogger()
+        func run(_ settings: SettingSource) async throws {
+            let database = try DatabaseSettings(settings)
+            let logger = try makeLogger(settings)
             let from = since.flatMap { parseSince($0, now: Date()) }
-            let count = try await Database.with(config, logger: logger) { database in
+            let count = try await Database.with(database, logger: logger) { database in
                 try await CallbackStore(client: database.client, logger: logger).redeliver(
                     id: target.job, notificationID: target.notification, since: from)
             }

@@ -11,7 +11,7 @@ struct NotificationsCommand: AsyncParsableCommand {
         commandName: "notifications", abstract: "Query recorded notifications.",
         subcommands: [List.self, Show.self, Timeline.self, Export.self, Stats.self])
 
-    struct List: AsyncParsableCommand, ReadsSettings {
+    struct List: SettingsCommand {
         static let configuration = CommandConfiguration(
             abstract: "List notifications, newest first.",
             discussion: """
@@ -21,7 +21,6 @@ struct NotificationsCommand: AsyncParsableCommand {
                   siwa-events notifications list --sub 001234.abcd --json
                 """)
         static let settingGroups: [SettingGroup] = [.database, .logging]
-        @OptionGroup var options: ConfigOptions
         @Option(help: "Only this user (Apple's team-scoped sub).") var sub: String?
         @Option(help: "Only this bundle ID.") var aud: String?
         @Option(help: "Only this type: \(EventType.valueNames).") var type: String?
@@ -35,11 +34,11 @@ struct NotificationsCommand: AsyncParsableCommand {
             try ListFlags.checkLimit(limit)
         }
 
-        func run() async throws {
-            let config = try options.load(requireBundleIDs: false)
-            let logger = try makeLogger()
+        func run(_ settings: SettingSource) async throws {
+            let database = try DatabaseSettings(settings)
+            let logger = try makeLogger(settings)
             let filter = NotificationFilter(sub: sub, aud: aud, type: type.map { ListFlags.canonical([$0])[0] }, status: status.flatMap(ProcessingStatus.init), limit: limit)
-            let items = try await Database.with(config, logger: logger) { database in
+            let items = try await Database.with(database, logger: logger) { database in
                 try await NotificationStore(client: database.client, logger: logger).list(filter)
             }
             if json {
@@ -59,7 +58,7 @@ struct NotificationsCommand: AsyncParsableCommand {
 }
 
 extension NotificationsCommand {
-    struct Show: AsyncParsableCommand, ReadsSettings {
+    struct Show: SettingsCommand {
         static let configuration = CommandConfiguration(
             abstract: "One notification: verification facts, deliveries and every attempt.",
             discussion: """
@@ -68,14 +67,13 @@ extension NotificationsCommand {
                   siwa-events notifications show 5f8c1f0e-jti-from-the-list --json
                 """)
         static let settingGroups: [SettingGroup] = [.database, .logging]
-        @OptionGroup var options: ConfigOptions
         @Argument(help: "The notification's jti.") var jti: String
         @Flag(help: "JSON, as GET /v1/notifications/{jti} answers.") var json = false
 
-        func run() async throws {
-            let config = try options.load(requireBundleIDs: false)
-            let logger = try makeLogger()
-            let detail = try await Database.with(config, logger: logger) { database in
+        func run(_ settings: SettingSource) async throws {
+            let database = try DatabaseSettings(settings)
+            let logger = try makeLogger(settings)
+            let detail = try await Database.with(database, logger: logger) { database in
                 try await HistoryStore(client: database.client, logger: logger).notification(jti: jti)
             }
             guard let detail else {
@@ -103,7 +101,7 @@ extension NotificationsCommand {
         }
     }
 
-    struct Timeline: AsyncParsableCommand, ReadsSettings {
+    struct Timeline: SettingsCommand {
         static let configuration = CommandConfiguration(
             abstract: "A user's notifications in event_time order, with what each changed.",
             discussion: """
@@ -111,15 +109,14 @@ extension NotificationsCommand {
                   siwa-events notifications timeline --aud com.example.app --sub 001234.abcd
                 """)
         static let settingGroups: [SettingGroup] = [.database, .logging]
-        @OptionGroup var options: ConfigOptions
         @Option(help: "The app's bundle ID.") var aud: String
         @Option(help: "Apple's user identifier.") var sub: String
         @Flag(help: "One JSON object per line.") var json = false
 
-        func run() async throws {
-            let config = try options.load(requireBundleIDs: false)
-            let logger = try makeLogger()
-            let entries = try await Database.with(config, logger: logger) { database in
+        func run(_ settings: SettingSource) async throws {
+            let database = try DatabaseSettings(settings)
+            let logger = try makeLogger(settings)
+            let entries = try await Database.with(database, logger: logger) { database in
                 try await HistoryStore(client: database.client, logger: logger).timeline(aud: aud, sub: sub, limit: ListLimit.maximum)
             }
             if json {
@@ -137,7 +134,7 @@ extension NotificationsCommand {
         }
     }
 
-    struct Export: AsyncParsableCommand, ReadsSettings {
+    struct Export: SettingsCommand {
         static let configuration = CommandConfiguration(
             abstract: "Stream notifications as NDJSON (newest first), with progress on stderr.",
             discussion: """
@@ -146,7 +143,6 @@ extension NotificationsCommand {
                   siwa-events notifications export --type account-delete > deleted.ndjson
                 """)
         static let settingGroups: [SettingGroup] = [.database, .logging]
-        @OptionGroup var options: ConfigOptions
         @Option(help: "Only this bundle ID.") var aud: String?
         @Option(help: "Only this user.") var sub: String?
         @Option(help: "Only these types (repeat): \(EventType.valueNames).") var type: [String] = []
@@ -165,9 +161,9 @@ extension NotificationsCommand {
             }
         }
 
-        func run() async throws {
-            let config = try options.load(requireBundleIDs: false)
-            let logger = try makeLogger()
+        func run(_ settings: SettingSource) async throws {
+            let database = try DatabaseSettings(settings)
+            let logger = try makeLogger(settings)
             var query = HistoryQuery()
             query.aud = aud
             query.sub = sub
@@ -192,7 +188,7 @@ extension NotificationsCommand {
             let started = Date()
             let total: Int
             do {
-                total = try await export(first, to: handle, config: config, logger: logger)
+                total = try await export(first, to: handle, database: database, logger: logger)
                 try file?.commit()
             } catch {
                 file?.discard()
@@ -202,8 +198,8 @@ extension NotificationsCommand {
         }
 
         /// Writes every notification `first` selects to `handle`, a page at a time; the count.
-        private func export(_ first: HistoryQuery, to handle: FileHandle, config: Configuration, logger: Logger) async throws -> Int {
-            try await Database.with(config, logger: logger) { database in
+        private func export(_ first: HistoryQuery, to handle: FileHandle, database: DatabaseSettings, logger: Logger) async throws -> Int {
+            try await Database.with(database, logger: logger) { database in
                 let store = HistoryStore(client: database.client, logger: logger)
                 var query = first
                 var count = 0
@@ -229,7 +225,7 @@ extension NotificationsCommand {
         }
     }
 
-    struct Stats: AsyncParsableCommand, ReadsSettings {
+    struct Stats: SettingsCommand {
         static let configuration = CommandConfiguration(
             abstract: "Notifications per time bucket and type.",
             discussion: """
@@ -238,7 +234,6 @@ extension NotificationsCommand {
                   siwa-events notifications stats --bucket day --from 7d --json
                 """)
         static let settingGroups: [SettingGroup] = [.database, .logging]
-        @OptionGroup var options: ConfigOptions
         @Option(help: "minute, hour (default) or day.") var bucket: String = "hour"
         @Option(help: "From this time: ISO-8601 or a duration ago (default: 1h, 7d or 90d before --to).") var from: String?
         @Option(help: "To this ISO-8601 time (default: now).") var to: String?
@@ -254,12 +249,12 @@ extension NotificationsCommand {
             }
         }
 
-        func run() async throws {
-            let config = try options.load(requireBundleIDs: false)
-            let logger = try makeLogger()
+        func run(_ settings: SettingSource) async throws {
+            let database = try DatabaseSettings(settings)
+            let logger = try makeLogger(settings)
             let end = to.flatMap { parseSince($0, now: Date()) } ?? Date()
             let start = from.flatMap { parseSince($0, now: end) } ?? end.addingTimeInterval(-HistoryStore.buckets[bucket]!.defaultRange)
-            let rows = try await Database.with(config, logger: logger) { database in
+            let rows = try await Database.with(database, logger: logger) { database in
                 try await HistoryStore(client: database.client, logger: logger).stats(
                     bucket: bucket, from: start, to: end, aud: aud, types: type.map { EventType(apple: $0)?.rawValue ?? $0 })
             }
@@ -278,7 +273,7 @@ struct RejectionsCommand: AsyncParsableCommand {
     static let configuration = CommandConfiguration(
         commandName: "rejections", abstract: "Refused deliveries: why a notification didn't arrive.", subcommands: [List.self, Replay.self])
 
-    struct List: AsyncParsableCommand, ReadsSettings {
+    struct List: SettingsCommand {
         static let configuration = CommandConfiguration(
             abstract: "List recorded rejections, newest first, with per-reason totals.",
             discussion: """
@@ -287,7 +282,6 @@ struct RejectionsCommand: AsyncParsableCommand {
                   siwa-events rejections list --reason wrong_audience --json
                 """)
         static let settingGroups: [SettingGroup] = [.database, .logging]
-        @OptionGroup var options: ConfigOptions
         @Option(help: "Only this reason (e.g. wrong_audience, bad_signature, unknown_key).") var reason: String?
         @Option(help: ListFlags.limitHelp) var limit: Int = 50
         @Flag(help: "One JSON object per line.") var json = false
@@ -297,10 +291,10 @@ struct RejectionsCommand: AsyncParsableCommand {
             try ListFlags.checkLimit(limit)
         }
 
-        func run() async throws {
-            let config = try options.load(requireBundleIDs: false)
-            let logger = try makeLogger()
-            let (items, counts) = try await Database.with(config, logger: logger) { database in
+        func run(_ settings: SettingSource) async throws {
+            let database = try DatabaseSettings(settings)
+            let logger = try makeLogger(settings)
+            let (items, counts) = try await Database.with(database, logger: logger) { database in
                 let store = RejectionStore(client: database.client, logger: logger)
                 return (try await store.list(reason: reason, limit: limit), try await store.counts(since: Date().addingTimeInterval(-86_400)))
             }
@@ -336,7 +330,7 @@ struct RejectionsCommand: AsyncParsableCommand {
         }
     }
 
-    struct Replay: AsyncParsableCommand, ReadsSettings {
+    struct Replay: SettingsCommand {
         static let configuration = CommandConfiguration(
             abstract: "Re-check kept tokens with the current configuration and record those that now pass.",
             discussion: """
@@ -346,17 +340,17 @@ struct RejectionsCommand: AsyncParsableCommand {
                   siwa-events rejections replay --bundle-ids com.example.app,com.example.fixed
                 """)
         static let settingGroups: [SettingGroup] = [.database, .apple, .logging]
-        @OptionGroup var options: ConfigOptions
         @Option(help: "The reason to replay; only wrong_audience rejections keep their token.") var reason: String = "wrong_audience"
 
-        func run() async throws {
-            let config = try options.load(requireBundleIDs: true)
-            let logger = try makeLogger()
-            let summary = try await Database.with(config, logger: logger) { database in
+        func run(_ settings: SettingSource) async throws {
+            let database = try DatabaseSettings(settings)
+            let apple = try AppleSettings(settings, receiving: true)
+            let logger = try makeLogger(settings)
+            let summary = try await Database.with(database, logger: logger) { database in
                 try await RejectionReplay(
                     notifications: NotificationStore(client: database.client, logger: logger),
                     rejections: RejectionStore(client: database.client, logger: logger),
-                    verifier: NotificationVerifier(audiences: Set(config.apple.bundleIDs), clockSkew: config.apple.clockSkew)
+                    verifier: NotificationVerifier(audiences: Set(apple.bundleIDs), clockSkew: apple.clockSkew)
                 ).run(reason: reason) { done, total in printError("replayed \(done)/\(total)") }
             }
             let still = summary.stillRejected.sorted { $0.key < $1.key }.map { "\($0.value) still \($0.key)" }

@@ -52,7 +52,7 @@ struct Healthcheck: AsyncParsableCommand {
 /// endpoint: the name resolves (to a public address), TLS 1.2+ with a publicly trusted chain for
 /// that name, and the route answers a malformed notification with siwa-events' 400 JSON — not a
 /// 404 (wrong path or proxy), a redirect, a 5xx, or a 2xx (something that accepts anything).
-struct Doctor: AsyncParsableCommand, ReadsSettings {
+struct Doctor: SettingsCommand {
     static let settingGroups: [SettingGroup] = [.database, .logging]
     static let configuration = CommandConfiguration(
         abstract: "Check an endpoint the way Apple will call it: DNS, TLS version and certificate chain, and the route.",
@@ -68,7 +68,6 @@ struct Doctor: AsyncParsableCommand, ReadsSettings {
               siwa-events doctor --url https://$HOST/apple/notifications --ca-file ca.pem
             """)
 
-    @OptionGroup var options: ConfigOptions
     @Option(help: "The URL registered with Apple, e.g. https://siwa.example.com/apple/notifications.")
     var url: String
     @Option(name: .customLong("ca-file"), help: "Also trust this PEM CA certificate (a staging CA; Apple trusts only public CAs, so it is a warning).")
@@ -76,7 +75,7 @@ struct Doctor: AsyncParsableCommand, ReadsSettings {
     @Option(help: "Limit of each network check, e.g. 10s.")
     var timeout: String = "10s"
 
-    func run() async throws {
+    func run(_ settings: SettingSource) async throws {
         guard let endpoint = URL(string: url), let scheme = endpoint.scheme?.lowercased(), ["https", "http"].contains(scheme),
             let host = endpoint.host, !host.isEmpty
         else {
@@ -152,7 +151,7 @@ struct Doctor: AsyncParsableCommand, ReadsSettings {
             report.fail("route", "POST \(url) failed: \(error)")
         }
 
-        await checkDatabase(&report)
+        await checkDatabase(&report, settings)
 
         for line in report.lines { print(line) }
         if report.failed {
@@ -162,26 +161,27 @@ struct Doctor: AsyncParsableCommand, ReadsSettings {
     }
 
     /// The database the service would use: reachable, and not as a superuser.
-    func checkDatabase(_ report: inout DoctorReport) async {
-        let config: Configuration
+    func checkDatabase(_ report: inout DoctorReport, _ settings: SettingSource) async {
+        let database: DatabaseSettings
         do {
-            config = try options.load(requireBundleIDs: false)
+            database = try DatabaseSettings(settings)
         } catch {
+            printError("siwa-events: \(error.description)")
             report.fail("database", "the database settings are invalid (see above)")
             return
         }
-        let logger = (try? makeLogger()) ?? Logger(label: "siwa-events")
+        let logger = (try? makeLogger(settings)) ?? Logger(label: "siwa-events")
         do {
-            let role = try await Database.with(config, logger: logger) { database in
+            let role = try await Database.with(database, logger: logger) { database in
                 (try await ConnectedRole.read(database.client, logger: logger), database.description)
             }
-            if let url = config.database.url, let warning = DatabaseURL.transportWarning(url) { report.warn("database", warning) }
+            if let url = database.url, let warning = DatabaseURL.transportWarning(url) { report.warn("database", warning) }
             if let problem = role.0.superuserProblem {
                 report.fail("database", "\(role.1): \(problem)")
             } else {
                 report.ok("database", "\(role.1): connected as \(role.0.name), not a superuser")
             }
-        } catch let error as ConfigurationError where config.database.url == nil {
+        } catch let error as ConfigurationError where database.url == nil {
             report.warn("database", "not checked: \(error.description)")
         } catch {
             report.fail("database", "\(error)")

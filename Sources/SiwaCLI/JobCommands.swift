@@ -8,7 +8,7 @@ struct JobsCommand: AsyncParsableCommand {
     static let configuration = CommandConfiguration(
         commandName: "jobs", abstract: "The effect queue: inspect and retry jobs.", subcommands: [List.self, Retry.self])
 
-    struct List: AsyncParsableCommand, ReadsSettings {
+    struct List: SettingsCommand {
         static let configuration = CommandConfiguration(
             abstract: "List jobs, newest first.",
             discussion: """
@@ -17,7 +17,6 @@ struct JobsCommand: AsyncParsableCommand {
                   siwa-events jobs list --state discarded --json
                 """)
         static let settingGroups: [SettingGroup] = [.database, .logging]
-        @OptionGroup var options: ConfigOptions
         @Option(help: "Only this state: available, running, retryable, completed, discarded.") var state: String?
         @Option(help: ListFlags.limitHelp) var limit: Int = 50
         @Flag(help: "One JSON object per line.") var json = false
@@ -30,10 +29,10 @@ struct JobsCommand: AsyncParsableCommand {
             try ListFlags.checkLimit(limit)
         }
 
-        func run() async throws {
-            let config = try options.load(requireBundleIDs: false)
-            let logger = try makeLogger()
-            let jobs = try await Database.with(config, logger: logger) { database in
+        func run(_ settings: SettingSource) async throws {
+            let database = try DatabaseSettings(settings)
+            let logger = try makeLogger(settings)
+            let jobs = try await Database.with(database, logger: logger) { database in
                 try await EffectStore(client: database.client, logger: logger).list(state: state.flatMap(JobState.init(rawValue:)), limit: limit)
             }
             if json {
@@ -56,7 +55,7 @@ struct JobsCommand: AsyncParsableCommand {
         }
     }
 
-    struct Retry: AsyncParsableCommand, ReadsSettings {
+    struct Retry: SettingsCommand {
         static let configuration = CommandConfiguration(
             abstract: "Put a job, or every discarded job, back in the queue.",
             discussion: """
@@ -65,7 +64,6 @@ struct JobsCommand: AsyncParsableCommand {
                   siwa-events jobs retry --discarded --type account-delete
                 """)
         static let settingGroups: [SettingGroup] = [.database, .logging]
-        @OptionGroup var options: ConfigOptions
         @Argument(help: "The job id (see `jobs list`).") var id: Int?
         @Flag(help: "Retry every discarded job.") var discarded = false
         @Option(help: "With --discarded: only jobs of this event type.") var type: String?
@@ -77,10 +75,10 @@ struct JobsCommand: AsyncParsableCommand {
             if type != nil && !discarded { throw ValidationError("--type goes with --discarded") }
         }
 
-        func run() async throws {
-            let config = try options.load(requireBundleIDs: false)
-            let logger = try makeLogger()
-            let count = try await Database.with(config, logger: logger) { database in
+        func run(_ settings: SettingSource) async throws {
+            let database = try DatabaseSettings(settings)
+            let logger = try makeLogger(settings)
+            let count = try await Database.with(database, logger: logger) { database in
                 try await EffectStore(client: database.client, logger: logger).retry(jobID: id, discarded: discarded, type: type.map { EventType(apple: $0)?.rawValue ?? $0 })
             }
             if count == 0, let id {
@@ -92,7 +90,7 @@ struct JobsCommand: AsyncParsableCommand {
     }
 }
 
-struct ReplayCommand: AsyncParsableCommand, ReadsSettings {
+struct ReplayCommand: SettingsCommand {
     static let configuration = CommandConfiguration(
         commandName: "replay", abstract: "Re-run a stored notification's effect (idempotent).",
         discussion: """
@@ -100,13 +98,12 @@ struct ReplayCommand: AsyncParsableCommand, ReadsSettings {
               siwa-events replay 5f8c1f0e-jti-from-the-list
             """)
     static let settingGroups: [SettingGroup] = [.database, .logging]
-    @OptionGroup var options: ConfigOptions
     @Argument(help: "The notification's jti.") var jti: String
 
-    func run() async throws {
-        let config = try options.load(requireBundleIDs: false)
-        let logger = try makeLogger()
-        let replayed = try await Database.with(config, logger: logger) { database in
+    func run(_ settings: SettingSource) async throws {
+        let database = try DatabaseSettings(settings)
+        let logger = try makeLogger(settings)
+        let replayed = try await Database.with(database, logger: logger) { database in
             try await EffectStore(client: database.client, logger: logger).replay(jti: jti)
         }
         guard replayed else {

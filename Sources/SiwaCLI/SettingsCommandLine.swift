@@ -4,29 +4,23 @@ import SiwaApp
 
 /// A command that reads settings: the groups it declares are the only settings it reads, from flags
 /// (another's flag is an unknown option) or the environment, and the ones its `--help` lists.
-protocol ReadsSettings {
+/// `main()` runs it with the settings of this invocation.
+protocol SettingsCommand: ParsableCommand {
     static var settingGroups: [SettingGroup] { get }
+    func run(_ settings: SettingSource) async throws
 }
 
-/// The settings' flags of this run, taken off the command line before ArgumentParser parses the
-/// rest (ArgumentParser cannot declare options from a list; swift-configuration reads them).
+/// The settings' flags, taken off the command line before ArgumentParser parses the rest
+/// (ArgumentParser cannot declare options from a list; swift-configuration reads them).
 enum CommandLineSettings {
-    /// `--flag=value` for each setting flag given (the last one when repeated).
-    nonisolated(unsafe) static var arguments: [String] = []
-    /// The running command's groups (nil: every group). The environment's variables of other groups
-    /// are not read, so one exported for `serve` (e.g. a lone SIWA_CALLBACK_SECRET) does not stop
-    /// `tokens create`.
-    nonisolated(unsafe) static var groups: [SettingGroup]?
-
-    /// Flags first, then the environment (a secret's `_FILE` variable read); a secret's file that
-    /// cannot be used is an error naming its variable.
-    static func source() throws(ConfigurationError) -> SettingSource {
+    /// `arguments` (`--flag=value`, from `split`) first, then the environment (a secret's `_FILE`
+    /// variable read). Only `groups`' variables are read, so one exported for `serve` (e.g. a lone
+    /// SIWA_CALLBACK_SECRET) does not stop `tokens create`.
+    static func source(arguments: [String], groups: [SettingGroup]) throws(ConfigurationError) -> SettingSource {
         var environment = ProcessInfo.processInfo.environment
-        if let groups {
-            for setting in Settings.all where !groups.contains(setting.group) {
-                environment[setting.variable] = nil
-                if let fileVariable = setting.fileVariable { environment[fileVariable] = nil }
-            }
+        for setting in Settings.all where !groups.contains(setting.group) {
+            environment[setting.variable] = nil
+            if let fileVariable = setting.fileVariable { environment[fileVariable] = nil }
         }
         return try SettingSource(environment: environment, arguments: arguments)
     }
@@ -141,7 +135,7 @@ extension SiwaEvents {
     static func main() async {
         let arguments = Array(CommandLine.arguments.dropFirst())
         let (command, path, help) = CommandLineSettings.command(arguments)
-        guard let reader = command as? any ReadsSettings.Type else {
+        guard let reader = command as? any SettingsCommand.Type else {
             await runParsed(arguments)
         }
         if help {
@@ -151,9 +145,7 @@ extension SiwaEvents {
         }
         do {
             let (settings, rest) = try CommandLineSettings.split(arguments, groups: reader.settingGroups)
-            CommandLineSettings.arguments = settings
-            CommandLineSettings.groups = reader.settingGroups
-            await runParsed(rest)
+            await runParsed(rest, settings: settings)
         } catch {
             // Worded and numbered as ArgumentParser's own usage errors.
             printError("Error: Missing value for '--\(error.flag) <value>'\n  See '\(path.joined(separator: " ")) --help' for more information.")
@@ -161,17 +153,22 @@ extension SiwaEvents {
         }
     }
 
-    private static func runParsed(_ arguments: [String]) async -> Never {
+    /// Parses `arguments` and runs the command; a `SettingsCommand` with its groups' settings
+    /// (`settings`: their flags).
+    private static func runParsed(_ arguments: [String], settings: [String] = []) async -> Never {
         do {
             var command = try parseAsRoot(arguments)
-            if var asyncCommand = command as? any AsyncParsableCommand {
+            if let command = command as? any SettingsCommand {
+                try await command.run(CommandLineSettings.source(arguments: settings, groups: type(of: command).settingGroups))
+            } else if var asyncCommand = command as? any AsyncParsableCommand {
                 try await asyncCommand.run()
             } else {
                 try command.run()
             }
             exit(withError: nil)
         } catch let error as ConfigurationError {
-            // Found only when opening the database (DATABASE_URL refused, no embedded cluster).
+            // A setting (or a secret's file) that cannot be used, the database refusing DATABASE_URL,
+            // or a listener's address in use.
             printError("siwa-events: \(error.description)")
             Foundation.exit(78)  // EX_CONFIG
         } catch let error as DatabaseUnreachable {

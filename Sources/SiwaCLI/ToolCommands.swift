@@ -62,7 +62,7 @@ struct Verify: AsyncParsableCommand {
             throw ExitCode(ExitStatus.couldNotCheck)
         }
         let jws = try? CompactJWS(text)
-        let configured = try aud ?? CommandLineSettings.source().text(Settings.bundleIDs.info)
+        let configured = try aud ?? CommandLineSettings.source(arguments: [], groups: SettingGroup.allCases).text(Settings.bundleIDs.info)
         var audiences = Set((configured ?? "").split(separator: ",").map {
             $0.trimmingCharacters(in: .whitespaces)
         }.filter { !$0.isEmpty })

@@ -28,7 +28,7 @@ package struct IdentityTokenVerifier: Sendable {
     package var clientIDs: Set<String>
     package var clockSkew: Duration
 
-    package init(clientIDs: Set<String>, clockSkew: Duration = .seconds(60)) {
+    package init(clientIDs: Set<String>, clockSkew: Duration = NotificationVerifier.defaultClockSkew) {
         self.clientIDs = clientIDs
         self.clockSkew = clockSkew
     }

@@ -34,7 +34,10 @@ package struct NotificationVerifier: Sendable {
     /// Allowance for clocks that disagree, applied to `exp`, `iat` and `nbf`.
     package var clockSkew: Duration
 
-    package init(audiences: Set<String>, clockSkew: Duration = .seconds(60)) {
+    /// The allowance on `exp`, `iat` and `nbf` unless configured (`SIWA_CLOCK_SKEW`).
+    package static let defaultClockSkew: Duration = .seconds(60)
+
+    package init(audiences: Set<String>, clockSkew: Duration = NotificationVerifier.defaultClockSkew) {
         self.audiences = audiences
         self.clockSkew = clockSkew
     }

@@ -38,6 +38,9 @@ package enum KeyResolution: Sendable {
 /// keeps the last good set.
 package final class AppleKeyCache: Service, Sendable {
     package struct Configuration: Sendable {
+        /// Where Sign in with Apple publishes its keys.
+        package static let appleKeySetURL = URL(string: "https://appleid.apple.com/auth/keys")!
+
         package var sourceURL: URL
         package var refreshInterval: Duration
         package var unknownKidCooldown: Duration
@@ -50,7 +53,7 @@ package final class AppleKeyCache: Service, Sendable {
         package var maximumAge: Duration
 
         package init(
-            sourceURL: URL, refreshInterval: Duration = .seconds(3600), unknownKidCooldown: Duration = .seconds(60), retryWhileEmpty: Duration = .seconds(15),
+            sourceURL: URL = Configuration.appleKeySetURL, refreshInterval: Duration = .seconds(3600), unknownKidCooldown: Duration = .seconds(60), retryWhileEmpty: Duration = .seconds(15),
             maximumAge: Duration = .seconds(72 * 3600)
         ) {
             self.sourceURL = sourceURL

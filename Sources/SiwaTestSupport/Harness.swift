@@ -36,7 +36,7 @@ package struct Harness {
         keyFetcher: any KeySetFetcher = DefaultKeySetFetcher(), fixedTime: Date? = nil, _ configure: (inout Configuration) -> Void = { _ in }
     ) async throws -> Harness {
         let signer = try signer ?? AppleStyleSigner.generate()
-        var config = Configuration(bundleIDs: [aud])
+        var config = try Configuration(bundleIDs: [aud])
         config.http.port = 0
         config.role = .receiver  // the effect tests run workers themselves
         // A bound against a hang, not a speed check: with a dozen tests, their servers and
@@ -45,11 +45,11 @@ package struct Harness {
         // deadline itself is tested with its own short timeout (DatabaseTests).
         config.database.timeout = .seconds(30)
         if let jwksURL {
-            config.apple.jwksURL = jwksURL
+            config.apple.keys.sourceURL = jwksURL
         } else {
             let file = URL(fileURLWithPath: NSTemporaryDirectory()).appendingPathComponent("jwks-\(UUID().uuidString).json")
             try signer.jwksDocument().write(to: file)
-            config.apple.jwksURL = file
+            config.apple.keys.sourceURL = file
         }
         configure(&config)
         let logs = LogCapture()
@@ -116,4 +116,11 @@ package struct Harness {
 
     /// Writes buffered rejection records now (the recorder flushes every second on its own).
     package func flushRejections() async { await server.application.rejections.flush() }
+}
+
+extension Configuration {
+    /// Every setting's default, with these bundle IDs.
+    package init(bundleIDs: [String]) throws {
+        try self.init(SettingSource(environment: ["SIWA_APPLE_BUNDLE_IDS": bundleIDs.joined(separator: ",")]))
+    }
 }

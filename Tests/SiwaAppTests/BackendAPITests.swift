@@ -79,7 +79,7 @@ struct BackendAPITests {
     func sessionTTLAndClockSkew() async throws {
         for (ttl, skew) in [(Duration.seconds(3600), Duration.seconds(60)), (.seconds(7 * 86_400), .seconds(300))] {
             let h = try await Harness.start { config in
-                config.accounts.sessionTTL = ttl
+                config.sessionTTL = ttl
                 config.apple.clockSkew = skew
             }
             let token = try await API.token(h, [.sessionsWrite])
@@ -149,8 +149,8 @@ struct BackendAPITests {
     /// and checks identity tokens at `at`.
     static func realTokenHarness(at: Date, clientIDs: String = "com.example.app,de.lunaone.sign-in-with-apple-example=com.example.app") async throws -> Harness {
         // Parsed as SIWA_APPLE_CLIENT_IDS is; a value it refuses fails the test here.
-        let parsed = try Configuration.load(
-            environment: ["SIWA_APPLE_BUNDLE_IDS": "com.example.app", "SIWA_APPLE_CLIENT_IDS": clientIDs], requireBundleIDs: true).apple.clientIDs
+        let parsed = try AppleSettings(
+            SettingSource(environment: ["SIWA_APPLE_BUNDLE_IDS": "com.example.app", "SIWA_APPLE_CLIENT_IDS": clientIDs]), receiving: true).clientIDs
         return try await Harness.start(jwksURL: try Harness.appleFixture("jwks.json"), fixedTime: at) { config in
             config.apple.clientIDs = parsed
         }

@@ -25,7 +25,10 @@ struct DashboardTests {
                 configuration.backoff = RetryBackoff(base: .zero, cap: .zero)  // a retry is due at once
             },
             // The API shows where callbacks go without what could be a secret in the URL.
-            server: { $0.callbacks.url = URL(string: endpoint.url.absoluteString.replacingOccurrences(of: "http://", with: "http://hook:s3cret@") + "?token=abc")! })
+            server: {
+                let shown = URL(string: endpoint.url.absoluteString.replacingOccurrences(of: "http://", with: "http://hook:s3cret@") + "?token=abc")!
+                $0.workers.callbacks = .init(url: shown, signer: try! WebhookSigner(secrets: TestWebhooks.secret))
+            })
         let shell = try await e.h.server.request(.GET, "/")
         #expect(shell.status == 200)
         let csp = shell.headers.first(name: "content-security-policy") ?? ""

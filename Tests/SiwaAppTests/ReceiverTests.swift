@@ -380,7 +380,7 @@ struct ReceiverTests {
 
     @Test("A forged-token flood leaves at most the configured rejection rows per minute; the rest are counted")
     func floodSampling() async throws {
-        let h = try await Harness.start { $0.history.rejectionsPerMinute = 5 }
+        let h = try await Harness.start { $0.rejections.perMinute = 5 }
         let impostor = try AppleStyleSigner.generate()
         let forged = try impostor.sign(
             header: .object(["kid": .string(h.signer.kid), "alg": .string("RS256")]),
@@ -483,7 +483,7 @@ struct HostileInputTests {
 
     @Test("Another app's genuine notifications: at most N kept whole per aud per hour, the rest recorded without the token; kept ones deleted (with the body prefix and its address) after their retention")
     func otherAppTokensBounded() async throws {
-        let h = try await Harness.start { $0.history.otherAppTokensPerHour = 2 }
+        let h = try await Harness.start { $0.rejections.otherAppTokensPerHour = 2 }
         for index in 0..<4 {
             let token = try h.signer.notification(aud: "com.attacker.app", type: "email-disabled", sub: "001.other.\(index)", email: "u\(index)@privaterelay.appleid.com", jti: "other-\(index)")
             #expect(try await h.server.post(jws: token).json?["reason"] == .string("wrong_audience"))

@@ -5,6 +5,7 @@ import NIOHTTP1
 import SiwaApp
 import SiwaDomain
 import SiwaEmbeddedPostgres
+import SiwaKeys
 import SiwaTestSupport
 import Testing
 
@@ -24,26 +25,28 @@ struct SettingsTests {
         if table != expected {
             let file = Self.packageRoot.appendingPathComponent(".build/settings-table.md")
             try? expected.write(to: file, atomically: true, encoding: .utf8)
-            Issue.record("README.md's settings table differs from Sources/SiwaApp/Settings.swift; the table they make is in \(file.path)")
+            Issue.record("README.md's settings table differs from the settings in Sources/SiwaApp/Settings/; the table they make is in \(file.path)")
         }
     }
 
-    @Test("Each setting has a variable and a flag of its own, and every group has settings")
+    @Test("Each setting has a variable and a flag of its own, every group has settings, and `all` lists them group by group")
     func unique() {
         #expect(Set(Settings.all.map(\.variable)).count == Settings.all.count)
         #expect(Set(Settings.all.map(\.flag)).count == Settings.all.count)
-        #expect(Set(Settings.all.map(\.group)) == Set(SettingGroup.allCases))
+        let groups = Settings.all.map(\.group)
+        #expect(groups == SettingGroup.allCases.flatMap { group in groups.filter { $0 == group } })
+        #expect(Set(groups) == Set(SettingGroup.allCases))
     }
 
     @Test("SIWA_APPLE_JWKS_URL: plain http only to a loopback address, and a refused URL is shown without its credentials")
     func jwksURLScheme() throws {
         for accepted in ["https://appleid.apple.com/auth/keys", "http://127.0.0.1:8080/auth/keys", "http://localhost/keys", "file:///etc/siwa/jwks.json"] {
-            let config = try Configuration.load(SettingSource(environment: ["SIWA_APPLE_JWKS_URL": accepted], arguments: []), requireBundleIDs: false)
-            #expect(config.apple.jwksURL.absoluteString == accepted)
+            let apple = try AppleSettings(SettingSource(environment: ["SIWA_APPLE_JWKS_URL": accepted]), receiving: false)
+            #expect(apple.keys.sourceURL.absoluteString == accepted)
         }
         for refused in ["http://mirror:pw-9@keys.example/auth/keys", "http://127.evil.example/keys", "ftp://keys.example/keys"] {
             do {
-                _ = try Configuration.load(SettingSource(environment: ["SIWA_APPLE_JWKS_URL": refused], arguments: []), requireBundleIDs: false)
+                _ = try AppleSettings(SettingSource(environment: ["SIWA_APPLE_JWKS_URL": refused]), receiving: false)
                 Issue.record("accepted \(refused)")
             } catch {
                 #expect(error.description.contains("SIWA_APPLE_JWKS_URL") && !error.description.contains("pw-9"), "\(error.description)")
@@ -54,14 +57,14 @@ struct SettingsTests {
     @Test("A flag wins over its variable; a bad flag value names the variable and the flag")
     func flagOverVariable() throws {
         let source = try SettingSource(environment: ["SIWA_PORT": "9000", "SIWA_TRUSTED_PROXIES": "10.0.0.0/8"], arguments: ["--port=9001", "--bundle-ids=a.b,c.d"])
-        let config = try Configuration.load(source, requireBundleIDs: true)
+        let config = try Configuration(source)
         #expect(config.http.port == 9001 && config.apple.bundleIDs == ["a.b", "c.d"])
         #expect(config.http.trustedProxies == (try TrustedProxies(parsing: "10.0.0.0/8")))
         #expect(throws: ConfigurationError.self) {
-            try Configuration.load(SettingSource(environment: [:], arguments: ["--workers=0"]), requireBundleIDs: false)
+            try Configuration(SettingSource(environment: [:], arguments: ["--workers=0", "--bundle-ids=a.b"]))
         }
         do {
-            _ = try Configuration.load(SettingSource(environment: [:], arguments: ["--workers=0"]), requireBundleIDs: false)
+            _ = try Configuration(SettingSource(environment: [:], arguments: ["--workers=0", "--bundle-ids=a.b"]))
         } catch {
             #expect(error.description == "SIWA_WORKERS (--workers): must be an integer between 1 and 64 (got \"0\")")
         }

@@ -304,7 +304,7 @@ struct AlertTests {
             "SIWA_ALERT_WEBHOOK_URLS": webhook.url.absoluteString, "SIWA_ALERT_SLACK_URL": slack.url.absoluteString,
             "SIWA_ALERT_SECRET": alertSecret, "SIWA_CALLBACK_URL": "http://127.0.0.1:9/unused", "SIWA_CALLBACK_SECRET": TestWebhooks.secret,
         ]
-        var configuration = try Configuration.load(environment: environment, requireBundleIDs: false).workerConfiguration
+        var configuration = try EffectWorkers.Configuration(SettingSource(environment: environment))
         configuration.workers = 1
         let workers = EffectWorkers(configuration: configuration, store: EffectStore(client: client, logger: logger), logger: logger)
         let group = ServiceGroup(configuration: .init(services: [client, workers], logger: logger))

@@ -187,7 +187,7 @@ struct CallbackTests {
     func configuration() throws {
         func error(_ environment: [String: String]) -> String {
             do {
-                _ = try Configuration.load(environment: environment.merging(["SIWA_APPLE_BUNDLE_IDS": "com.example.app"]) { $1 }, requireBundleIDs: true)
+                _ = try Configuration(SettingSource(environment: environment.merging(["SIWA_APPLE_BUNDLE_IDS": "com.example.app"]) { $1 }))
                 return "no error"
             } catch {
                 return error.description
@@ -204,9 +204,8 @@ struct CallbackTests {
         #expect(error(["SIWA_ALERT_SECRET": TestWebhooks.secret]).hasPrefix("SIWA_ALERT_WEBHOOK_URLS"))
         #expect(error(alerts.merging(["SIWA_ALERT_SECRET": TestWebhooks.rotated]) { $1 }) == "no error")
         #expect(error(["SIWA_CALLBACK_URL": "https://backend.example/siwa", "SIWA_CALLBACK_SECRET": TestWebhooks.secret, "SIWA_CALLBACK_TIMEOUT": "soon"]).hasPrefix("SIWA_CALLBACK_TIMEOUT"))
-        let config = try Configuration.load(
-            environment: ["SIWA_APPLE_BUNDLE_IDS": "a", "SIWA_CALLBACK_URL": "https://backend.example/siwa", "SIWA_CALLBACK_SECRET": "\(TestWebhooks.secret) \(TestWebhooks.rotated)"],
-            requireBundleIDs: true)
-        #expect(config.workerConfiguration.callbacks?.url.absoluteString == "https://backend.example/siwa")
+        let config = try Configuration(SettingSource(
+            environment: ["SIWA_APPLE_BUNDLE_IDS": "a", "SIWA_CALLBACK_URL": "https://backend.example/siwa", "SIWA_CALLBACK_SECRET": "\(TestWebhooks.secret) \(TestWebhooks.rotated)"]))
+        #expect(config.workers.callbacks?.url.absoluteString == "https://backend.example/siwa")
     }
 }

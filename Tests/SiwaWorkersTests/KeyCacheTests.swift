@@ -42,7 +42,7 @@ struct KeyCacheTests {
         let signer = try AppleStyleSigner.generate()
         let apple = try await JWKSServer.start(document: try Self.document(signer))
         // A cooldown no run outlasts: "during the cooldown" must not depend on how fast the machine is.
-        let h = try await Harness.start(signer: signer, jwksURL: apple.url) { $0.apple.unknownKidCooldown = .seconds(3600) }
+        let h = try await Harness.start(signer: signer, jwksURL: apple.url) { $0.apple.keys.unknownKidCooldown = .seconds(3600) }
         let before = apple.fetches
         let answers = try await withThrowingTaskGroup(of: TestServer.Answer.self) { group in
             for index in 0..<100 {

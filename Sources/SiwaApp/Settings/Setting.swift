@@ -135,11 +135,30 @@ extension Setting where Value == String? {
 extension Setting {
     /// One of an enumeration's raw values (case-insensitive); `expected` lists them in words.
     static func choice(
-        _ variable: String, flag: String, _ group: SettingGroup, default value: Value, shown: String, expected: String, help: String, docs: String
+        _ variable: String, flag: String, _ group: SettingGroup, default value: Value, expected: String, help: String, docs: String
     ) -> Self where Value: RawRepresentable<String> {
-        Self(variable, flag: flag, group, default: value, shown: shown, help: help, docs: docs) { text throws(SettingValueError) in
+        Self(variable, flag: flag, group, default: value, shown: "`\(value.rawValue)`", help: help, docs: docs) { text throws(SettingValueError) in
             guard let parsed = Value(rawValue: text.lowercased()) else { throw SettingValueError("must be \(expected) (got \"\(text)\")") }
             return parsed
         }
     }
+}
+
+extension Setting where Value == URL? {
+    /// An `https://` or `http://` URL with a host; no default, `shown` says what its absence means.
+    static func webURL(
+        _ variable: String, flag: String, _ group: SettingGroup, shown: String, help: String, docs: String, secret: Bool = false
+    ) -> Self {
+        Self(variable, flag: flag, group, default: nil, shown: shown, help: help, docs: docs, secret: secret) { text throws(SettingValueError) in
+            try parseWebURL(text)
+        }
+    }
+}
+
+/// `text` as an `https://` or `http://` URL with a host (a callback's, an alert webhook's).
+func parseWebURL(_ text: String) throws(SettingValueError) -> URL {
+    guard let url = URL(string: text), ["https", "http"].contains(url.scheme?.lowercased() ?? ""), url.host?.isEmpty == false else {
+        throw SettingValueError("must be an https:// or http:// URL (got \"\(text)\")")
+    }
+    return url
 }

@@ -8,16 +8,23 @@ import Darwin
 import Configuration
 import Foundation
 
+/// A setting that could not be used: names the variable (and its flag) and what is expected.
+package struct ConfigurationError: Error, CustomStringConvertible {
+    package let variable: String
+    package let message: String
+    package var description: String { "\(variable): \(message)" }
+}
+
 /// Where settings are read: flags first, then the environment, through swift-configuration's
 /// `ConfigReader`. Each setting's key is its variable name; the command-line provider maps it to
 /// the setting's flag.
 package struct SettingSource: Sendable {
     private let reader: ConfigReader
 
-    /// `arguments`: the settings' flags from the command line (`--port=8080` or `--port 8080`);
-    /// `overrides`: values keyed by variable name that win over both (tests). A secret's `_FILE`
-    /// variable is read here (`readingSecretFiles`): a file that cannot be used is an error at once.
-    package init(environment: [String: String], arguments: [String] = [], overrides: [String: String] = [:]) throws(ConfigurationError) {
+    /// `arguments`: the settings' flags from the command line (`--port=8080` or `--port 8080`).
+    /// A secret's `_FILE` variable is read here (`readingSecretFiles`): a file that cannot be used
+    /// is an error at once.
+    package init(environment: [String: String], arguments: [String] = []) throws(ConfigurationError) {
         let environment = try Self.readingSecretFiles(environment)
         let secrets = Set(Settings.all.filter(\.secret).map(\.variable))
         let flags = Dictionary(uniqueKeysWithValues: Settings.all.map { ($0.variable, $0.flag) })
@@ -28,9 +35,6 @@ package struct SettingSource: Sendable {
             secretsSpecifier: .dynamic { key, _ in secrets.contains(flags.first { "--\($0.value)" == key }?.key ?? "") }
         ).mapKeys { key in AbsoluteConfigKey([flags[key.components.joined()] ?? "unknown-\(key.components.joined())"]) }
         self.reader = ConfigReader(providers: [
-            InMemoryProvider(
-                name: "overrides",
-                values: Dictionary(uniqueKeysWithValues: overrides.map { (AbsoluteConfigKey([$0.key]), ConfigValue(.stringArray([$0.value]), isSecret: secrets.contains($0.key))) })),
             commandLine,
             EnvironmentVariablesProvider(environmentVariables: environment, secretsSpecifier: .specific(secrets), arraySeparator: "\u{0}"),
         ])

@@ -1,0 +1,25 @@
+/// Every setting of siwa-events, each defined once beside the configuration that reads it (one file
+/// per group in this folder). `all` is the order of `--help` and the README's configuration table.
+package enum Settings {
+    /// Every setting, group by group, in the order `--help` and the README list them.
+    package static let all: [SettingInfo] = database + apple + listeners + process + history + jobs + accounts + callbacks + alerts + logging
+
+    /// The setting a flag (without dashes) sets.
+    package static func named(flag: String) -> SettingInfo? { all.first { $0.flag == flag } }
+    /// The setting read from an environment variable.
+    package static func named(variable: String) -> SettingInfo? { all.first { $0.variable == variable } }
+
+    /// The README lines between these markers are `markdownTable()` (a test compares).
+    package static let tableMarkers = (begin: "<!-- settings table: generated from Sources/SiwaApp/Settings/ -->", end: "<!-- end of settings table -->")
+
+    /// The README's configuration reference: one row per setting, in `all`'s order; a secret's row
+    /// names its `_FILE` variable too.
+    package static func markdownTable() -> String {
+        var lines = ["| Variable | Flag | Default | Meaning |", "|---|---|---|---|"]
+        for setting in all {
+            let variable = setting.fileVariable.map { "`\(setting.variable)` or `\($0)` (secret)" } ?? "`\(setting.variable)`"
+            lines.append("| \(variable) | `--\(setting.flag)` | \(setting.shownDefault) | \(setting.docs) |")
+        }
+        return lines.joined(separator: "\n")
+    }
+}
