@@ -328,11 +328,11 @@ extension Configuration {
         workers.pollInterval = jobs.pollInterval
         workers.listen = jobs.notify
         workers.eraseOnDelete = accounts.eraseOnDelete
-        workers.historyRetention = history.retention
-        workers.otherAppTokenRetention = history.otherAppTokenRetention
+        workers.history.retention = history.retention
+        workers.history.otherAppTokenRetention = history.otherAppTokenRetention
         workers.alertSinks = alerts.sinks
         if let url = callbacks.url, let signer = callbacks.signer {
-            var deliveries = EffectWorkers.Callbacks(url: url, signer: signer)
+            var deliveries = Callbacks(url: url, signer: signer)
             deliveries.timeout = callbacks.timeout
             deliveries.concurrency = callbacks.concurrency
             workers.callbacks = deliveries

@@ -34,7 +34,7 @@ struct JobsCommand: AsyncParsableCommand {
             let config = try options.load(requireBundleIDs: false)
             let logger = try makeLogger()
             let jobs = try await Database.with(config, logger: logger) { database in
-                try await EffectStore(client: database.client, logger: logger).list(state: state.flatMap(JobState.init(rawValue:)), limit: limit)
+                try await JobQueue(client: database.client, logger: logger).listEffects(state: state.flatMap(JobState.init(rawValue:)), limit: limit)
             }
             if json {
                 for job in jobs {
@@ -81,7 +81,7 @@ struct JobsCommand: AsyncParsableCommand {
             let config = try options.load(requireBundleIDs: false)
             let logger = try makeLogger()
             let count = try await Database.with(config, logger: logger) { database in
-                try await EffectStore(client: database.client, logger: logger).retry(jobID: id, discarded: discarded, type: type.map { EventType(apple: $0)?.rawValue ?? $0 })
+                try await JobQueue(client: database.client, logger: logger).retryEffects(jobID: id, discarded: discarded, type: type.map { EventType(apple: $0)?.rawValue ?? $0 })
             }
             if count == 0, let id {
                 printError("siwa-events: no job \(id) to retry (unknown, or running right now)")
@@ -107,7 +107,7 @@ struct ReplayCommand: AsyncParsableCommand, ReadsSettings {
         let config = try options.load(requireBundleIDs: false)
         let logger = try makeLogger()
         let replayed = try await Database.with(config, logger: logger) { database in
-            try await EffectStore(client: database.client, logger: logger).replay(jti: jti)
+            try await JobQueue(client: database.client, logger: logger).replayEffect(jti: jti)
         }
         guard replayed else {
             printError("siwa-events: no notification \(jti) with an effect to replay (unknown jti, skipped notification, or its job is running)")
