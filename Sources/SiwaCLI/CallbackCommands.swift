@@ -28,7 +28,7 @@ struct CallbacksCommand: AsyncParsableCommand {
             let database = try DatabaseSettings(settings)
             let logger = try makeLogger(settings)
             let callbacks = try await Database.with(database, logger: logger) { database in
-                try await CallbackStore(client: database.client, logger: logger).list(failed: failed, limit: limit)
+                try await JobQueue(client: database.client, logger: logger).listCallbacks(failed: failed, limit: limit)
             }
             if json {
                 for item in callbacks {
@@ -72,7 +72,7 @@ struct CallbacksCommand: AsyncParsableCommand {
         /// The argument as a job id or as the notification its webhook-id names.
         private var target: (job: Int?, notification: Int?) {
             guard let id else { return (nil, nil) }
-            return (Int(id).flatMap { $0 > 0 ? $0 : nil }, CallbackStore.notificationID(webhookID: id))
+            return (Int(id).flatMap { $0 > 0 ? $0 : nil }, JobQueue.notificationID(webhookID: id))
         }
 
         func validate() throws {
@@ -90,7 +90,7 @@ struct CallbacksCommand: AsyncParsableCommand {
             let logger = try makeLogger(settings)
             let from = since.flatMap { parseSince($0, now: Date()) }
             let count = try await Database.with(database, logger: logger) { database in
-                try await CallbackStore(client: database.client, logger: logger).redeliver(
+                try await JobQueue(client: database.client, logger: logger).redeliverCallbacks(
                     id: target.job, notificationID: target.notification, since: from)
             }
             if count == 0, let id {

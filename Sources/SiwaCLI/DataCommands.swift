@@ -95,7 +95,7 @@ extension NotificationsCommand {
             print(detail.attempts.isEmpty ? "no attempts yet" : table(
                 ["WEBHOOK ID", "LANE", "ATTEMPT", "OUTCOME", "EFFECT", "FINISHED", "WORKER", "ERROR"],
                 detail.attempts.map {
-                    [$0.lane == .callbacks ? CallbackStore.webhookID(notificationID: record.id) : "-", $0.lane.rawValue, "\($0.attempt)", $0.outcome.rawValue + ($0.httpStatus.map { " (HTTP \($0))" } ?? ""), $0.effect ?? "-",
+                    [$0.lane == .callbacks ? JobQueue.webhookID(notificationID: record.id) : "-", $0.lane.rawValue, "\($0.attempt)", $0.outcome.rawValue + ($0.httpStatus.map { " (HTTP \($0))" } ?? ""), $0.effect ?? "-",
                      iso8601($0.finishedAt), $0.worker, $0.error ?? "-"]
                 }))
         }

@@ -33,7 +33,7 @@ struct JobsCommand: AsyncParsableCommand {
             let database = try DatabaseSettings(settings)
             let logger = try makeLogger(settings)
             let jobs = try await Database.with(database, logger: logger) { database in
-                try await EffectStore(client: database.client, logger: logger).list(state: state.flatMap(JobState.init(rawValue:)), limit: limit)
+                try await JobQueue(client: database.client, logger: logger).listEffects(state: state.flatMap(JobState.init(rawValue:)), limit: limit)
             }
             if json {
                 for job in jobs {
@@ -79,7 +79,7 @@ struct JobsCommand: AsyncParsableCommand {
             let database = try DatabaseSettings(settings)
             let logger = try makeLogger(settings)
             let count = try await Database.with(database, logger: logger) { database in
-                try await EffectStore(client: database.client, logger: logger).retry(jobID: id, discarded: discarded, type: type.map { EventType(apple: $0)?.rawValue ?? $0 })
+                try await JobQueue(client: database.client, logger: logger).retryEffects(jobID: id, discarded: discarded, type: type.map { EventType(apple: $0)?.rawValue ?? $0 })
             }
             if count == 0, let id {
                 printError("siwa-events: no job \(id) to retry (unknown, or running right now)")
@@ -104,7 +104,7 @@ struct ReplayCommand: SettingsCommand {
         let database = try DatabaseSettings(settings)
         let logger = try makeLogger(settings)
         let replayed = try await Database.with(database, logger: logger) { database in
-            try await EffectStore(client: database.client, logger: logger).replay(jti: jti)
+            try await JobQueue(client: database.client, logger: logger).replayEffect(jti: jti)
         }
         guard replayed else {
             printError("siwa-events: no notification \(jti) with an effect to replay (unknown jti, skipped notification, or its job is running)")

@@ -20,11 +20,17 @@ package enum EventType: String, Sendable, CaseIterable, Codable {
             self.init(rawValue: raw)
         }
     }
+
+    /// The events that end the user's sessions; they carry no email address.
+    package static let revoking: [EventType] = [.consentRevoked, .accountDelete]
 }
 
 /// Processing status of a stored notification; one vocabulary for API, CLI and metrics.
 package enum ProcessingStatus: String, Sendable, CaseIterable, Codable {
     case pending, applied, skipped, retrying, discarded
+
+    /// Its effect may still run: history keeps such a notification past its retention.
+    package static let open: [ProcessingStatus] = [.pending, .retrying]
 }
 
 /// Why a genuine notification has nothing to apply.

@@ -55,7 +55,7 @@ extension NotificationDetail {
         object["last_delivery_at"] = .string(iso8601(lastDeliveryAt))
         object["attempts"] = .array(attempts.map(\.json))
         // The id the backend saw on its callback (and `callbacks redeliver` takes), once one was sent.
-        object["webhook_id"] = attempts.contains { $0.lane == .callbacks } ? .string(CallbackStore.webhookID(notificationID: record.id)) : .null
+        object["webhook_id"] = attempts.contains { $0.lane == .callbacks } ? .string(JobQueue.webhookID(notificationID: record.id)) : .null
         object["jobs"] = .array(jobs.map(\.json))
         return .object(object)
     }

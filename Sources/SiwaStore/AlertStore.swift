@@ -87,15 +87,16 @@ package struct AlertStore: Sendable {
         let ranges = SpikeRule.ranges(now: now, window: window)
         let from = ranges.window.lowerBound
         var byKey: [String: SpikeCounts] = [:]
+        let revoking = EventType.revoking.map(\.rawValue)
         for try await (index, aud, type, count) in try await client.bounded.query(
             """
             WITH win AS (
                 SELECT aud, type, sum(n)::bigint AS n FROM (
                     SELECT aud, type, count AS n FROM notification_counts_recent
-                    WHERE second >= \(from) AND second < \(now) AND type IN ('consent-revoked', 'account-delete')
+                    WHERE second >= \(from) AND second < \(now) AND type = ANY(\(revoking)::text[])
                     UNION ALL
                     SELECT aud, type, delta FROM notification_count_deltas
-                    WHERE second >= \(from) AND second < \(now) AND type IN ('consent-revoked', 'account-delete')
+                    WHERE second >= \(from) AND second < \(now) AND type = ANY(\(revoking)::text[])
                 ) w GROUP BY aud, type HAVING sum(n) > 0
             ), days AS (
                 SELECT i::int AS idx, lo, hi
@@ -105,7 +106,7 @@ package struct AlertStore: Sendable {
             UNION ALL
             SELECT d.idx, c.aud, c.type, sum(c.count)::bigint
             FROM days d JOIN notification_counts c ON c.minute >= d.lo AND c.minute < d.hi
-            WHERE c.type IN ('consent-revoked', 'account-delete') AND c.aud IN (SELECT aud FROM win)
+            WHERE c.type = ANY(\(revoking)::text[]) AND c.aud IN (SELECT aud FROM win)
             GROUP BY d.idx, c.aud, c.type
             """, logger: logger
         ).decode((Int, String, String, Int).self) {

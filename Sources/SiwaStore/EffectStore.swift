@@ -7,16 +7,14 @@ import Synchronization
 /// Applies effect jobs: a batch (claim, apply, complete: one transaction) and a failed job on its
 /// own. The decisions are `EffectBatchPlan` (pure); this executes them: accounts locked and
 /// written, sessions revoked, addresses erased. The jobs' own statements are the queue's
-/// (`JobQueue`); the maintenance and admin methods here forward to it.
+/// (`JobQueue.Effects`), which the loops and commands call directly.
 package struct EffectStore: Sendable {
     package let client: PostgresClient
     let logger: Logger
-    package let queue: JobQueue
 
     package init(client: PostgresClient, logger: Logger) {
         self.client = client
         self.logger = logger
-        self.queue = JobQueue(client: client, logger: logger)
     }
 
     /// How long a batch's transaction may sit idle before PostgreSQL ends it, unless told
@@ -277,7 +275,7 @@ package struct EffectStore: Sendable {
                 FROM sessions s JOIN r ON s.aud = r.aud AND s.sub = r.sub
                 WHERE (r.cutoff IS NULL OR s.created_at <= r.cutoff)
                   AND (s.revoked_at IS NULL
-                       OR (s.revoked_reason IN ('consent-revoked', 'account-delete') AND s.revoked_event_time > r.event_time))
+                       OR (s.revoked_reason IN (\(EventType.revoking.map { "'\($0.rawValue)'" }.joined(separator: ", "))) AND s.revoked_event_time > r.event_time))
                 FOR UPDATE OF s
             )
             UPDATE sessions s SET revoked_at = coalesce(s.revoked_at, now()), revoked_reason = t.reason, revoked_by = t.jti,
@@ -345,7 +343,7 @@ package struct EffectStore: Sendable {
                 SELECT * FROM unnest($1::int8[], $2::int8[], $3::int8[], $4::int8[], $5::text[], $6::text[], $7::text[], $8::text[], $9::int8[],
                     $10::text[]) AS r(job_id, notification_id, attempt, started_at_us, effect, notify, aud, sub, event_ms, callback)
             ), marked AS (
-                UPDATE notifications SET status = 'applied' WHERE id IN (SELECT notification_id FROM r)
+                \(NotificationStore.followEffectJobSQL("SELECT notification_id, '\(JobState.completed.rawValue)' FROM r"))
             ), logged AS (
                 \(JobQueue.Effects.logAppliedSQL(from: "r", worker: "$21"))
             ), callbacks AS (
@@ -395,60 +393,10 @@ package struct EffectStore: Sendable {
         func decodeRow(_ row: PostgresRow) throws -> Row { try row.decode(Row.self) }
     }
 
-    /// Erases the users' email address from the notifications that carry it (the raw token is
-    /// redacted: its base64 holds the address; the decoded events are replaced) and from kept
+    /// Erases the users' email address from the notifications that may carry it and from kept
     /// rejection tokens. Accounts are the caller's part.
     static func eraseAddresses(of users: [(aud: String, sub: String)], on connection: PostgresConnection, logger: Logger) async throws {
-        let auds = users.map(\.aud), subs = users.map(\.sub)
-        try await connection.query(
-            """
-            WITH notifications_erased AS (
-                UPDATE notifications n SET email = NULL, erased_at = now(),
-                    raw_jws = split_part(n.raw_jws, '.', 1) || '.erased.',
-                    claims = jsonb_set(n.claims, '{events}', to_jsonb('erased'::text))
-                WHERE (n.aud, n.sub) IN (SELECT * FROM unnest(\(auds)::text[], \(subs)::text[]))
-                  AND n.erased_at IS NULL
-                  -- Any event that may carry an address: email events, and unknown or missing types.
-                  AND (n.email IS NOT NULL OR n.type IS NULL OR n.type NOT IN ('consent-revoked', 'account-delete'))
-            )
-            UPDATE rejections SET token = NULL, key_jwk = NULL, body_prefix = ''::bytea
-            WHERE sub = ANY(\(subs)::text[]) AND (token IS NOT NULL OR length(body_prefix) > 0)
-            """, logger: logger)
-    }
-
-    // MARK: The queue's maintenance and admin, as the workers and commands call them
-
-    @discardableResult
-    package func rescueExpiredLeases(maxAttempts: Int, now: Date? = nil) async throws -> Int {
-        try await queue.rescueExpiredLeases(maxAttempts: maxAttempts, now: now)
-    }
-
-    package func heartbeat(worker: String, jobs: [Int], lease: Duration, now: Date? = nil) async throws {
-        try await queue.heartbeat(worker: worker, jobs: jobs, lease: lease, now: now)
-    }
-
-    @discardableResult
-    package func release(workers: [String]) async throws -> [String: Int] {
-        try await queue.release(workers: workers)
-    }
-
-    @discardableResult
-    package func prune(retention: Duration, limit: Int = 10_000, now: Date? = nil) async throws -> Int {
-        try await queue.prune(retention: retention, limit: limit, now: now)
-    }
-
-    @discardableResult
-    package func retry(jobID: Int?, discarded: Bool, type: String?) async throws -> Int {
-        try await queue.retryEffects(jobID: jobID, discarded: discarded, type: type)
-    }
-
-    package func replay(jti: String) async throws -> Bool {
-        try await queue.replayEffect(jti: jti)
-    }
-
-    package typealias JobSummary = JobQueue.EffectJobSummary
-
-    package func list(state: JobState?, limit: Int) async throws -> [JobSummary] {
-        try await queue.listEffects(state: state, limit: limit)
+        try await NotificationStore.eraseAddresses(of: users, on: connection, logger: logger)
+        try await RejectionStore.eraseKeptTokens(subs: users.map(\.sub), on: connection, logger: logger)
     }
 }

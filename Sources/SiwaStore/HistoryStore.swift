@@ -177,42 +177,6 @@ package struct HistoryStore: Sendable {
         return entries
     }
 
-    // MARK: NotificationsPrune
-
-    /// Deletes up to `limit` notifications received before `retention` ago (their jobs and attempt
-    /// log go with them), oldest first, and as many rejections. One short statement per call, so
-    /// ingest never waits on it; callers repeat while it returns a full batch. Notifications whose
-    /// effect is still pending or retrying are kept.
-    @discardableResult
-    package func prune(retention: Duration, limit: Int = 1000) async throws -> Int {
-        let seconds = Int(retention.components.seconds)
-        var deleted = 0
-        for try await (n,) in try await client.bounded.query(
-            """
-            WITH old AS (
-                SELECT id FROM notifications
-                WHERE received_at < now() - \(seconds) * interval '1 second' AND status NOT IN ('pending', 'retrying')
-                ORDER BY received_at LIMIT \(limit)
-            ), pruned AS (
-                DELETE FROM notifications WHERE id IN (SELECT id FROM old) RETURNING id
-            ), emptied AS (
-                -- Minutes whose notifications were all pruned (their counts folded to zero).
-                DELETE FROM notification_counts WHERE minute < now() - \(seconds) * interval '1 second' AND count = 0
-            ), aged AS (
-                -- Per-second counts only serve the spike window.
-                DELETE FROM notification_counts_recent WHERE second < now() - interval '1 day'
-            ), rejections_pruned AS (
-                DELETE FROM rejections WHERE id IN (
-                    SELECT id FROM rejections WHERE received_at < now() - \(seconds) * interval '1 second' ORDER BY received_at LIMIT \(limit))
-            )
-            SELECT count(*)::bigint FROM pruned
-            """, logger: logger
-        ).decode((Int,).self) {
-            deleted = n
-        }
-        return deleted
-    }
-
     // MARK: RejectionsDeleteKeptTokens
 
     /// Deletes the whole tokens (their keys, and the body prefix, which holds the same address) of

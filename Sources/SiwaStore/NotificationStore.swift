@@ -270,6 +270,66 @@ package struct NotificationStore: Sendable {
         return result
     }
 
+    // MARK: NotificationsFollowEffectJob, NotificationsErase, NotificationsPrune
+
+    /// An `UPDATE` for a CTE of the queue's statements: each notification of `jobs` (a query
+    /// returning a notification id and its effect job's new state) takes the status that state
+    /// means (`JobState.notificationStatus`). After its insert, this is how a status changes.
+    static func followEffectJobSQL(_ jobs: String) -> String {
+        let cases = JobState.allCases.map { "WHEN '\($0.rawValue)' THEN '\($0.notificationStatus.rawValue)'" }.joined(separator: " ")
+        return """
+            UPDATE notifications n SET status = (CASE j.job_state::text \(cases) END)::notification_status
+            FROM (\(jobs)) AS j(notification_id, job_state) WHERE n.id = j.notification_id
+            """
+    }
+
+    /// Erases the users' email address from their notifications that may carry it (email events,
+    /// and unknown or missing types): the raw token is redacted (its base64 holds the address) and
+    /// the decoded events replaced.
+    static func eraseAddresses(of users: [(aud: String, sub: String)], on connection: PostgresConnection, logger: Logger) async throws {
+        try await connection.query(
+            """
+            UPDATE notifications n SET email = NULL, erased_at = now(),
+                raw_jws = split_part(n.raw_jws, '.', 1) || '.erased.',
+                claims = jsonb_set(n.claims, '{events}', to_jsonb('erased'::text))
+            WHERE (n.aud, n.sub) IN (SELECT * FROM unnest(\(users.map(\.aud))::text[], \(users.map(\.sub))::text[]))
+              AND n.erased_at IS NULL
+              AND (n.email IS NOT NULL OR n.type IS NULL OR NOT n.type = ANY(\(EventType.revoking.map(\.rawValue))::text[]))
+            """, logger: logger)
+    }
+
+    /// Deletes up to `limit` notifications received before `retention` ago (their jobs and attempt
+    /// log go with them), oldest first, and the per-minute counts left at zero. One short statement
+    /// per call, so ingest never waits on it; callers repeat while it returns a full batch.
+    /// Notifications whose effect may still run are kept.
+    @discardableResult
+    package func prune(retention: Duration, limit: Int = 1000) async throws -> Int {
+        let seconds = Int(retention.components.seconds)
+        var deleted = 0
+        for try await (n,) in try await client.bounded.query(
+            """
+            WITH old AS (
+                SELECT id FROM notifications
+                WHERE received_at < now() - \(seconds) * interval '1 second'
+                  AND NOT status::text = ANY(\(ProcessingStatus.open.map(\.rawValue))::text[])
+                ORDER BY received_at LIMIT \(limit)
+            ), pruned AS (
+                DELETE FROM notifications WHERE id IN (SELECT id FROM old) RETURNING id
+            ), emptied AS (
+                -- Minutes whose notifications were all pruned (their counts folded to zero).
+                DELETE FROM notification_counts WHERE minute < now() - \(seconds) * interval '1 second' AND count = 0
+            ), aged AS (
+                -- Per-second counts only serve the spike window.
+                DELETE FROM notification_counts_recent WHERE second < now() - interval '1 day'
+            )
+            SELECT count(*)::bigint FROM pruned
+            """, logger: logger
+        ).decode((Int,).self) {
+            deleted = n
+        }
+        return deleted
+    }
+
     /// Health: the database answers.
     package func ping() async throws {
         try await client.bounded.query("SELECT 1", logger: logger)

@@ -94,6 +94,39 @@ package struct RejectionStore: Sendable {
         self.logger = logger
     }
 
+    // MARK: RejectionsErase, RejectionsPrune
+
+    /// Deletes the kept tokens (their keys, and the body prefix, which holds the same address) of
+    /// rejections naming one of `subs`: erasure of a user's address.
+    static func eraseKeptTokens(subs: [String], on connection: PostgresConnection, logger: Logger) async throws {
+        try await connection.query(
+            """
+            UPDATE rejections SET token = NULL, key_jwk = NULL, body_prefix = ''::bytea
+            WHERE sub = ANY(\(subs)::text[]) AND (token IS NOT NULL OR length(body_prefix) > 0)
+            """, logger: logger)
+    }
+
+    /// Deletes up to `limit` rejections received before `retention` ago, oldest first; callers
+    /// repeat while it returns a full batch.
+    @discardableResult
+    package func prune(retention: Duration, limit: Int = 1000) async throws -> Int {
+        var deleted = 0
+        for try await (n,) in try await client.bounded.query(
+            """
+            WITH pruned AS (
+                DELETE FROM rejections WHERE id IN (
+                    SELECT id FROM rejections WHERE received_at < now() - \(Int(retention.components.seconds)) * interval '1 second'
+                    ORDER BY received_at LIMIT \(limit))
+                RETURNING id
+            )
+            SELECT count(*)::bigint FROM pruned
+            """, logger: logger
+        ).decode((Int,).self) {
+            deleted = n
+        }
+        return deleted
+    }
+
     // MARK: RejectionsInsertBatch
 
     /// Writes a batch of sampled rejections in one transaction.

@@ -48,11 +48,11 @@ package struct EffectHarness {
 
     /// One round of the callbacks deliverer; how many deliveries it claimed.
     @discardableResult
-    package func deliverCallbacks() async throws -> Int { try await workers.callbacks?.runOnce(http: .shared).claimed ?? 0 }
+    package func deliverCallbacks() async throws -> Int { try await workers.deliverer(.callbacks)?.runOnce(http: .shared).claimed ?? 0 }
 
     /// One round of the alerts deliverer; how many messages it claimed.
     @discardableResult
-    package func deliverAlerts() async throws -> Int { try await workers.alerts?.runOnce(http: .shared).claimed ?? 0 }
+    package func deliverAlerts() async throws -> Int { try await workers.deliverer(.alerts)?.runOnce(http: .shared).claimed ?? 0 }
 
     /// Test times are offsets in ms from this realistic base (Apple's event_time heuristics read
     /// small numbers as seconds).

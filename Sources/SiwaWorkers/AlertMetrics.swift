@@ -15,7 +15,7 @@ package struct AlertMetrics: Sendable {
 
     package init(registry: PrometheusCollectorRegistry) {
         var depth: [String: Gauge] = [:]
-        for lane in ["effects", "callbacks", "alerts"] {
+        for lane in Lane.all.map(\.rawValue) {
             for state in Self.depthStates {
                 depth[lane + "/" + state] = registry.makeGauge(
                     descriptor: MetricNameDescriptor(

@@ -24,23 +24,23 @@ package struct DeliveryRound: Sendable, Equatable {
     package var handedBack = 0
 }
 
-/// Delivers one lane (`callbacks` to the backend's endpoint, or `alerts` to the alert sinks):
-/// claims a batch with a lease, sends them concurrently, records each attempt. It has its own
-/// doorbell and its own jobs, so a slow or dead endpoint never holds back an effect. A heartbeat
-/// renews the leases of the deliveries in hand; graceful shutdown finishes those, stops claiming
-/// and hands back what this deliverer still holds.
+/// Delivers one lane (`DeliveryLane`: callbacks to the backend's endpoint, alerts to the sinks):
+/// claims a batch with a lease, sends them concurrently through the lane's sender, records each
+/// attempt. It has its own doorbell and its own jobs, so a slow or dead endpoint never holds back
+/// an effect. A heartbeat renews the leases of the deliveries in hand; graceful shutdown finishes
+/// those, stops claiming and hands back what this deliverer still holds.
 package final class Deliverer: Service, Sendable {
-    package enum Target: Sendable {
-        case callbacks(EffectWorkers.Callbacks)
-        case alerts(AlertSinks)
+    /// What a deliverer reads besides its lane: the queue's lease and poll interval.
+    package struct Configuration: Sendable {
+        package var lease: Duration
+        package var pollInterval: Duration
     }
 
-    package let target: Target
+    package let lane: DeliveryLane
     /// The name its leases are held under.
     package let worker: String
-    let configuration: EffectWorkers.Configuration
-    let store: EffectStore
-    let deliveries: CallbackStore
+    let configuration: Configuration
+    let queue: JobQueue
     let doorbell: Doorbell
     let logger: Logger
     let metrics: WorkerMetrics?
@@ -50,32 +50,14 @@ package final class Deliverer: Service, Sendable {
     /// Claims given up on shutdown (see `claimUnlessStopping`).
     private let abandonedClaims = Atomic<Int>(0)
 
-    init(
-        target: Target, worker: String, configuration: EffectWorkers.Configuration, store: EffectStore, deliveries: CallbackStore, doorbell: Doorbell,
-        logger: Logger, metrics: WorkerMetrics?
-    ) {
-        self.target = target
+    init(lane: DeliveryLane, worker: String, configuration: Configuration, queue: JobQueue, doorbell: Doorbell, logger: Logger, metrics: WorkerMetrics?) {
+        self.lane = lane
         self.worker = worker
         self.configuration = configuration
-        self.store = store
-        self.deliveries = deliveries
+        self.queue = queue
         self.doorbell = doorbell
         self.logger = logger
         self.metrics = metrics
-    }
-
-    package var lane: DeliveryLane {
-        switch target {
-        case .callbacks: .callbacks
-        case .alerts: .alerts
-        }
-    }
-
-    private var timeout: Duration {
-        switch target {
-        case .callbacks(let callbacks): callbacks.timeout
-        case .alerts(let sinks): sinks.timeout
-        }
     }
 
     /// Rings when jobs of this lane were enqueued.
@@ -84,7 +66,7 @@ package final class Deliverer: Service, Sendable {
     package func run() async throws {
         let http = HTTPClient(
             eventLoopGroup: HTTPClient.defaultEventLoopGroup,
-            configuration: .init(redirectConfiguration: .disallow, timeout: .init(connect: .init(timeout), read: .init(timeout))))
+            configuration: .init(redirectConfiguration: .disallow, timeout: .init(connect: .init(lane.timeout), read: .init(lane.timeout))))
         var schedule = Schedule(interval: configuration.lease / 3)
         schedule.firstWait = configuration.lease / 3
         schedule.stopsOnGracefulShutdown = false  // cancelled once the deliveries in hand are finished
@@ -105,9 +87,9 @@ package final class Deliverer: Service, Sendable {
         // what is still held can be handed back. When cancelled outright, the client may be gone
         // already: leave it to the lease. Either way never wait on the database for long.
         if !Task.isCancelled {
-            let (store, worker) = (self.store, self.worker)
+            let (queue, worker) = (self.queue, self.worker)
             func release() async -> Int {
-                (try? await withDeadline(.seconds(5)) { try await store.release(workers: [worker]) })?[worker] ?? 0
+                (try? await withDeadline(.seconds(5)) { try await queue.release(workers: [worker]) })?[worker] ?? 0
             }
             var released = await release()
             // A claim abandoned on shutdown may commit after that: once more, a moment later
@@ -121,24 +103,22 @@ package final class Deliverer: Service, Sendable {
         try? await http.shutdown()
     }
 
-    /// Renews the leases of the deliveries in hand; returns how many.
+    /// Renews the leases of the deliveries in hand at `now` (nil: PostgreSQL's); returns how many.
     @discardableResult
     package func heartbeatOnce(now: Date? = nil) async throws -> Int {
         let jobs = inHand.withLock { $0 }
         guard !jobs.isEmpty else { return 0 }
-        try await store.heartbeat(worker: worker, jobs: jobs, lease: configuration.lease, now: now)
+        try await queue.heartbeat(worker: worker, jobs: jobs, lease: configuration.lease, now: now)
         return jobs.count
     }
 
     /// Claims one batch and attempts each, concurrently, each attempt recorded.
     @discardableResult
     package func runOnce(http: HTTPClient) async throws -> DeliveryRound {
-        let limit = switch target {
-        case .callbacks(let callbacks): callbacks.concurrency
-        case .alerts: 16
+        let (queue, lane, worker, lease) = (self.queue, self.lane, self.worker, configuration.lease)
+        let claimed = try await claimUnlessStopping {
+            try await queue.claimDeliveries(lane: lane.lane, worker: worker, limit: lane.concurrency, lease: lease)
         }
-        let (deliveries, lane, worker, lease) = (self.deliveries, self.lane, self.worker, configuration.lease)
-        let claimed = try await claimUnlessStopping { try await deliveries.claim(lane: lane, worker: worker, limit: limit, lease: lease) }
         var round = DeliveryRound(claimed: claimed.count)
         guard !claimed.isEmpty else { return round }
         inHand.withLock { $0 = claimed.map(\.id) }
@@ -148,7 +128,7 @@ package final class Deliverer: Service, Sendable {
         let results = (try? await cancelWhenGracefulShutdown {
             await withTaskGroup(of: Attempted.self) { group in
                 for delivery in claimed {
-                    group.addTask { await self.attempt(delivery, http: http) }
+                    group.addTask { await self.deliver(delivery, http: http) }
                 }
                 return await group.reduce(into: [Attempted]()) { $0.append($1) }
             }
@@ -182,57 +162,39 @@ package final class Deliverer: Service, Sendable {
         }
     }
 
-    /// One delivery: its destination resolved, sent, recorded.
-    private func attempt(_ delivery: ClaimedCallback, http: HTTPClient) async -> Attempted {
-        switch target {
-        case .callbacks(let callbacks):
-            return await deliver(delivery, maxAttempts: configuration.maxAttempts) { callback in
-                await self.send(callback, to: callbacks.url, signer: callbacks.signer, timeout: callbacks.timeout, http: http)
-            }
-        case .alerts(let sinks):
-            // A message whose sink is no longer configured is discarded with that reason.
-            guard let (url, signed) = sinks.resolve(delivery.target ?? "") else {
-                let error = "sink \(delivery.target ?? "?") is no longer configured (SIWA_ALERT_WEBHOOK_URLS or SIWA_ALERT_SLACK_URL changed)"
-                return await deliver(delivery, maxAttempts: 1) { _ in .failed(status: nil, error: error) }
-            }
-            return await deliver(delivery, maxAttempts: configuration.maxAttempts) { message in
-                await self.send(message, to: url, signer: signed ? sinks.signer : nil, timeout: sinks.timeout, http: http)
-            }
-        }
-    }
-
-    /// One attempt at a delivery (callback or alert message), recorded, with one log line.
-    private func deliver(_ callback: ClaimedCallback, maxAttempts: Int, _ attempt: (ClaimedCallback) async -> DeliveryOutcome) async -> Attempted {
+    /// One attempt at a delivery: sent by the lane's sender, recorded, with one log line.
+    private func deliver(_ delivery: ClaimedDelivery, http: HTTPClient) async -> Attempted {
         let started = ContinuousClock.now
-        let outcome = await attempt(callback)
+        let outcome = await lane.sender.send(delivery, timeout: lane.timeout, http: http)
         // Cut short by shutdown: not an attempt. The lease is released on the way out.
         if Task.isCancelled { return .handedBack }
-        let delay = configuration.backoff.delay(attempt: callback.attempt, unit: Double.random(in: 0..<1))
-        let event = callback.lane == .callbacks ? "callback" : "alert delivery"
-        var metadata: Logger.Metadata = [
-            "job_id": "\(callback.id)", "webhook_id": "\(callback.webhookID)", "attempt": "\(callback.attempt)",
-            "ms": "\((ContinuousClock.now - started).milliseconds)",
-        ]
-        if callback.lane == .callbacks { metadata["jti"] = "\(callback.jti)" } else { metadata["sink"] = "\(callback.target ?? "")" }
+        let delay = lane.retry.backoff.delay(attempt: delivery.attempt, unit: Double.random(in: 0..<1))
+        var metadata: Logger.Metadata = ["job_id": "\(delivery.id)", "attempt": "\(delivery.attempt)", "ms": "\((ContinuousClock.now - started).milliseconds)"]
+        metadata.merge(lane.sender.metadata(delivery)) { $1 }
         do {
-            let state = try await deliveries.record(callback, worker: worker, outcome: outcome, maxAttempts: maxAttempts, delay: delay)
+            let state = try await queue.recordDelivery(delivery, worker: worker, outcome: outcome, maxAttempts: lane.retry.maxAttempts, delay: delay)
             let result: Attempted = switch (outcome, state) {
             case (.delivered, _): .delivered
-            case (.failed, .discarded?): .discarded
-            case (.failed, nil): .leaseLost
-            case (.failed, _): .retrying
+            case (_, .discarded?): .discarded
+            case (_, nil): .leaseLost
+            case (_, _): .retrying
             }
-            metrics?.attempt(lane: callback.lane.rawValue, outcome: result.rawValue, took: ContinuousClock.now - started)
+            metrics?.attempt(lane: delivery.lane.rawValue, outcome: result.rawValue, took: ContinuousClock.now - started)
             switch outcome {
             case .delivered(let status):
                 metadata["status"] = "\(status)"
-                logger.info("\(event)", metadata: metadata.merging(["outcome": "delivered"]) { $1 })
+                logger.info("\(lane.event)", metadata: metadata.merging(["outcome": "delivered"]) { $1 })
             case .failed(let status, let error):
                 metadata["status"] = "\(status.map(String.init) ?? "none")"
                 metadata["error"] = "\(error)"
                 metadata["outcome"] = "\(result.rawValue)"
                 if state == .retryable { metadata["retry_in_ms"] = "\(delay.milliseconds)" }
-                logger.warning("\(event)", metadata: metadata)
+                logger.warning("\(lane.event)", metadata: metadata)
+            case .undeliverable(let error):
+                metadata["status"] = "none"
+                metadata["error"] = "\(error)"
+                metadata["outcome"] = "\(result.rawValue)"
+                logger.warning("\(lane.event)", metadata: metadata)
             }
             return result
         } catch {
@@ -240,30 +202,6 @@ package final class Deliverer: Service, Sendable {
                 "could not record a delivery attempt; its lease will expire and it will be sent again",
                 metadata: metadata.merging(["error": "\(loggable(error))"]) { $1 })
             return .notRecorded
-        }
-    }
-
-    /// One POST, signed when a signer is given. Any 2xx is delivered; redirects are not followed
-    /// (a moved endpoint is a configuration error the operator should see).
-    private func send(_ callback: ClaimedCallback, to url: URL, signer: WebhookSigner?, timeout: Duration, http: HTTPClient) async -> DeliveryOutcome {
-        let body = Array(callback.body.utf8)
-        var request = HTTPClientRequest(url: url.absoluteString)
-        request.method = .POST
-        request.headers.add(name: "content-type", value: "application/json")
-        request.headers.add(name: "user-agent", value: "siwa-events")
-        let timestamp = Int64(Date().timeIntervalSince1970)
-        for header in signer?.headers(id: callback.webhookID, timestamp: timestamp, body: body) ?? [] {
-            request.headers.add(name: header.name, value: header.value)
-        }
-        request.body = .bytes(body)
-        do {
-            let response = try await http.execute(request, timeout: .init(timeout))
-            // Read (and bound) the answer so the connection can be reused; its content is not kept.
-            _ = try? await response.body.collect(upTo: 64 * 1024)
-            let status = Int(response.status.code)
-            return (200..<300).contains(status) ? .delivered(status: status) : .failed(status: status, error: "HTTP \(status)")
-        } catch {
-            return .failed(status: nil, error: URLRedaction.scrubbed("\(error)"))
         }
     }
 }

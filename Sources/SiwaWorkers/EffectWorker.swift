@@ -27,8 +27,19 @@ package struct EffectRound: Sendable, Equatable {
 /// the poll interval. A worker that dies mid-batch leaves nothing behind: the transaction rolls
 /// back. Graceful shutdown abandons a batch still running (it commits or rolls back whole).
 package final class EffectWorker: Service, Sendable {
+    /// What an effect worker reads.
+    package struct Configuration: Sendable {
+        package var batchSize: Int
+        package var lease: Duration
+        package var pollInterval: Duration
+        package var retry: RetryPolicy
+        package var eraseOnDelete: Bool
+        /// Each applied effect also enqueues its callback (lane `callbacks`).
+        package var callbacks: Bool
+    }
+
     package let name: String
-    let configuration: EffectWorkers.Configuration
+    let configuration: Configuration
     let store: EffectStore
     let doorbell: Doorbell
     /// Rung when effects were applied and callbacks are configured.
@@ -37,7 +48,7 @@ package final class EffectWorker: Service, Sendable {
     let metrics: WorkerMetrics?
 
     init(
-        name: String, configuration: EffectWorkers.Configuration, store: EffectStore, doorbell: Doorbell, callbackDoorbell: Doorbell?, logger: Logger,
+        name: String, configuration: Configuration, store: EffectStore, doorbell: Doorbell, callbackDoorbell: Doorbell?, logger: Logger,
         metrics: WorkerMetrics?
     ) {
         self.name = name
@@ -73,7 +84,7 @@ package final class EffectWorker: Service, Sendable {
             round = try await cancelWhenGracefulShutdown {
                 try await self.store.runBatch(
                     worker: self.name, limit: self.configuration.batchSize, eraseOnDelete: self.configuration.eraseOnDelete,
-                    callbacks: self.configuration.callbacks != nil, lease: self.configuration.lease, now: now)
+                    callbacks: self.configuration.callbacks, lease: self.configuration.lease, now: now)
             }
         } catch let failed as EffectStore.BatchFailed {
             // One bad job must not hold back its batch: its jobs one by one.
@@ -103,9 +114,9 @@ package final class EffectWorker: Service, Sendable {
         do {
             let outcome = try await cancelWhenGracefulShutdown {
                 try await store.runOne(
-                    job, worker: worker, eraseOnDelete: configuration.eraseOnDelete, callbacks: configuration.callbacks != nil,
-                    maxAttempts: configuration.maxAttempts, lease: configuration.lease
-                ) { attempt in configuration.backoff.delay(attempt: attempt, unit: Double.random(in: 0..<1)) }
+                    job, worker: worker, eraseOnDelete: configuration.eraseOnDelete, callbacks: configuration.callbacks,
+                    maxAttempts: configuration.retry.maxAttempts, lease: configuration.lease
+                ) { attempt in configuration.retry.backoff.delay(attempt: attempt, unit: Double.random(in: 0..<1)) }
             }
             let elapsed = ContinuousClock.now - started
             switch outcome {
@@ -115,7 +126,7 @@ package final class EffectWorker: Service, Sendable {
                 return true
             case .failed(let error, let discarded):
                 let result = discarded ? "discarded" : "retrying"
-                metrics?.attempt(lane: "effects", outcome: result, took: elapsed)
+                metrics?.attempt(lane: Lane.effects.rawValue, outcome: result, took: elapsed)
                 logger.warning(
                     "job",
                     metadata: ["outcome": "\(result)", "job_id": "\(job.id)", "jti": "\(job.jti)", "attempt": "\(job.attempt)", "error": "\(error)", "worker": "\(worker)"])
@@ -137,7 +148,7 @@ package final class EffectWorker: Service, Sendable {
 
     /// The one log line (and metrics) of an applied effect.
     private func logApplied(_ effect: AppliedEffect, batch: Int, elapsed: Duration) {
-        metrics?.attempt(lane: "effects", outcome: "applied", took: elapsed)
+        metrics?.attempt(lane: Lane.effects.rawValue, outcome: "applied", took: elapsed)
         metrics?.effect(type: effect.type, effect: effect.effect)
         logger.info(
             "job",

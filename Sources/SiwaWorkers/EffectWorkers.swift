@@ -6,13 +6,14 @@ import SiwaRuntime
 import SiwaStore
 
 /// The worker side of a process: every background loop that turns recorded notifications into
-/// effects and deliveries, each its own `Service` with a `runOnce`, built once from one
-/// configuration. The composition root runs `services`; `run()` runs them all (tests, tools).
+/// effects and deliveries, each its own `Service` with a `runOnce`, each built with what it reads
+/// from one configuration. The composition root runs `services`; `run()` runs them all (tests, tools).
 ///
 /// The loops: `workers` effect workers (`EffectWorker`), a `Deliverer` per delivery lane
-/// configured (callbacks, alerts), the `QueueMaintainer` (lease rescue, job retention), the
+/// configured (`deliveryLanes`), the `QueueMaintainer` (lease rescue, job retention), the
 /// `StatsFolder`, the `HistoryPruner` and, unless polling only, the `JobsListener`.
 package final class EffectWorkers: Service, Sendable {
+    /// The worker side's settings; `init` hands each loop its part.
     package struct Configuration: Sendable {
         package var workers = 4
         package var batchSize = 200
@@ -22,10 +23,7 @@ package final class EffectWorkers: Service, Sendable {
         package var backoff = RetryBackoff()
         package var eraseOnDelete = true
         package var retention: Duration = .seconds(7 * 86_400)
-        /// Notifications (and rejections) older than this are pruned in the background.
-        package var historyRetention: Duration = .seconds(400 * 86_400)
-        /// Whole tokens kept for another app's bundle ID are deleted after this.
-        package var otherAppTokenRetention: Duration = .seconds(7 * 86_400)
+        package var history = HistoryPruner.Configuration()
         /// LISTEN for `siwa_jobs` (off: poll only, e.g. behind a transaction-mode pooler).
         package var listen = true
         package var maintenanceInterval: Duration = .seconds(5)
@@ -35,20 +33,12 @@ package final class EffectWorkers: Service, Sendable {
         package var alertSinks = AlertSinks()
 
         package init() {}
-    }
 
-    /// The backend's callback endpoint (`SIWA_CALLBACK_URL`, `SIWA_CALLBACK_SECRET`).
-    package struct Callbacks: Sendable {
-        package var url: URL
-        package var signer: WebhookSigner
-        /// One attempt's limit, connection included; longer counts as a failed attempt.
-        package var timeout: Duration = .seconds(10)
-        /// Callbacks in flight at once (one claimed batch).
-        package var concurrency = 16
+        package var retry: RetryPolicy { RetryPolicy(maxAttempts: maxAttempts, backoff: backoff) }
 
-        package init(url: URL, signer: WebhookSigner) {
-            self.url = url
-            self.signer = signer
+        /// The delivery lanes this process runs, each with its sender.
+        package var deliveryLanes: [DeliveryLane] {
+            (callbacks.map { [.callbacks($0, retry: retry)] } ?? []) + (alertSinks.isEmpty ? [] : [.alerts(alertSinks, retry: retry)])
         }
     }
 
@@ -57,8 +47,7 @@ package final class EffectWorkers: Service, Sendable {
     package let identity: String
     let logger: Logger
     package let effects: [EffectWorker]
-    package let callbacks: Deliverer?
-    package let alerts: Deliverer?
+    package let deliverers: [Deliverer]
     package let maintainer: QueueMaintainer
     package let statsFolder: StatsFolder
     package let historyPruner: HistoryPruner
@@ -71,30 +60,36 @@ package final class EffectWorkers: Service, Sendable {
         self.configuration = configuration
         self.identity = identity
         self.logger = logger
-        let effectDoorbell = Doorbell()
-        self.effectDoorbell = effectDoorbell
-        let callbackDoorbell = Doorbell()
-        let alertDoorbell = Doorbell()
-        let deliveries = CallbackStore(client: store.client, logger: logger)
-        callbacks = configuration.callbacks.map {
+        let doorbells = Dictionary(uniqueKeysWithValues: Lane.all.map { ($0, Doorbell()) })
+        let queue = JobQueue(client: store.client, logger: logger)
+        effectDoorbell = doorbells[.effects]!
+        let lanes = configuration.deliveryLanes
+        deliverers = lanes.map { lane in
             Deliverer(
-                target: .callbacks($0), worker: "\(identity)/callbacks", configuration: configuration, store: store, deliveries: deliveries,
-                doorbell: callbackDoorbell, logger: logger, metrics: metrics)
+                lane: lane, worker: "\(identity)/\(lane.lane)",
+                configuration: Deliverer.Configuration(lease: configuration.lease, pollInterval: configuration.pollInterval), queue: queue,
+                doorbell: doorbells[lane.lane]!, logger: logger, metrics: metrics)
         }
-        alerts = configuration.alertSinks.isEmpty ? nil : Deliverer(
-            target: .alerts(configuration.alertSinks), worker: "\(identity)/alerts", configuration: configuration, store: store,
-            deliveries: deliveries, doorbell: alertDoorbell, logger: logger, metrics: metrics)
-        effects = (0..<configuration.workers).map { index in
+        let callbacks = lanes.contains { $0.lane == .callbacks }
+        let effect = EffectWorker.Configuration(
+            batchSize: configuration.batchSize, lease: configuration.lease, pollInterval: configuration.pollInterval, retry: configuration.retry,
+            eraseOnDelete: configuration.eraseOnDelete, callbacks: callbacks)
+        effects = (0..<configuration.workers).map { [effectDoorbell] index in
             EffectWorker(
-                name: "\(identity)/\(index)", configuration: configuration, store: store, doorbell: effectDoorbell,
-                callbackDoorbell: configuration.callbacks == nil ? nil : callbackDoorbell, logger: logger, metrics: metrics)
+                name: "\(identity)/\(index)", configuration: effect, store: store, doorbell: effectDoorbell,
+                callbackDoorbell: callbacks ? doorbells[.callbacks] : nil, logger: logger, metrics: metrics)
         }
-        maintainer = QueueMaintainer(configuration: configuration, store: store, doorbell: effectDoorbell, logger: logger)
+        maintainer = QueueMaintainer(
+            configuration: .init(maxAttempts: configuration.maxAttempts, retention: configuration.retention, interval: configuration.maintenanceInterval),
+            queue: queue, doorbells: Array(doorbells.values), logger: logger)
         let history = HistoryStore(client: store.client, logger: logger)
         statsFolder = StatsFolder(history: history, interval: configuration.maintenanceInterval, logger: logger)
-        historyPruner = HistoryPruner(configuration: configuration, history: history, logger: logger)
-        listener = !configuration.listen ? nil : JobsListener(
-            client: store.client, effects: effectDoorbell, callbacks: callbackDoorbell, alerts: alertDoorbell, logger: logger)
+        var pruning = configuration.history
+        pruning.retryAfter = configuration.maintenanceInterval
+        historyPruner = HistoryPruner(
+            configuration: pruning, notifications: NotificationStore(client: store.client, logger: logger),
+            rejections: RejectionStore(client: store.client, logger: logger), history: history, logger: logger)
+        listener = !configuration.listen ? nil : JobsListener(client: store.client, doorbells: doorbells, logger: logger)
     }
 
     package static func defaultIdentity() -> String {
@@ -103,22 +98,24 @@ package final class EffectWorkers: Service, Sendable {
 
     package func workerName(_ index: Int) -> String { "\(identity)/\(index)" }
 
-    package var callbackWorkerName: String { "\(identity)/callbacks" }
-
-    package var alertWorkerName: String { "\(identity)/alerts" }
+    /// The deliverer of `lane`, when this process delivers it.
+    package func deliverer(_ lane: Lane) -> Deliverer? { deliverers.first { $0.lane.lane == lane } }
 
     /// Every loop, each a service of its own.
     package var services: [any Service] {
-        let optional: [(any Service)?] = [callbacks, alerts, listener]
+        let optional: [(any Service)?] = [listener]
         let always: [any Service] = [maintainer, statsFolder, historyPruner]
-        return effects.map { $0 as any Service } + optional.compactMap { $0 } + always
+        return effects.map { $0 as any Service } + deliverers.map { $0 as any Service } + optional.compactMap { $0 } + always
     }
 
     /// Runs every loop until graceful shutdown (each stops as its own service would).
     package func run() async throws {
         logger.info(
             "effect workers starting",
-            metadata: ["workers": "\(configuration.workers)", "identity": "\(identity)", "callbacks": "\(configuration.callbacks.map { URLRedaction.redacted($0.url) } ?? "off")"])
+            metadata: [
+                "workers": "\(configuration.workers)", "identity": "\(identity)",
+                "callbacks": "\(configuration.callbacks.map { URLRedaction.redacted($0.url) } ?? "off")",
+            ])
         await withDiscardingTaskGroup { group in
             for service in services {
                 group.addTask { try? await service.run() }

@@ -5,51 +5,81 @@ import SiwaStore
 
 /// What one history prune did.
 package struct HistoryPruneRound: Sendable, Equatable {
-    /// Notifications past `SIWA_HISTORY_RETENTION` deleted (rejections past it go with them).
+    /// Notifications past `SIWA_HISTORY_RETENTION` deleted.
     package var notifications = 0
+    /// Rejections past `SIWA_HISTORY_RETENTION` deleted.
+    package var rejections = 0
     /// Rejections whose kept token (another app's) was deleted past its retention.
     package var keptTokens = 0
 
-    package init(notifications: Int = 0, keptTokens: Int = 0) {
+    package init(notifications: Int = 0, rejections: Int = 0, keptTokens: Int = 0) {
         self.notifications = notifications
+        self.rejections = rejections
         self.keptTokens = keptTokens
     }
 }
 
 /// Deletes history past its retention, once a minute: notifications and rejections past
-/// `SIWA_HISTORY_RETENTION` (a thousand at a time, at most 50,000 a round), and the whole tokens
-/// kept for other apps past theirs.
+/// `SIWA_HISTORY_RETENTION` (a thousand at a time, at most 50,000 of each a round), and the whole
+/// tokens kept for other apps past theirs.
 package final class HistoryPruner: Service, Sendable {
-    let configuration: EffectWorkers.Configuration
+    package struct Configuration: Sendable {
+        /// Notifications and rejections older than this are deleted.
+        package var retention: Duration = .seconds(400 * 86_400)
+        /// Whole tokens kept for another app's bundle ID are deleted after this.
+        package var otherAppTokenRetention: Duration = .seconds(7 * 86_400)
+        /// How soon a round that failed is tried again.
+        package var retryAfter: Duration = .seconds(5)
+
+        package init() {}
+    }
+
+    let configuration: Configuration
+    let notifications: NotificationStore
+    let rejections: RejectionStore
     let history: HistoryStore
     let logger: Logger
     static let interval: Duration = .seconds(60)
+    static let batch = 1000
 
-    init(configuration: EffectWorkers.Configuration, history: HistoryStore, logger: Logger) {
+    init(configuration: Configuration, notifications: NotificationStore, rejections: RejectionStore, history: HistoryStore, logger: Logger) {
         self.configuration = configuration
+        self.notifications = notifications
+        self.rejections = rejections
         self.history = history
         self.logger = logger
     }
 
     package func run() async throws {
-        await Scheduler.run(.periodic(every: Self.interval, retryAfter: configuration.maintenanceInterval), once: { try await self.runOnce() }) { error in
-            logger.warning("queue maintenance failed; will retry", metadata: ["error": "\(loggable(error))"])
+        await Scheduler.run(.periodic(every: Self.interval, retryAfter: configuration.retryAfter), once: { try await self.runOnce() }) { error in
+            logger.warning("history pruning failed; will retry", metadata: ["error": "\(loggable(error))"])
         }
     }
 
     @discardableResult
     package func runOnce() async throws -> HistoryPruneRound {
         var round = HistoryPruneRound()
-        for _ in 0..<50 {
-            let batch = try await history.prune(retention: configuration.historyRetention)
-            round.notifications += batch
-            if batch < 1000 || Task.isCancelled { break }
+        round.notifications = try await Self.repeating { try await self.notifications.prune(retention: self.configuration.retention, limit: Self.batch) }
+        round.rejections = try await Self.repeating { try await self.rejections.prune(retention: self.configuration.retention, limit: Self.batch) }
+        if round.notifications + round.rejections > 0 {
+            logger.info(
+                "pruned history past its retention", metadata: ["notifications": "\(round.notifications)", "rejections": "\(round.rejections)"])
         }
-        if round.notifications > 0 { logger.info("pruned notifications past their retention", metadata: ["count": "\(round.notifications)"]) }
         round.keptTokens = try await history.deleteKeptTokens(olderThan: configuration.otherAppTokenRetention)
         if round.keptTokens > 0 {
             logger.info("deleted tokens kept for other apps past their retention", metadata: ["count": "\(round.keptTokens)"])
         }
         return round
+    }
+
+    /// Runs `prune` while it deletes a full batch, at most 50 times.
+    private static func repeating(_ prune: () async throws -> Int) async throws -> Int {
+        var total = 0
+        for _ in 0..<50 {
+            let deleted = try await prune()
+            total += deleted
+            if deleted < batch || Task.isCancelled { break }
+        }
+        return total
     }
 }

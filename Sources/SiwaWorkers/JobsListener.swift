@@ -6,22 +6,19 @@ import SiwaStore
 import Synchronization
 
 /// LISTEN siwa_jobs on one pooled connection: each NOTIFY rings the doorbell of its lane's loops
-/// (payload `callbacks`, `alerts`, else effects). Reconnects after errors (database restart); the
-/// loops poll meanwhile, and never rely on it.
+/// (the payload names the lane; any other payload, as ingest's empty one, means effects).
+/// Reconnects after errors (database restart); the loops poll meanwhile, and never rely on it.
 package final class JobsListener: Service, Sendable {
     let client: PostgresClient
-    let effects: Doorbell
-    let callbacks: Doorbell
-    let alerts: Doorbell
+    /// One per lane (`Lane.all`).
+    let doorbells: [Lane: Doorbell]
     let logger: Logger
     /// How long one LISTEN holds its connection before giving it back and taking one again.
     let session: Duration
 
-    init(client: PostgresClient, effects: Doorbell, callbacks: Doorbell, alerts: Doorbell, session: Duration = .seconds(10), logger: Logger) {
+    init(client: PostgresClient, doorbells: [Lane: Doorbell], session: Duration = .seconds(10), logger: Logger) {
         self.client = client
-        self.effects = effects
-        self.callbacks = callbacks
-        self.alerts = alerts
+        self.doorbells = doorbells
         self.session = session
         self.logger = logger
     }
@@ -47,16 +44,10 @@ package final class JobsListener: Service, Sendable {
                 try await self.client.bounded.withConnection { connection in
                     try await connection.listen(on: "siwa_jobs") { notifications in
                         // Catch up on anything enqueued before LISTEN took effect.
-                        self.effects.ring()
-                        self.callbacks.ring()
-                        self.alerts.ring()
+                        for doorbell in self.doorbells.values { doorbell.ring() }
                         for try await notification in notifications {
                             received.add()
-                            switch notification.payload {
-                            case "callbacks": self.callbacks.ring()
-                            case "alerts": self.alerts.ring()
-                            default: self.effects.ring()
-                            }
+                            self.doorbells[Lane(rawValue: notification.payload) ?? .effects]?.ring()
                         }
                     }
                 }

@@ -21,23 +21,32 @@ package struct MaintenanceRound: Sendable, Equatable {
 /// Keeps the queue healthy, every `maintenanceInterval`: rescues leased jobs whose deliverer died
 /// (their lease ran out) and, once a minute, prunes finished jobs past their retention.
 package final class QueueMaintainer: Service, Sendable {
-    let configuration: EffectWorkers.Configuration
-    let store: EffectStore
-    /// Rung after a rescue, so an idle worker takes the rescued jobs at once.
-    let doorbell: Doorbell
+    /// What the maintainer reads.
+    package struct Configuration: Sendable {
+        /// A rescued job out of attempts is discarded.
+        package var maxAttempts: Int
+        /// Finished jobs are deleted after this.
+        package var retention: Duration
+        package var interval: Duration
+    }
+
+    let configuration: Configuration
+    let queue: JobQueue
+    /// Rung after a rescue (every lane's), so idle loops take the rescued jobs at once.
+    let doorbells: [Doorbell]
     let logger: Logger
     private let lastPrune = Mutex<ContinuousClock.Instant?>(nil)
     static let pruneInterval: Duration = .seconds(60)
 
-    init(configuration: EffectWorkers.Configuration, store: EffectStore, doorbell: Doorbell, logger: Logger) {
+    init(configuration: Configuration, queue: JobQueue, doorbells: [Doorbell], logger: Logger) {
         self.configuration = configuration
-        self.store = store
-        self.doorbell = doorbell
+        self.queue = queue
+        self.doorbells = doorbells
         self.logger = logger
     }
 
     package func run() async throws {
-        await Scheduler.run(.periodic(every: configuration.maintenanceInterval, retryAfter: configuration.maintenanceInterval), once: { try await self.runOnce() }) { error in
+        await Scheduler.run(.periodic(every: configuration.interval, retryAfter: configuration.interval), once: { try await self.runOnce() }) { error in
             logger.warning("queue maintenance failed; will retry", metadata: ["error": "\(loggable(error))"])
         }
     }
@@ -48,10 +57,10 @@ package final class QueueMaintainer: Service, Sendable {
     @discardableResult
     package func runOnce(now: ContinuousClock.Instant = .now, queueNow: Date? = nil) async throws -> MaintenanceRound {
         var round = MaintenanceRound()
-        round.rescued = try await store.rescueExpiredLeases(maxAttempts: configuration.maxAttempts, now: queueNow)
+        round.rescued = try await queue.rescueExpiredLeases(maxAttempts: configuration.maxAttempts, now: queueNow)
         if round.rescued > 0 {
             logger.warning("rescued jobs whose worker stopped renewing its lease", metadata: ["count": "\(round.rescued)"])
-            doorbell.ring()
+            for doorbell in doorbells { doorbell.ring() }
         }
         let due = lastPrune.withLock { last in
             guard last.map({ now - $0 >= Self.pruneInterval }) ?? true else { return false }
@@ -59,7 +68,7 @@ package final class QueueMaintainer: Service, Sendable {
             return true
         }
         if due {
-            let pruned = try await store.prune(retention: configuration.retention, now: queueNow)
+            let pruned = try await queue.prune(retention: configuration.retention, now: queueNow)
             if pruned > 0 { logger.info("pruned finished jobs", metadata: ["count": "\(pruned)"]) }
             round.pruned = pruned
         }

@@ -1,12 +1,13 @@
 import Prometheus
 import SiwaDomain
+import SiwaStore
 
 /// The worker loops' Prometheus metrics: attempts and their duration per lane, and effects by type.
 package struct WorkerMetrics: Sendable {
     let registry: PrometheusCollectorRegistry
     let durations: [String: DurationHistogram]
 
-    static let lanes = ["effects", "callbacks", "alerts"]
+    static let lanes = Lane.all.map(\.rawValue)
 
     package init(registry: PrometheusCollectorRegistry) {
         self.registry = registry

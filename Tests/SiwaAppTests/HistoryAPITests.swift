@@ -310,6 +310,7 @@ struct HistoryAPITests {
         try await BulkLoad.notifications(count: 2_500, users: 2_500, aud: Harness.aud, client: client)
         try await client.query("UPDATE notifications SET status = 'applied' WHERE id % 10 <> 0 AND jti LIKE 'bulk-%'")  // a tenth still pending
         let history = HistoryStore(client: client, logger: h.logs.logger())
+        let notifications = NotificationStore(client: client, logger: h.logs.logger())
         // Counted the moment they commit (deltas not folded yet), and the same after the fold.
         let loaded = try await storedTotals()
         #expect(loaded.values.reduce(0, +) == 2_501)
@@ -317,10 +318,10 @@ struct HistoryAPITests {
         #expect(try await history.foldCounts() > 0)
         #expect(try await statsTotals() == loaded)
 
-        #expect(try await history.prune(retention: .seconds(3600)) == 0)  // all received just now: within retention
+        #expect(try await notifications.prune(retention: .seconds(3600)) == 0)  // all received just now: within retention
         // A zero retention: every row committed before this statement is past it.
-        #expect(try await history.prune(retention: .zero) == 1_000)  // one batch at a time
-        while try await history.prune(retention: .zero) > 0 {}
+        #expect(try await notifications.prune(retention: .zero) == 1_000)  // one batch at a time
+        while try await notifications.prune(retention: .zero) > 0 {}
         #expect(try await h.count("SELECT count(*) FROM notifications") == 250)
         #expect(try await h.count("SELECT count(*) FROM notifications WHERE status <> 'pending'") == 0)
         #expect(try await h.count("SELECT count(*) FROM jobs") == 250)

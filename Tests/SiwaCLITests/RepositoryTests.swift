@@ -24,6 +24,20 @@ struct RepositoryTests {
         }
     }
 
+    /// A notification's row changes in one place, so its status rules cannot drift apart.
+    @Test("one file writes the notifications table: NotificationStore.swift holds every INSERT, UPDATE and DELETE of it")
+    func oneHomeForNotifications() throws {
+        let write = try Regex("(?i)(INSERT\\s+INTO|UPDATE|DELETE\\s+FROM)\\s+notifications\\b")
+        var writers: Set<String> = []
+        let root = Repository.root.appendingPathComponent("Sources")
+        let files = try #require(FileManager.default.enumerator(at: root, includingPropertiesForKeys: nil))
+        for case let file as URL in files where file.pathExtension == "swift" && !file.path.contains("/SiwaTestSupport/") {
+            let text = try String(contentsOf: file, encoding: .utf8)
+            if text.contains(write) { writers.insert(file.path.replacingOccurrences(of: Repository.root.path + "/", with: "")) }
+        }
+        #expect(writers == ["Sources/SiwaStore/NotificationStore.swift"])
+    }
+
     /// What lets the previous release keep running while a new one migrates (docs/operations.md,
     /// "Upgrades"): no migration takes away or changes what an older binary reads or writes.
     @Test("migrations are additive: none drops or renames a table or column, changes a column's type, or adds NOT NULL an older binary's inserts would miss")

@@ -27,6 +27,33 @@ struct JobQueueTests {
         try await queue.depth().first { $0.lane == lane && $0.state == state }?.count ?? 0
     }
 
+    /// A lane is a declaration (`Lane.all`) plus a migration: this holds the two together.
+    @Test("every declared lane is one the schema accepts, with partial indexes of its ready jobs that depth and signals read through")
+    func declaredLanesMatchTheSchema() async throws {
+        try await QueueTests.withDatabase { client in
+            for lane in Lane.all {
+                var checked = 0
+                for try await (definition,) in try await client.query(
+                    "SELECT pg_get_constraintdef(oid) FROM pg_constraint WHERE conname IN ('jobs_lane_check', 'job_attempts_lane_check')"
+                ).decode((String,).self) {
+                    #expect(definition.contains("'\(lane.rawValue)'"), "\(lane) missing from \(definition)")
+                    checked += 1
+                }
+                #expect(checked == 2)
+                for condition in JobQueue.readyConditions(lane) {
+                    var plan = ""
+                    try await client.withConnection { connection in
+                        _ = try await connection.query("SET enable_seqscan = off", logger: Self.logger)
+                        for try await (line,) in try await connection.query(
+                            PostgresQuery(unsafeSQL: "EXPLAIN SELECT min(run_at) FROM jobs WHERE \(condition)"), logger: Self.logger
+                        ).decode((String,).self) { plan += line + "\n" }
+                    }
+                    #expect(plan.contains("Index") && !plan.contains("Seq Scan") && !plan.contains("Filter: (lane"), "\(lane): \(condition)\n\(plan)")
+                }
+            }
+        }
+    }
+
     @Test("a delivery's lease is rescued only once it has run out, then retried, then discarded when out of attempts")
     func rescueAfterLease() async throws {
         try await Self.withAppliedEffects(1) { (client: PostgresClient, queue: JobQueue) async throws in

@@ -97,15 +97,15 @@ struct CallbackTests {
         }
         try await e.post("consent-revoked", sub: "lease-1", at: 5_000)
         #expect(try await e.drain() == 1)
-        let deliverer = try #require(e.workers.callbacks)
+        let deliverer = try #require(e.workers.deliverer(.callbacks))
         let inFlight = Task { try await deliverer.runOnce(http: .shared) }
         #expect(await endpoint.arrived.wait(until: 1, within: .seconds(60)), "the callback never reached the endpoint")
         let t0 = Date()  // the claim was earlier: its lease ends before t0 + 60 s
         // The heartbeat, as its schedule runs it (a third of the lease) at 50 s: the lease now ends at 110 s.
         #expect(try await deliverer.heartbeatOnce(now: t0.addingTimeInterval(50)) == 1)
         #expect(try await e.workers.maintainer.runOnce(queueNow: t0.addingTimeInterval(61)).rescued == 0, "rescued past the first lease although renewed")
-        let store = CallbackStore(client: e.client, logger: Logger(label: "other"))
-        #expect(try await store.claim(lane: .callbacks, worker: "other/callbacks", limit: 10, lease: .seconds(60), now: t0.addingTimeInterval(61)).isEmpty)
+        let store = JobQueue(client: e.client, logger: Logger(label: "other"))
+        #expect(try await store.claimDeliveries(lane: .callbacks, worker: "other/callbacks", limit: 10, lease: .seconds(60), now: t0.addingTimeInterval(61)).isEmpty)
         #expect(endpoint.arrived.value == 1, "sent once")
         // The renewed lease is what holds it: past it, the rescuer hands it on.
         #expect(try await e.workers.maintainer.runOnce(queueNow: t0.addingTimeInterval(111)).rescued == 1)
@@ -124,25 +124,25 @@ struct CallbackTests {
         endpoint.answer([503, 503])
         try await e.deliverCallbacks()
         try await e.deliverCallbacks()
-        let store = CallbackStore(client: e.client, logger: e.h.logs.logger())
-        let failed = try await store.list(failed: true, limit: 10)
+        let store = JobQueue(client: e.client, logger: e.h.logs.logger())
+        let failed = try await store.listCallbacks(failed: true, limit: 10)
         #expect(failed.map(\.state) == [.discarded])
         #expect(failed.first?.lastStatus == 503)
         #expect(failed.first?.lastError == "HTTP 503")
         #expect(try await e.deliverCallbacks() == 0)  // discarded: not sent again by itself
 
         let id = try #require(failed.first?.id)
-        #expect(try await store.redeliver(id: id, since: nil) == 1)
+        #expect(try await store.redeliverCallbacks(id: id, since: nil) == 1)
         #expect(try await e.deliverCallbacks() == 1)
-        #expect(try await store.list(failed: true, limit: 10).isEmpty)
+        #expect(try await store.listCallbacks(failed: true, limit: 10).isEmpty)
         let received = endpoint.received
         #expect(received.map(\.status) == [503, 503, 200])
         #expect(Set(received.compactMap { $0.headers["webhook-id"] }) == [failed[0].webhookID])
         // No email address in what is sent.
         #expect(!received.contains { $0.bodyText.contains("privaterelay") })
 
-        #expect(try await store.redeliver(id: nil, since: Date().addingTimeInterval(-3600)) == 1)
-        #expect(try await store.redeliver(id: 987_654, since: nil) == 0)
+        #expect(try await store.redeliverCallbacks(id: nil, since: Date().addingTimeInterval(-3600)) == 1)
+        #expect(try await store.redeliverCallbacks(id: 987_654, since: nil) == 0)
         await e.stop()
         await endpoint.stop()
     }
@@ -156,7 +156,7 @@ struct CallbackTests {
             configuration.callbacks?.concurrency = 4
         }
         // The deliverer runs as in production; the effects are applied a round at a time.
-        let deliverer = try #require(e.workers.callbacks)
+        let deliverer = try #require(e.workers.deliverer(.callbacks))
         let group = ServiceGroup(configuration: .init(services: [deliverer], logger: e.h.logs.logger()))
         let running = Task { try await group.run() }
         _ = try await e.session(sub: "dead-0", createdAt: 1_000)

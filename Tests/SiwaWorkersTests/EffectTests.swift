@@ -234,19 +234,19 @@ struct EffectTests {
         }
         try await e.post("consent-revoked", sub: "u6", at: 5_000)
         #expect(try await e.drain() == 1)
-        let store = CallbackStore(client: e.client, logger: Logger(label: "dead"))
+        let store = JobQueue(client: e.client, logger: Logger(label: "dead"))
         let start = Date()
-        let held = try await store.claim(lane: .callbacks, worker: "dead/callbacks", limit: 10, lease: .seconds(60), now: start)
+        let held = try await store.claimDeliveries(lane: .callbacks, worker: "dead/callbacks", limit: 10, lease: .seconds(60), now: start)
         #expect(held.count == 1)
-        #expect(try await store.claim(lane: .callbacks, worker: "alive/callbacks", limit: 10, lease: .seconds(60), now: start.addingTimeInterval(30)).isEmpty)  // held
+        #expect(try await store.claimDeliveries(lane: .callbacks, worker: "alive/callbacks", limit: 10, lease: .seconds(60), now: start.addingTimeInterval(30)).isEmpty)  // held
         // The dead deliverer stops renewing: within its lease nothing is rescued; after it, the job is.
         #expect(try await e.workers.maintainer.runOnce(queueNow: start.addingTimeInterval(59)).rescued == 0)
         #expect(try await e.workers.maintainer.runOnce(queueNow: start.addingTimeInterval(61)).rescued == 1)
         #expect(try await e.h.count("SELECT count(*) FROM job_attempts WHERE outcome = 'lease_expired' AND lane = 'callbacks'") == 1)
-        let taken = try await store.claim(lane: .callbacks, worker: "alive/callbacks", limit: 10, lease: .seconds(60), now: start.addingTimeInterval(62))
+        let taken = try await store.claimDeliveries(lane: .callbacks, worker: "alive/callbacks", limit: 10, lease: .seconds(60), now: start.addingTimeInterval(62))
         #expect(taken.count == 1)
         // The dead deliverer wakes up and reports: not held any more, nothing recorded.
-        #expect(try await store.record(held[0], worker: "dead/callbacks", outcome: .delivered(status: 200), maxAttempts: 25, delay: .seconds(1)) == nil)
+        #expect(try await store.recordDelivery(held[0], worker: "dead/callbacks", outcome: .delivered(status: 200), maxAttempts: 25, delay: .seconds(1)) == nil)
         #expect(try await e.h.count("SELECT count(*) FROM jobs WHERE lane = 'callbacks' AND state = 'running' AND locked_by = 'alive/callbacks' AND attempt = 2") == 1)
         await e.stop()
     }
@@ -258,12 +258,12 @@ struct EffectTests {
         }
         for user in ["r1", "r2", "r3"] { try await e.post("consent-revoked", sub: user, at: 1_000) }
         #expect(try await e.drain() == 3)
-        let deliverer = try #require(e.workers.callbacks)
-        let callbacks = CallbackStore(client: e.client, logger: Logger(label: "release"))
+        let deliverer = try #require(e.workers.deliverer(.callbacks))
+        let callbacks = JobQueue(client: e.client, logger: Logger(label: "release"))
         // Held under this deliverer's name (a claim it gave up on at shutdown, committed after all)
         // and by another process.
-        #expect(try await callbacks.claim(lane: .callbacks, worker: deliverer.worker, limit: 2, lease: .seconds(60)).count == 2)
-        #expect(try await callbacks.claim(lane: .callbacks, worker: "elsewhere/callbacks", limit: 10, lease: .seconds(60)).count == 1)
+        #expect(try await callbacks.claimDeliveries(lane: .callbacks, worker: deliverer.worker, limit: 2, lease: .seconds(60)).count == 2)
+        #expect(try await callbacks.claimDeliveries(lane: .callbacks, worker: "elsewhere/callbacks", limit: 10, lease: .seconds(60)).count == 1)
         // SIGTERM: the deliverer stops and hands back what it holds.
         try await testGracefulShutdown { shutdown in
             shutdown.triggerGracefulShutdown()
@@ -303,7 +303,7 @@ struct EffectTests {
         #expect(try await e.h.count("SELECT count(*) FROM job_attempts WHERE outcome IN ('retrying', 'discarded')") == 2)
         // Fixed, then retried by an operator: applied.
         try await e.client.query("DROP TRIGGER refuse_poison ON accounts")
-        #expect(try await EffectStore(client: e.client, logger: Logger(label: "op")).retry(jobID: nil, discarded: true, type: nil) == 1)
+        #expect(try await JobQueue(client: e.client, logger: Logger(label: "op")).retryEffects(jobID: nil, discarded: true, type: nil) == 1)
         try await e.drain()
         #expect(try await e.h.count("SELECT count(*) FROM notifications WHERE sub = 'poison' AND status = 'applied'") == 1)
         await e.stop()

@@ -33,7 +33,7 @@ struct WorkerLoopTests {
 
     @Test("Notifications and rejections past the history retention are pruned by the pruner's round; notifications still pending are kept")
     func historyAndRejectionRetention() async throws {
-        let e = try await EffectHarness.start { $0.historyRetention = .zero }
+        let e = try await EffectHarness.start { $0.history.retention = .zero }
         try await e.post("consent-revoked", sub: "old", at: 1_000)
         #expect(try await e.drain() == 1)
         #expect(try await e.h.server.post(jws: try e.h.forged(header: ["kid": .string("forged"), "alg": .string("RS256")])).status != 200)

@@ -13,18 +13,18 @@ extension Settings {
         docs: "One or more space-separated `whsec_…` secrets; every one signs (rotation). `siwa-events callbacks secret` makes one.",
         secret: true)
     package static let callbackTimeout = Setting<Duration>.duration(
-        "SIWA_CALLBACK_TIMEOUT", flag: "callback-timeout", .callbacks, default: .seconds(10),
+        "SIWA_CALLBACK_TIMEOUT", flag: "callback-timeout", .callbacks, default: Callbacks.defaultTimeout,
         help: "one callback attempt's limit",
         docs: "One delivery attempt's limit; longer is a failed attempt, retried.")
     package static let callbackConcurrency = Setting<Int>.integer(
-        "SIWA_CALLBACK_CONCURRENCY", flag: "callback-concurrency", .callbacks, default: 16, 1...256,
+        "SIWA_CALLBACK_CONCURRENCY", flag: "callback-concurrency", .callbacks, default: Callbacks.defaultConcurrency, 1...256,
         help: "callbacks in flight at once per process",
         docs: "Callbacks in flight at once per process.")
 
     static let callbacks = [callbackURL.info, callbackSecret.info, callbackTimeout.info, callbackConcurrency.info]
 }
 
-extension EffectWorkers.Callbacks {
+extension Callbacks {
     /// The backend's endpoint, or nil without SIWA_CALLBACK_URL: a URL needs a secret, and a secret a URL.
     static func configured(_ source: SettingSource) throws(ConfigurationError) -> Self? {
         guard let url = try source.value(Settings.callbackURL) else {

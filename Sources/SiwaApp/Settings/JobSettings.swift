@@ -31,8 +31,8 @@ extension Settings {
 }
 
 extension EffectWorkers.Configuration {
-    /// The worker loops: the queue's settings, what effects do, history's retention, and the
-    /// delivery lanes' endpoints.
+    /// The worker loops' (`EffectWorkers` hands each its part): the queue's settings, what effects
+    /// do, history's retention, and the delivery lanes' endpoints.
     package init(_ source: SettingSource) throws(ConfigurationError) {
         self.init()
         workers = try source.value(Settings.workers)
@@ -42,9 +42,8 @@ extension EffectWorkers.Configuration {
         pollInterval = try source.value(Settings.jobPollInterval)
         listen = try source.value(Settings.jobNotify)
         eraseOnDelete = try source.value(Settings.eraseOnDelete)
-        historyRetention = try source.value(Settings.historyRetention)
-        otherAppTokenRetention = try source.value(Settings.otherAppTokenRetention)
-        callbacks = try EffectWorkers.Callbacks.configured(source)
+        history = try HistoryPruner.Configuration(source)
+        callbacks = try Callbacks.configured(source)
         alertSinks = try AlertSinks(source)
     }
 }

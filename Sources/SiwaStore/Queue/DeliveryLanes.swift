@@ -7,7 +7,7 @@ import SiwaDomain
 package struct ClaimedDelivery: Sendable {
     package var id: Int
     package var attempt: Int
-    package var lane: DeliveryLane
+    package var lane: Lane
     /// Callbacks: the notification; alerts: nil.
     package var notificationID: Int?
     package var jti: String
@@ -17,19 +17,7 @@ package struct ClaimedDelivery: Sendable {
     package var kind: String
     package var body: String
     package var claimedAt: Date
-
-    /// The Standard Webhooks `webhook-id`: one per message, the same on every retry and
-    /// redelivery, so the receiver can use it as an idempotency key.
-    package var webhookID: String {
-        switch lane {
-        case .callbacks: JobQueue.webhookID(notificationID: notificationID ?? 0)
-        case .alerts: "alert_\(alertID ?? 0)_\(kind.replacingOccurrences(of: "alert_", with: ""))"
-        }
-    }
 }
-
-/// The name the deliverers used when only callbacks were delivered.
-package typealias ClaimedCallback = ClaimedDelivery
 
 /// One delivery attempt's result.
 package enum DeliveryOutcome: Sendable {
@@ -37,6 +25,8 @@ package enum DeliveryOutcome: Sendable {
     case delivered(status: Int)
     /// Anything else: a non-2xx status, or no answer (`status` nil) with the reason.
     case failed(status: Int?, error: String)
+    /// Cannot be sent, now or later (e.g. its destination is no longer configured): discarded at once.
+    case undeliverable(error: String)
 }
 
 /// One sink message of an alert and how its delivery went.
@@ -50,6 +40,8 @@ package struct AlertDelivery: Sendable {
 /// The delivery lanes (callbacks to the backend, alerts to sinks): leased claims, attempt
 /// records, the alert enqueue, and the operator's views.
 extension JobQueue {
+    /// The Standard Webhooks `webhook-id` of notification `notificationID`'s callback: the same on
+    /// every retry and redelivery, so the receiver can use it as an idempotency key.
     package static func webhookID(notificationID: Int) -> String { "msg_\(notificationID)" }
 
     /// The notification a callback's `webhook-id` (`msg_<n>`) names; nil for anything else.
@@ -63,12 +55,12 @@ extension JobQueue {
     /// Claims up to `limit` ready deliveries of `lane` (ready at `now`), oldest first, leased for
     /// `lease`. No per-user gate: a callback carries its event_time, and a receiver orders by it
     /// if it needs to.
-    package func claimDeliveries(lane: DeliveryLane, worker: String, limit: Int, lease: Duration, now: Date? = nil) async throws -> [ClaimedDelivery] {
+    package func claimDeliveries(lane: Lane, worker: String, limit: Int, lease: Duration, now: Date? = nil) async throws -> [ClaimedDelivery] {
         let rows = try await client.bounded.query(
             """
             WITH candidates AS (
                 SELECT id FROM jobs
-                WHERE lane = \(lane.lane.rawValue) AND state IN ('available', 'retryable') AND run_at <= coalesce(\(now)::timestamptz, now())
+                WHERE lane = \(lane.rawValue) AND state IN ('available', 'retryable') AND run_at <= coalesce(\(now)::timestamptz, now())
                 ORDER BY run_at, id
                 LIMIT \(limit)
                 FOR UPDATE SKIP LOCKED
@@ -101,9 +93,11 @@ extension JobQueue {
     ) async throws -> JobState? {
         let status: Int?
         let error: String?
+        var maxAttempts = maxAttempts
         switch outcome {
         case .delivered(let code): (status, error) = (code, nil)
         case .failed(let code, let message): (status, error) = (code, message)
+        case .undeliverable(let message): (status, error, maxAttempts) = (nil, message, 1)
         }
         let delivered = error == nil
         var state: JobState?
@@ -123,7 +117,7 @@ extension JobQueue {
                 INSERT INTO job_attempts (job_id, notification_id, alert_id, attempt, worker, started_at, outcome, error, lane, http_status)
                 SELECT id, notification_id, alert_id, attempt, \(worker), attempted_at,
                     CASE state WHEN 'completed' THEN 'delivered' WHEN 'discarded' THEN 'discarded' ELSE 'retrying' END,
-                    \(error), \(callback.lane.lane.rawValue), \(status)
+                    \(error), \(callback.lane.rawValue), \(status)
                 FROM recorded
             )
             SELECT state::text FROM recorded
@@ -147,7 +141,7 @@ extension JobQueue {
             WITH redelivered AS (
                 UPDATE jobs SET state = 'available', run_at = now(), attempt = 0, finished_at = NULL, last_error = NULL,
                     last_status = NULL, locked_by = NULL, lease_expires_at = NULL
-                WHERE lane = 'callbacks' AND state <> 'running'
+                WHERE lane = \(Lane.callbacks.rawValue) AND state <> 'running'
                   AND ((\(id)::bigint IS NOT NULL AND id = \(id)) OR (\(since)::timestamptz IS NOT NULL AND created_at >= \(since))
                        OR (\(notificationID)::bigint IS NOT NULL AND notification_id = \(notificationID)))
                 RETURNING id
@@ -157,7 +151,7 @@ extension JobQueue {
         ).decode((Int,).self) {
             count = n
         }
-        if count > 0 { try await client.bounded.query("SELECT pg_notify('siwa_jobs', 'callbacks')", logger: logger) }
+        if count > 0 { try await client.bounded.query("SELECT pg_notify('siwa_jobs', \(Lane.callbacks.rawValue))", logger: logger) }
         return count
     }
 
@@ -220,7 +214,7 @@ extension JobQueue {
                 ON CONFLICT DO NOTHING
                 RETURNING id
             )
-            SELECT pg_notify('siwa_jobs', 'alerts') FROM (SELECT 1 FROM queued LIMIT 1) q
+            SELECT pg_notify('siwa_jobs', \(Lane.alerts.rawValue)) FROM (SELECT 1 FROM queued LIMIT 1) q
             """, logger: logger) {}
     }
 
@@ -228,7 +222,7 @@ extension JobQueue {
     package func alertDeliveries(alertID: Int) async throws -> [AlertDelivery] {
         var result: [AlertDelivery] = []
         for try await row in try await client.bounded.query(
-            "SELECT target, state::text, last_status, last_error FROM jobs WHERE lane = 'alerts' AND alert_id = \(alertID) ORDER BY id",
+            "SELECT target, state::text, last_status, last_error FROM jobs WHERE lane = \(Lane.alerts.rawValue) AND alert_id = \(alertID) ORDER BY id",
             logger: logger
         ).decode((String, String, Int?, String?).self) {
             guard let state = JobState(rawValue: row.1) else { continue }

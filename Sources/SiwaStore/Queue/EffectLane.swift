@@ -188,10 +188,9 @@ extension JobQueue {
                         finished_at = CASE WHEN \(discarded) THEN now() END,
                         last_error = \(error), locked_by = NULL, lease_expires_at = NULL
                     WHERE j.id = \(job.id)
-                    RETURNING j.id, j.notification_id, j.attempt, j.attempted_at
+                    RETURNING j.id, j.notification_id, j.attempt, j.attempted_at, j.state
                 ), marked AS (
-                    UPDATE notifications n SET status = \(discarded ? ProcessingStatus.discarded.rawValue : ProcessingStatus.retrying.rawValue)::notification_status
-                    FROM failed f WHERE n.id = f.notification_id
+                    \(unescaped: NotificationStore.followEffectJobSQL("SELECT notification_id, state FROM failed"))
                 )
                 INSERT INTO job_attempts (job_id, notification_id, attempt, worker, started_at, outcome, error)
                 SELECT id, notification_id, attempt, \(worker), attempted_at, \(outcome.rawValue), \(error)
@@ -219,7 +218,7 @@ extension JobQueue {
                   AND (\(type)::text IS NULL OR n.type = \(type))
                 RETURNING j.notification_id
             ), marked AS (
-                UPDATE notifications SET status = 'pending' WHERE id IN (SELECT notification_id FROM retried)
+                \(unescaped: NotificationStore.followEffectJobSQL("SELECT notification_id, '\(JobState.available.rawValue)' FROM retried"))
             )
             SELECT count(*)::bigint FROM retried
             """, logger: logger
@@ -237,9 +236,9 @@ extension JobQueue {
             """
             WITH target AS (
                 SELECT id, aud, sub, event_time FROM notifications
-                WHERE jti = \(jti) AND type IN ('email-disabled', 'email-enabled', 'consent-revoked', 'account-delete')
+                WHERE jti = \(jti) AND type = ANY(\(EventType.allCases.map(\.rawValue))::text[])
             ), marked AS (
-                UPDATE notifications SET status = 'pending' WHERE id IN (SELECT id FROM target)
+                \(unescaped: NotificationStore.followEffectJobSQL("SELECT id, '\(JobState.available.rawValue)' FROM target"))
             )
             INSERT INTO jobs (notification_id, aud, sub, event_time, run_at)
             SELECT id, aud, sub, event_time, now() FROM target
@@ -251,7 +250,7 @@ extension JobQueue {
         ).decode((Int,).self) {
             replayed = true
         }
-        if replayed { try await client.bounded.query("SELECT pg_notify('siwa_jobs', '')", logger: logger) }
+        if replayed { try await client.bounded.query("SELECT pg_notify('siwa_jobs', \(Lane.effects.rawValue))", logger: logger) }
         return replayed
     }
 

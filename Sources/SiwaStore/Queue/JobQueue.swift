@@ -43,9 +43,7 @@ package struct JobQueue: Sendable {
                 FROM expired e WHERE j.id = e.id
                 RETURNING j.id, j.notification_id, j.alert_id, j.attempt, j.attempted_at, j.state, j.lane, e.locked_by
             ), marked AS (
-                UPDATE notifications n SET status = CASE WHEN r.state = 'discarded' THEN 'discarded'::notification_status
-                                                         ELSE 'retrying'::notification_status END
-                FROM rescued r WHERE n.id = r.notification_id AND r.lane = \(Lane.effects.rawValue)
+                \(unescaped: NotificationStore.followEffectJobSQL("SELECT notification_id, state FROM rescued WHERE lane = '\(Lane.effects.rawValue)'"))
             ), logged AS (
                 INSERT INTO job_attempts (job_id, notification_id, alert_id, attempt, worker, started_at, outcome, error, lane)
                 SELECT id, notification_id, alert_id, attempt, locked_by, attempted_at, \(AttemptOutcome.leaseExpired.rawValue), 'lease expired', lane
@@ -121,26 +119,17 @@ package struct JobQueue: Sendable {
         package var count: Int
     }
 
-    /// Jobs not completed, per lane and state. Each branch matches one partial index (available and
-    /// retryable effect jobs, ready jobs of the other lanes, running, discarded), so completed
-    /// jobs — most of the table — are never read.
+    /// Jobs not completed, per lane and state. Each branch matches one partial index (each lane's
+    /// ready jobs, `Lane.readyIndex`; running; discarded), so completed jobs — most of the table —
+    /// are never read.
     package func depth() async throws -> [Depth] {
+        let ready = Lane.all.flatMap(Self.readyConditions).map { "SELECT lane, state::text, count(*)::bigint FROM jobs WHERE \($0) GROUP BY 1, 2" }
+        let sql = (ready + [
+            "SELECT lane, 'running', count(*)::bigint FROM jobs WHERE state = 'running' GROUP BY 1",
+            "SELECT lane, 'discarded', count(*)::bigint FROM jobs WHERE state = 'discarded' GROUP BY 1",
+        ]).joined(separator: "\nUNION ALL\n")
         var result: [Depth] = []
-        for try await row in try await client.bounded.query(
-            """
-            SELECT lane, state::text, count(*)::bigint FROM jobs WHERE lane = 'effects' AND state = 'available' GROUP BY 1, 2
-            UNION ALL
-            SELECT lane, state::text, count(*)::bigint FROM jobs WHERE lane = 'effects' AND state = 'retryable' GROUP BY 1, 2
-            UNION ALL
-            SELECT lane, state::text, count(*)::bigint FROM jobs WHERE lane = 'callbacks' AND state IN ('available', 'retryable') GROUP BY 1, 2
-            UNION ALL
-            SELECT lane, state::text, count(*)::bigint FROM jobs WHERE lane = 'alerts' AND state IN ('available', 'retryable') GROUP BY 1, 2
-            UNION ALL
-            SELECT lane, 'running', count(*)::bigint FROM jobs WHERE state = 'running' GROUP BY 1
-            UNION ALL
-            SELECT lane, 'discarded', count(*)::bigint FROM jobs WHERE state = 'discarded' GROUP BY 1
-            """, logger: logger
-        ).decode((String, String, Int).self) {
+        for try await row in try await client.bounded.query(PostgresQuery(unsafeSQL: sql), logger: logger).decode((String, String, Int).self) {
             guard let lane = Lane(rawValue: row.0), let state = JobState(rawValue: row.1) else { continue }
             result.append(Depth(lane: lane, state: state, count: row.2))
         }
@@ -149,22 +138,18 @@ package struct JobQueue: Sendable {
 
     /// Seconds the oldest ready job (any lane) has waited at `now`, and jobs discarded since `since`.
     ///
-    /// The oldest ready job is looked for lane by lane and state by state, each through its own
-    /// partial index, so that it reads the ready jobs, not the table: one condition over all lanes
-    /// matched no partial index and scanned every job kept. Available effect jobs are indexed in
-    /// event order (sql/010), so their oldest is a walk of that index.
+    /// The oldest ready job is looked for through each lane's ready-jobs indexes in turn, so that
+    /// it reads the ready jobs, not the table: one condition over all lanes matched no partial
+    /// index and scanned every job kept. Available effect jobs are indexed in event order
+    /// (sql/010), so their oldest is a walk of that index.
     package func signals(since: Date, now: Date? = nil) async throws -> (queueLag: Int, discarded: Int) {
+        let oldest = Lane.all.flatMap(Self.readyConditions).map { "(SELECT min(run_at) FROM jobs WHERE \($0) AND run_at <= clock.now)" }
         var result = (0, 0)
         for try await row in try await client.bounded.query(
             """
             WITH clock AS (SELECT coalesce(\(now)::timestamptz, now()) AS now)
             SELECT
-                coalesce(extract(epoch FROM clock.now - least(
-                    (SELECT min(run_at) FROM jobs WHERE lane = 'effects' AND state = 'available' AND run_at <= clock.now),
-                    (SELECT min(run_at) FROM jobs WHERE lane = 'effects' AND state = 'retryable' AND run_at <= clock.now),
-                    (SELECT min(run_at) FROM jobs WHERE lane = 'callbacks' AND state IN ('available', 'retryable') AND run_at <= clock.now),
-                    (SELECT min(run_at) FROM jobs WHERE lane = 'alerts' AND state IN ('available', 'retryable') AND run_at <= clock.now)
-                ))::bigint, 0),
+                coalesce(extract(epoch FROM clock.now - least(\(unescaped: oldest.joined(separator: ", "))))::bigint, 0),
                 (SELECT count(*) FROM jobs WHERE state = 'discarded' AND finished_at >= \(since))::bigint
             FROM clock
             """, logger: logger
@@ -172,5 +157,15 @@ package struct JobQueue: Sendable {
             result = row
         }
         return result
+    }
+
+    /// The conditions that select `lane`'s ready jobs, one per partial index of them.
+    package static func readyConditions(_ lane: Lane) -> [String] {
+        switch lane.readyIndex {
+        case .oneForBoth:
+            ["lane = '\(lane)' AND state IN ('\(JobState.available.rawValue)', '\(JobState.retryable.rawValue)')"]
+        case .onePerState:
+            [JobState.available, .retryable].map { "lane = '\(lane)' AND state = '\($0.rawValue)'" }
+        }
     }
 }

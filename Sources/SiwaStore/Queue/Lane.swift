@@ -1,18 +1,44 @@
-/// A lane of the job queue: which kind of work a job is. Stored as `jobs.lane` (text).
-package enum Lane: String, Sendable, CaseIterable {
+import SiwaDomain
+
+/// A lane of the job queue: which kind of work a job is (`jobs.lane`), declared once here. The
+/// listener's doorbells, the depth and lag reads of monitoring, and the metrics' labels are built
+/// from `all`. A new lane is: a declaration here, a migration (its name in the lane CHECKs of
+/// `jobs` and `job_attempts`, and a partial index of its ready jobs) and, for a delivery lane, a
+/// sender with its `DeliveryLane` (SiwaWorkers).
+package struct Lane: RawRepresentable, Hashable, Sendable, CustomStringConvertible {
+    /// How the ready (available or retryable) jobs of a lane are indexed; `depth` and `signals`
+    /// read each lane through its own partial indexes, never the whole table.
+    package enum ReadyIndex: Sendable {
+        /// One index over both ready states, by `(run_at, id)`.
+        case oneForBoth
+        /// One index per state (effects: available jobs in event order, retries by `run_at`).
+        case onePerState
+    }
+
+    package let rawValue: String
+    package let readyIndex: ReadyIndex
+
+    private init(_ name: String, readyIndex: ReadyIndex = .oneForBoth) {
+        self.rawValue = name
+        self.readyIndex = readyIndex
+    }
+
+    /// A declared lane by its name; nil for any other.
+    package init?(rawValue: String) {
+        guard let lane = Self.all.first(where: { $0.rawValue == rawValue }) else { return nil }
+        self = lane
+    }
+
+    package var description: String { rawValue }
+
     /// Apply a notification's effect to accounts and sessions (in a batch transaction, per-user gate).
-    case effects
+    package static let effects = Lane("effects", readyIndex: .onePerState)
     /// Deliver an applied effect to the backend's callback URL.
-    case callbacks
+    package static let callbacks = Lane("callbacks")
     /// Deliver an alert message to a sink.
-    case alerts
-}
+    package static let alerts = Lane("alerts")
 
-/// The lanes whose jobs are HTTP deliveries: leased, claimed oldest first, no per-user gate.
-package enum DeliveryLane: String, Sendable {
-    case callbacks, alerts
-
-    package var lane: Lane { self == .callbacks ? .callbacks : .alerts }
+    package static let all: [Lane] = [.effects, .callbacks, .alerts]
 }
 
 /// Where a job stands (`jobs.state`, the `job_state` type).
@@ -29,6 +55,16 @@ package enum JobState: String, Sendable, CaseIterable {
 
     /// Not finished: it still holds its place in its lane.
     package var isOpen: Bool { self == .available || self == .retryable || self == .running }
+
+    /// The status a notification shows while its effect job is in this state.
+    package var notificationStatus: ProcessingStatus {
+        switch self {
+        case .available, .running: .pending
+        case .retryable: .retrying
+        case .completed: .applied
+        case .discarded: .discarded
+        }
+    }
 }
 
 /// What one attempt at a job came to (`job_attempts.outcome`).
