@@ -27,7 +27,10 @@ package struct RejectionSampler: Sendable {
     private var windows: [RejectionReason: (minute: Int64, admitted: Int)] = [:]
     private var keptTokens: (hour: Int64, perAudience: [String: Int]) = (0, [:])
 
-    package init(limitPerMinute: Int, tokensPerAudiencePerHour: Int = 20) {
+    /// Unless configured (`SIWA_OTHER_APP_TOKENS_PER_HOUR`).
+    package static let defaultTokensPerAudiencePerHour = 20
+
+    package init(limitPerMinute: Int, tokensPerAudiencePerHour: Int = RejectionSampler.defaultTokensPerAudiencePerHour) {
         self.limitPerMinute = limitPerMinute
         self.tokensPerAudiencePerHour = tokensPerAudiencePerHour
     }

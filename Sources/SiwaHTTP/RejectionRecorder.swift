@@ -45,7 +45,7 @@ package final class RejectionRecorder: Service, Sendable {
     private let state: Mutex<State>
 
     package init(
-        store: RejectionStore, limitPerMinute: Int, tokensPerAudiencePerHour: Int = 20, flushInterval: Duration = .seconds(1),
+        store: RejectionStore, limitPerMinute: Int, tokensPerAudiencePerHour: Int = RejectionSampler.defaultTokensPerAudiencePerHour, flushInterval: Duration = .seconds(1),
         maximumPending: Int = 10_000, metrics: ReceiverMetrics?, logger: Logger
     ) {
         self.store = store

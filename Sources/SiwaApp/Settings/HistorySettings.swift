@@ -1,3 +1,4 @@
+import SiwaDomain
 import SiwaWorkers
 
 extension Settings {
@@ -6,7 +7,7 @@ extension Settings {
         help: "rejection rows kept per reason per minute",
         docs: "Rejection rows kept per reason per minute; the rest are counted only.")
     package static let otherAppTokensPerHour = Setting<Int>.integer(
-        "SIWA_OTHER_APP_TOKENS_PER_HOUR", flag: "other-app-tokens-per-hour", .history, default: 20, 0...1_000_000,
+        "SIWA_OTHER_APP_TOKENS_PER_HOUR", flag: "other-app-tokens-per-hour", .history, default: RejectionSampler.defaultTokensPerAudiencePerHour, 0...1_000_000,
         help: "genuine tokens for an unknown bundle ID kept whole, per aud per hour (the rest counted)",
         docs: "Genuine (Apple-signed) notifications for a bundle ID that is not yours are kept whole, for `rejections replay` after a bundle-ID typo is fixed, at most this many per `aud` per hour; the rest are recorded without the token (sampled like any rejection). Apple signs every app's notifications with the same keys, so anyone can post their own app's here.")
     package static let otherAppTokenRetention = Setting<Duration>.duration(
