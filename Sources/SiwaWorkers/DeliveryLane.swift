@@ -16,10 +16,10 @@ package protocol DeliverySender: Sendable {
 
 /// Attempts at one job and the waits between them.
 package struct RetryPolicy: Sendable {
-    package var maxAttempts = 25
-    package var backoff = RetryBackoff()
+    package var maxAttempts: Int
+    package var backoff: RetryBackoff
 
-    package init(maxAttempts: Int = 25, backoff: RetryBackoff = RetryBackoff()) {
+    package init(maxAttempts: Int, backoff: RetryBackoff) {
         self.maxAttempts = maxAttempts
         self.backoff = backoff
     }
