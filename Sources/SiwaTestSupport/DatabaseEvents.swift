@@ -57,7 +57,7 @@ package enum DatabaseEvents {
         while true {
             if try await TestBinary.count(client, PostgresQuery(unsafeSQL: query)) >= target { return true }
             guard ContinuousClock.now < deadline else { return false }
-            try await Task.sleep(for: .milliseconds(20))
+            try await Task.sleep(for: .milliseconds(20))  // a sample: PostgreSQL signals no lock wait
         }
     }
 }
