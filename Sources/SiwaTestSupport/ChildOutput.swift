@@ -35,6 +35,12 @@ package final class ChildOutput: Sendable {
         return (child, ChildOutput(reading: ends[0]))
     }
 
+    /// What is written to `file` from byte `offset` on, as it comes (`tail -F`, which inotify
+    /// wakes): a PostgreSQL server log awaited like a child's output. Signal the tail when done.
+    package static func following(_ file: String, from offset: UInt64) throws -> (ChildProcess, ChildOutput) {
+        try start("/usr/bin/tail", ["-c", "+\(offset + 1)", "-F", file], environment: ProcessInfo.processInfo.environment, workingDirectory: "/")
+    }
+
     private init(reading descriptor: Int32) {
         Thread { [self] in
             var buffer = [UInt8](repeating: 0, count: 4096)

@@ -8,25 +8,26 @@ import Synchronization
 /// to re-read, never counted (PostgreSQL folds equal payloads of one transaction into one).
 package enum DatabaseEvents {
     /// Whether `condition` holds within `limit`: checked once LISTEN on `channel` is in effect (so
-    /// nothing sent after the check is missed), then again at each notification on it.
+    /// nothing sent after the check is missed), then again at each notification on it. The limit
+    /// covers the connection's lease and the LISTEN too (a pool reconnecting may be slow to lease).
     package static func wait(
         _ client: PostgresClient, on channel: String, within limit: Duration = .seconds(60),
         until condition: @escaping @Sendable () async throws -> Bool
     ) async throws -> Bool {
-        try await client.withConnection { connection in
-            try await connection.listen(on: channel) { notifications in
-                do {
-                    return try await withDeadline(limit) {
+        do {
+            return try await withDeadline(limit) {
+                try await client.withConnection { connection in
+                    try await connection.listen(on: channel) { notifications in
                         if try await condition() { return true }
                         for try await _ in notifications {
                             if try await condition() { return true }
                         }
                         return try await condition()  // the connection closed
                     }
-                } catch is DeadlineExceeded {
-                    return try await condition()
                 }
             }
+        } catch is DeadlineExceeded {
+            return try await condition()
         }
     }
 
@@ -56,7 +57,7 @@ package enum DatabaseEvents {
         while true {
             if try await TestBinary.count(client, PostgresQuery(unsafeSQL: query)) >= target { return true }
             guard ContinuousClock.now < deadline else { return false }
-            try await Task.sleep(for: .milliseconds(20))
+            try await Task.sleep(for: .milliseconds(20))  // a sample: PostgreSQL signals no lock wait
         }
     }
 }

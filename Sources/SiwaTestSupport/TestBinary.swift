@@ -222,18 +222,6 @@ package enum TestBinary {
         return Int(response.status.code)
     }
 
-    /// GETs `url` every 100 ms until its status satisfies `until`; returns that answer's body. Only
-    /// for a readiness change the server announces nowhere (PostgreSQL stopped under it and
-    /// back: `/health/ready` pings at each request): anything that logs or notifies is awaited instead.
-    package static func poll(_ http: HTTPClient, _ url: String, until: (Int) -> Bool, seconds: Int = 15) async -> String? {
-        let deadline = ContinuousClock.now + .seconds(seconds)
-        while ContinuousClock.now < deadline {
-            if let answer = await get(http, url), until(answer.status) { return answer.body }
-            try? await Task.sleep(for: .milliseconds(100))
-        }
-        return nil
-    }
-
     /// One GET of `url`: its status and body, nil without an answer.
     package static func get(_ http: HTTPClient, _ url: String) async -> (status: Int, body: String)? {
         guard let response = try? await http.execute(HTTPClientRequest(url: url), timeout: .seconds(10)),

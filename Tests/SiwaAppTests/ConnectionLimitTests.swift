@@ -355,6 +355,7 @@ struct ConnectionLimitTests {
             #expect(keepAlive.send("GET /health/live HTTP/1.1\r\nHost: t\r\n\r\n"), "round \(round)")
             let answer = await keepAlive.receive { $0.contains("live") }
             #expect(answer.text.hasPrefix("HTTP/1.1 200") && !answer.closed, "round \(round): \(answer)")
+            // The pause under test: longer than the 1 s request deadline, shorter than the idle one.
             if round == 0 { try await Task.sleep(for: .milliseconds(1_500)) }
         }
         await h.stop()

@@ -272,7 +272,9 @@ struct DeployTests {
     func readinessFollowsDatabase() async throws {
         let directory = try TestBinary.makeDirectory("ready")
         defer { try? FileManager.default.removeItem(atPath: directory) }
-        let cluster = EmbeddedPostgres(options: .init(dataDirectory: "\(directory)/db", durable: false), logger: Logger(label: "ready"))
+        // log_connections: PostgreSQL logs each session it admits, the server's reconnect among them.
+        let cluster = EmbeddedPostgres(
+            options: .init(dataDirectory: "\(directory)/db", durable: false, extraSettings: ["log_connections": "on"]), logger: Logger(label: "ready"))
         let connection = try await cluster.start()
         let socketDirectory = (connection.socketPath as NSString).deletingLastPathComponent
         let url = "postgres://\(connection.username)@/\(connection.database)?host=\(socketDirectory)"
@@ -284,14 +286,23 @@ struct DeployTests {
         let serving = try await TestBinary.startServing(environment: base, directory: directory)
         let (server, port) = (serving.process, serving.port)
 
+        // Stopped (pg_ctl waited for it): every ping fails from now on.
         try await cluster.stop()
-        let down = await TestBinary.poll(http, "http://127.0.0.1:\(port)/health/ready", until: { $0 == 503 })
-        #expect(down?.contains(#""database":"unreachable""#) == true, "\(down ?? "no answer")")
+        let down = await TestBinary.get(http, "http://127.0.0.1:\(port)/health/ready")
+        #expect(down?.status == 503 && down?.body.contains(#""database":"unreachable""#) == true, "\(down.map { "\($0.status) \($0.body)" } ?? "no answer")")
         #expect(await TestBinary.status(http, "http://127.0.0.1:\(port)/health/live") == 200)
 
+        // The server's pool reconnects on its own: the event is PostgreSQL admitting its role again.
+        let log = "\(directory)/db/postgres.log"
+        let logged = try FileManager.default.attributesOfItem(atPath: log)[.size] as? UInt64 ?? 0
         _ = try await cluster.start()
-        let up = await TestBinary.poll(http, "http://127.0.0.1:\(port)/health/ready", until: { $0 == 200 }, seconds: 30)
-        #expect(up?.contains(#""status":"ready""#) == true, "\(up ?? "no answer")")
+        let (tail, restarted) = try ChildOutput.following(log, from: logged)
+        let reconnected = await restarted.wait(for: "connection authorized: user=\(connection.username)", within: .seconds(30))
+        tail.signal(SIGTERM)
+        _ = await tail.waitForExit()
+        #expect(reconnected, "the server did not reconnect within 30 s of PostgreSQL's restart: \(restarted.text.suffix(4000))")
+        let up = await TestBinary.get(http, "http://127.0.0.1:\(port)/health/ready")
+        #expect(up?.status == 200 && up?.body.contains(#""status":"ready""#) == true, "\(up.map { "\($0.status) \($0.body)" } ?? "no answer")")
         // Right after the outage the pool holds the one connection that came back: concurrent
         // queries must open more connections, not crash the process (postgres-nio asserts when
         // its minimum connections are not all open — the serving pool keeps its minimum at 1).
@@ -313,9 +324,15 @@ struct DeployTests {
         for (role, expected) in [("worker", 200), ("receiver", 503)] {
             let serving = try await TestBinary.startServing(["serve", "--role", role], environment: unreachable, directory: directory, ready: false)
             let (process, port) = (serving.process, serving.port)
-            let answer = await TestBinary.poll(http, "http://127.0.0.1:\(port)/health/ready", until: { $0 == expected }, seconds: 30)
-            #expect(answer != nil, "\(role): /health/ready never answered \(expected)")
-            if role == "receiver" { #expect(answer?.contains(#""apple_keys":"unavailable""#) == true && answer?.contains(directory) == false, "\(answer ?? "")") }
+            // A worker's readiness is its database, open before it listens; a receiver's keys
+            // are unavailable once their first fetch has failed, which it logs.
+            if role == "receiver" {
+                let failed = await serving.output.wait(for: "apple keys unusable", within: .seconds(30))
+                #expect(failed, "receiver: no 'apple keys unusable' within 30 s: \(serving.output.text.suffix(4000))")
+            }
+            let answer = await TestBinary.get(http, "http://127.0.0.1:\(port)/health/ready")
+            #expect(answer?.status == expected, "\(role): /health/ready answered \(answer.map { "\($0.status) \($0.body)" } ?? "nothing"), not \(expected)")
+            if role == "receiver" { #expect(answer?.body.contains(#""apple_keys":"unavailable""#) == true && answer?.body.contains(directory) == false, "\(answer?.body ?? "")") }
             process.signal(SIGTERM)
             #expect(await process.waitForExit() == 0)
         }

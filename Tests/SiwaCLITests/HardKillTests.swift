@@ -75,15 +75,10 @@ struct HardKillTests {
             load.killed.withLock { $0 = true }
         }
         _ = await server.waitForExit()
+        try await http.shutdown()
         // Its PostgreSQL goes down hard too (no shutdown checkpoint): only the WAL brings the
         // commits back.
-        let postmasterPID = try String(contentsOfFile: "\(directory)/.siwa/pgdata/postmaster.pid", encoding: .utf8)
-            .split(separator: "\n").first.flatMap { pid_t($0) }
-        #expect(postmasterPID != nil)
-        if let postmasterPID { kill(postmasterPID, SIGKILL) }
-        for _ in 0..<100 where postmasterPID.map({ kill($0, 0) == 0 }) == true {
-            try await Task.sleep(for: .milliseconds(100))
-        }
+        try await PostmasterCrash.kill(pgdata: "\(directory)/.siwa/pgdata")
 
         let acked = load.acknowledged.withLock { $0 }
         #expect(acked.count >= 600)
@@ -113,7 +108,6 @@ struct HardKillTests {
             group.cancelAll()
         }
         try await cluster.stop()
-        try await http.shutdown()
     }
 }
 

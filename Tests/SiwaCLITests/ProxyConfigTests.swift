@@ -83,7 +83,7 @@ struct ProxyConfigTests {
             daemon off;
             worker_processes 1;
             pid \(work.directory)/nginx.pid;
-            error_log \(work.directory)/error.log info;
+            error_log stderr info;
             events { worker_connections 64; }
             http {
                 access_log off;
@@ -96,16 +96,16 @@ struct ProxyConfigTests {
             }
             """
         try main.write(toFile: "\(work.directory)/nginx.conf", atomically: true, encoding: .utf8)
-        let arguments = ["-p", work.directory, "-e", "\(work.directory)/error.log", "-c", "\(work.directory)/nginx.conf"]
+        let arguments = ["-p", work.directory, "-e", "stderr", "-c", "\(work.directory)/nginx.conf"]
 
         let check = try await Subprocess.run(nginx, ["-t"] + arguments, environment: ProcessInfo.processInfo.environment)
         #expect(check.succeeded && check.combinedOutput.contains("test is successful"), "nginx -t: \(check.combinedOutput)")
         guard check.succeeded else { return }
 
-        // In the foreground, never as the system's service.
-        let server = try Subprocess.start(nginx, arguments, environment: ProcessInfo.processInfo.environment, outputPath: "\(work.directory)/output.log")
+        // In the foreground, never as the system's service. Its listeners are open once it starts its workers.
+        let (server, output) = try ChildOutput.start(nginx, arguments, environment: ProcessInfo.processInfo.environment, workingDirectory: work.directory)
         await Self.stopping(server) {
-            try await Self.checkRoutes(https: https, upstream: upstream, work: work, log: "\(work.directory)/error.log")
+            try await Self.checkRoutes(https: https, upstream: upstream, work: work, output: output, ready: "start worker processes")
             // Plain HTTP: a redirect to HTTPS, answered by nginx alone.
             let plain = try await Self.curl("GET", "http://siwa.example.com:\(http)/v1/notifications", port: http, id: "plain", work: work)
             #expect(plain.status == 301, "plain HTTP: \(plain)")
@@ -151,10 +151,11 @@ struct ProxyConfigTests {
         #expect(check.succeeded && check.combinedOutput.contains("Valid configuration"), "caddy validate: \(check.combinedOutput)")
         guard check.succeeded else { return }
 
-        let server = try Subprocess.start(
-            caddy, ["run", "--config", config, "--adapter", "caddyfile"], environment: environment, outputPath: "\(work.directory)/caddy.log")
+        // Its servers listen once it logs that it serves the configuration.
+        let (server, output) = try ChildOutput.start(
+            caddy, ["run", "--config", config, "--adapter", "caddyfile"], environment: environment, workingDirectory: work.directory)
         await Self.stopping(server) {
-            try await Self.checkRoutes(https: https, upstream: upstream, work: work, log: "\(work.directory)/caddy.log")
+            try await Self.checkRoutes(https: https, upstream: upstream, work: work, output: output, ready: "serving initial configuration")
         }
     }
 
@@ -164,18 +165,14 @@ struct ProxyConfigTests {
 
     // MARK: Through the proxy
 
-    /// Every request of `requests` through the proxy on `https`, each tagged so the upstream's
-    /// records are attributed to it; then the upstream's whole record checked.
-    static func checkRoutes(https: Int, upstream: Upstream, work: Workspace, log: String) async throws {
+    /// Every request of `requests` through the proxy on `https` once its `output` has logged
+    /// `ready`, each tagged so the upstream's records are attributed to it; then the upstream's
+    /// whole record checked.
+    static func checkRoutes(https: Int, upstream: Upstream, work: Workspace, output: ChildOutput, ready: String) async throws {
         let base = "https://siwa.example.com:\(https)"
-        // Started when it answers anything over TLS (a 404 of its own: nothing reaches the upstream).
-        let deadline = ContinuousClock.now + .seconds(20)
-        var probe = try await curl("GET", "\(base)/", port: https, id: "probe", work: work)
-        while probe.status == 0 && ContinuousClock.now < deadline {
-            try await Task.sleep(for: .milliseconds(100))
-            probe = try await curl("GET", "\(base)/", port: https, id: "probe", work: work)
-        }
-        try #require(probe.status != 0, "the proxy did not answer within 20 s: \(probe.error)\n\((try? String(contentsOfFile: log, encoding: .utf8)) ?? "")")
+        let started = await output.wait(for: ready, within: .seconds(20))
+        #expect(started, "the proxy did not log '\(ready)' within 20 s:\n\(output.text)")
+        guard started else { return }
 
         for (index, request) in requests.enumerated() {
             let id = "r\(index)"

@@ -2,6 +2,7 @@ import Foundation
 import Logging
 import PostgresNIO
 import SiwaEmbeddedPostgres
+import SiwaTestSupport
 import Testing
 #if canImport(Glibc)
 import Glibc
@@ -204,17 +205,8 @@ struct EmbeddedPostgresTests {
                 try await client.query("CREATE TABLE crash (value integer)")
                 try await client.query("INSERT INTO crash VALUES (7)")
             }
-            let pidFile = "\(directory)/pgdata/postmaster.pid"
-            let pidLine = try String(contentsOfFile: pidFile, encoding: .utf8).split(separator: "\n").first
-            let pid = try #require(pidLine.flatMap { pid_t($0) })
-            #expect(kill(pid, SIGKILL) == 0)
-            var polls = 0
-            while kill(pid, 0) == 0 && polls < 100 { // until the kernel has reaped it
-                try await Task.sleep(for: .milliseconds(50))
-                polls += 1
-            }
-            try await Task.sleep(for: .milliseconds(500)) // let the orphaned backends notice and exit
-            #expect(FileManager.default.fileExists(atPath: pidFile))
+            try await PostmasterCrash.kill(pgdata: "\(directory)/pgdata")
+            #expect(FileManager.default.fileExists(atPath: "\(directory)/pgdata/postmaster.pid"))
 
             let restarted = try await postgres.start()
             #expect(restarted.startedByUs)

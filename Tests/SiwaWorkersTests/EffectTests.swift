@@ -185,6 +185,8 @@ struct EffectTests {
         try await e.client.withConnection { connection in
             var backend = 0
             for try await (pid,) in try await connection.query("SELECT pg_backend_pid()", logger: logger).decode((Int,).self) { backend = pid }
+            // Watched from now, while it certainly lives (the test cluster runs on this machine).
+            let backendEnd = try ProcessEnd(pid: pid_t(backend))
             try await connection.query("BEGIN", logger: logger)
             var claimed = 0
             // Only the stalled worker relies on the idle limit; the dying one gets a long one, so
@@ -199,24 +201,18 @@ struct EffectTests {
             }
             // The stalled one never sends another statement (and keeps its connection out of the
             // pool): PostgreSQL ends the transaction, and the session, after 1 s idle. Either way,
-            // wait until the backend has gone (a loaded machine takes its time).
-            var alive = 1
-            for _ in 0..<300 where alive > 0 {
-                try await Task.sleep(for: .milliseconds(100))
-                alive = try await e.h.count("SELECT count(*) FROM pg_stat_activity WHERE pid = \(backend)")
-            }
-            #expect(alive == 0)
+            // wait for the backend process to exit: by then it has released its locks and left
+            // pg_stat_activity (both happen in its exit path).
+            let exited = await backendEnd.exited(within: .seconds(30))
+            #expect(exited, "the worker's backend \(backend) did not exit within 30 s (\(stalls ? "idle past its 1 s lease" : "terminated"))")
+            #expect(try await e.h.count("SELECT count(*) FROM pg_stat_activity WHERE pid = \(backend)") == 0)
             // Hand the connection back only once this side has seen it close: a pool that leased
             // it again first would fail the next claim on it (the worker loop retries such a
             // claim; `drain` below does not).
             try? await withDeadline(.seconds(10)) { try await connection.closeFuture.get() }
         }
-        var applied = try await e.drain()
-        for _ in 0..<100 where applied < 2 {
-            try await Task.sleep(for: .milliseconds(100))
-            applied += try await e.drain()
-        }
-        #expect(applied == 2)
+        // Both jobs are ready now (the backend's exit released them): one drain applies both.
+        #expect(try await e.drain() == 2)
         #expect(try await e.h.count("SELECT count(*) FROM job_attempts WHERE outcome = 'applied'") == 2)
         #expect(try await e.h.count("SELECT count(*) FROM job_attempts") == 2)
         #expect(try await e.h.count("SELECT count(*) FROM jobs WHERE lane = 'effects' AND state = 'completed' AND attempt = 1") == 2)
