@@ -79,11 +79,18 @@ package enum TestBinary {
         /// Whether a client connects within `limit` (its connection waits in the backlog,
         /// unanswered): `poll` on the listening socket, on a thread of its own.
         package func waitForConnection(within limit: Duration = .seconds(30)) async -> Bool {
+            await waitForConnection(within: limit) { true } ?? false
+        }
+
+        /// Runs `action` the moment a client connects, on the waiting thread: not once the test's
+        /// task is scheduled again, which a busy test process can delay past the client's own
+        /// limits. Nil when nobody connected within `limit`.
+        package func waitForConnection<T: Sendable>(within limit: Duration = .seconds(30), then action: @escaping @Sendable () -> T) async -> T? {
             let (descriptor, milliseconds) = (self.descriptor, Int32(limit.components.seconds * 1000))
             return await withCheckedContinuation { continuation in
                 Thread {
                     var ready = pollfd(fd: descriptor, events: Int16(POLLIN), revents: 0)
-                    continuation.resume(returning: Glibc.poll(&ready, 1, milliseconds) == 1)
+                    continuation.resume(returning: Glibc.poll(&ready, 1, milliseconds) == 1 ? action() : nil)
                 }.start()
             }
         }

@@ -347,10 +347,15 @@ struct CLITests {
             TestBinary.url.path, ["notifications", "export", "--output", target],
             environment: ProcessInfo.processInfo.environment.merging(["DATABASE_URL": "postgres://siwa@127.0.0.1:\(silent.port)/siwa?sslmode=disable"]) { $1 },
             workingDirectory: directory)
-        // The export opens its new file, then connects: its connection is the event to wait for.
-        #expect(await silent.waitForConnection(), "the export never connected to the database")
-        #expect(try FileManager.default.contentsOfDirectory(atPath: directory).count == 2, "no new file beside the target")
-        export.signal(SIGINT)
+        // The export opens its new file, then connects: at its connection the files are counted and
+        // it is interrupted, on the waiting thread, well within the export's 5 s connect limit.
+        let files = await silent.waitForConnection {
+            let count = (try? FileManager.default.contentsOfDirectory(atPath: directory).count) ?? -1
+            export.signal(SIGINT)
+            return count
+        }
+        #expect(files != nil, "the export never connected to the database")
+        #expect(files == 2, "no new file beside the target")
         let status = await export.waitForExit()
         #expect(status & 0x7f == SIGINT, "ended by SIGINT, as without the cleanup (status \(status))")
         #expect(try String(contentsOfFile: target, encoding: .utf8) == "old\n")
