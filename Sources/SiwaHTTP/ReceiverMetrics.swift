@@ -37,7 +37,7 @@ package struct ReceiverMetrics: Sendable {
         })
         connectionsOpen = Dictionary(uniqueKeysWithValues: listeners.map { listener in
             (listener, registry.makeGauge(
-                descriptor: MetricNameDescriptor(namespace: "siwa", metricName: "connections_open", helpText: "Open HTTP connections"),
+                descriptor: MetricNameDescriptor(namespace: "siwa", metricName: "connections_open", unitName: "", helpText: "Open HTTP connections"),
                 labels: [("listener", listener)]))
         })
         received = Dictionary(uniqueKeysWithValues: ["accepted", "duplicate", "rejected", "refused", "unavailable"].map {

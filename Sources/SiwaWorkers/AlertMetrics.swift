@@ -19,14 +19,14 @@ package struct AlertMetrics: Sendable {
             for state in Self.depthStates {
                 depth[lane + "/" + state] = registry.makeGauge(
                     descriptor: MetricNameDescriptor(
-                        namespace: "siwa", metricName: "queue_jobs", helpText: "Jobs not completed, by lane and state (set by the alert evaluator)"),
+                        namespace: "siwa", metricName: "queue_jobs", unitName: "", helpText: "Jobs not completed, by lane and state (set by the alert evaluator)"),
                     labels: [("lane", lane), ("state", state)])
             }
         }
         self.depth = depth
         firing = Dictionary(uniqueKeysWithValues: AlertKind.allCases.filter { $0 != .test }.map {
             ($0, registry.makeGauge(
-                descriptor: MetricNameDescriptor(namespace: "siwa", metricName: "alerts_firing", helpText: "Open alert episodes by kind (built-in detector)"),
+                descriptor: MetricNameDescriptor(namespace: "siwa", metricName: "alerts_firing", unitName: "", helpText: "Open alert episodes by kind (built-in detector)"),
                 labels: [("kind", $0.rawValue)]))
         })
         queueLag = registry.makeGauge(
@@ -34,10 +34,10 @@ package struct AlertMetrics: Sendable {
                 namespace: "siwa", metricName: "queue_lag", unitName: "seconds", helpText: "How long the oldest ready job (any lane) has waited"))
         discarded = registry.makeGauge(
             descriptor: MetricNameDescriptor(
-                namespace: "siwa", metricName: "jobs_discarded_window", helpText: "Jobs discarded after their last attempt within SIWA_SPIKE_WINDOW"))
+                namespace: "siwa", metricName: "jobs_discarded_window", unitName: "", helpText: "Jobs discarded after their last attempt within SIWA_SPIKE_WINDOW"))
         badSignatures = registry.makeGauge(
             descriptor: MetricNameDescriptor(
-                namespace: "siwa", metricName: "bad_signatures_window", helpText: "Deliveries refused for a bad signature within SIWA_SPIKE_WINDOW"))
+                namespace: "siwa", metricName: "bad_signatures_window", unitName: "", helpText: "Deliveries refused for a bad signature within SIWA_SPIKE_WINDOW"))
     }
 
     func record(signals: (queueLag: Int, discarded: Int, badSignatures: Int)) {

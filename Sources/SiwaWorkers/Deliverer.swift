@@ -125,14 +125,14 @@ package final class Deliverer: Service, Sendable {
         defer { inHand.withLock { $0 = [] } }
         // Graceful shutdown cancels the attempts in flight: they are handed back unrecorded instead
         // of holding SIGTERM until a slow endpoint answers or times out.
-        let results = (try? await cancelWhenGracefulShutdown {
+        let results = await cancelWhenGracefulShutdown {
             await withTaskGroup(of: Attempted.self) { group in
                 for delivery in claimed {
                     group.addTask { await self.deliver(delivery, http: http) }
                 }
                 return await group.reduce(into: [Attempted]()) { $0.append($1) }
             }
-        }) ?? claimed.map { _ in .handedBack }
+        }
         for result in results {
             switch result {
             case .delivered: round.delivered += 1
