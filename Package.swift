@@ -87,12 +87,14 @@ let package = Package(
             resources: [.embedInCode("Migrations")],
             swiftSettings: swiftSettings
         ),
-        // Everything that talks to Apple: its JWKS (fetch, cache, persist, refresh; a Service).
+        // Everything that talks to Apple: its JWKS (fetch, cache, persist, refresh; a Service),
+        // /auth/token and /auth/revoke, the client secrets they need.
         .target(
             name: "SiwaApple",
             dependencies: [
                 "SiwaDomain", "SiwaRuntime",
                 .product(name: "AsyncHTTPClient", package: "async-http-client"),
+                .product(name: "Crypto", package: "swift-crypto"),
                 .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "NIOHTTP1", package: "swift-nio"),
                 .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
@@ -217,6 +219,19 @@ let package = Package(
                 .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
                 .product(name: "ServiceLifecycleTestKit", package: "swift-service-lifecycle"),
                 .product(name: "Logging", package: "swift-log"),
+            ],
+            swiftSettings: swiftSettings
+        ),
+        // Client secrets, and /auth/token and /auth/revoke through real HTTP to a local server.
+        .testTarget(
+            name: "SiwaAppleTests",
+            dependencies: [
+                "SiwaApple", "SiwaDomain", "SiwaTestSupport",
+                .product(name: "Hummingbird", package: "hummingbird"),
+                .product(name: "JWTKit", package: "jwt-kit"),
+                .product(name: "Crypto", package: "swift-crypto"),
+                .product(name: "NIOCore", package: "swift-nio"),
+                .product(name: "NIOPosix", package: "swift-nio"),
             ],
             swiftSettings: swiftSettings
         ),
