@@ -87,12 +87,14 @@ let package = Package(
             resources: [.embedInCode("Migrations")],
             swiftSettings: swiftSettings
         ),
-        // Apple's JWKS: fetch, cache, persist, refresh (a Service).
+        // Everything that talks to Apple: its JWKS (fetch, cache, persist, refresh; a Service),
+        // /auth/token and /auth/revoke, the client secrets they need.
         .target(
-            name: "SiwaKeys",
+            name: "SiwaApple",
             dependencies: [
                 "SiwaDomain", "SiwaRuntime",
                 .product(name: "AsyncHTTPClient", package: "async-http-client"),
+                .product(name: "Crypto", package: "swift-crypto"),
                 .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "NIOHTTP1", package: "swift-nio"),
                 .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
@@ -127,7 +129,7 @@ let package = Package(
         .target(
             name: "SiwaHTTP",
             dependencies: [
-                "SiwaDomain", "SiwaRuntime", "SiwaStore", "SiwaKeys",
+                "SiwaDomain", "SiwaRuntime", "SiwaStore", "SiwaApple",
                 .product(name: "Hummingbird", package: "hummingbird"),
                 .product(name: "HummingbirdCore", package: "hummingbird"),
                 .product(name: "NIOCore", package: "swift-nio"),
@@ -144,7 +146,7 @@ let package = Package(
         .target(
             name: "SiwaApp",
             dependencies: [
-                "SiwaDomain", "SiwaRuntime", "SiwaStore", "SiwaKeys", "SiwaHTTP", "SiwaEmbeddedPostgres", "SiwaWorkers",
+                "SiwaDomain", "SiwaRuntime", "SiwaStore", "SiwaApple", "SiwaHTTP", "SiwaEmbeddedPostgres", "SiwaWorkers",
                 .product(name: "Hummingbird", package: "hummingbird"),
                 .product(name: "PostgresNIO", package: "postgres-nio"),
                 .product(name: "Prometheus", package: "swift-prometheus"),
@@ -162,7 +164,7 @@ let package = Package(
         .executableTarget(
             name: "SiwaCLI",
             dependencies: [
-                "SiwaApp", "SiwaDomain", "SiwaHTTP", "SiwaKeys", "SiwaStore", "SiwaWorkers",
+                "SiwaApp", "SiwaDomain", "SiwaHTTP", "SiwaApple", "SiwaStore", "SiwaWorkers",
                 .product(name: "AsyncHTTPClient", package: "async-http-client"),
                 .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "NIOHTTP1", package: "swift-nio"),
@@ -190,7 +192,7 @@ let package = Package(
         .target(
             name: "SiwaTestSupport",
             dependencies: [
-                "SiwaDomain", "SiwaRuntime", "SiwaStore", "SiwaKeys", "SiwaEmbeddedPostgres", "SiwaApp", "SiwaHTTP", "SiwaWorkers",
+                "SiwaDomain", "SiwaRuntime", "SiwaStore", "SiwaApple", "SiwaEmbeddedPostgres", "SiwaApp", "SiwaHTTP", "SiwaWorkers",
                 .product(name: "Hummingbird", package: "hummingbird"),
                 .product(name: "Crypto", package: "swift-crypto"),
                 .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
@@ -220,11 +222,24 @@ let package = Package(
             ],
             swiftSettings: swiftSettings
         ),
+        // Client secrets, and /auth/token and /auth/revoke through real HTTP to a local server.
+        .testTarget(
+            name: "SiwaAppleTests",
+            dependencies: [
+                "SiwaApple", "SiwaDomain", "SiwaTestSupport",
+                .product(name: "Hummingbird", package: "hummingbird"),
+                .product(name: "JWTKit", package: "jwt-kit"),
+                .product(name: "Crypto", package: "swift-crypto"),
+                .product(name: "NIOCore", package: "swift-nio"),
+                .product(name: "NIOPosix", package: "swift-nio"),
+            ],
+            swiftSettings: swiftSettings
+        ),
         // Statements, the queue, migrations and upgrades, the embedded cluster: on real PostgreSQL.
         .testTarget(
             name: "SiwaStoreTests",
             dependencies: [
-                "SiwaTestSupport", "SiwaRuntime", "SiwaStore", "SiwaDomain", "SiwaEmbeddedPostgres", "SiwaApp", "SiwaWorkers", "SiwaKeys",
+                "SiwaTestSupport", "SiwaRuntime", "SiwaStore", "SiwaDomain", "SiwaEmbeddedPostgres", "SiwaApp", "SiwaWorkers", "SiwaApple",
             ] + integrationTestDependencies,
             swiftSettings: swiftSettings
         ),
@@ -232,7 +247,7 @@ let package = Package(
         .testTarget(
             name: "SiwaWorkersTests",
             dependencies: [
-                "SiwaTestSupport", "SiwaRuntime", "SiwaWorkers", "SiwaStore", "SiwaDomain", "SiwaKeys", "SiwaApp", "SiwaEmbeddedPostgres",
+                "SiwaTestSupport", "SiwaRuntime", "SiwaWorkers", "SiwaStore", "SiwaDomain", "SiwaApple", "SiwaApp", "SiwaEmbeddedPostgres",
                 .product(name: "Prometheus", package: "swift-prometheus"),
             ] + integrationTestDependencies,
             swiftSettings: swiftSettings
@@ -241,7 +256,7 @@ let package = Package(
         .testTarget(
             name: "SiwaAppTests",
             dependencies: [
-                "SiwaTestSupport", "SiwaRuntime", "SiwaApp", "SiwaHTTP", "SiwaStore", "SiwaDomain", "SiwaKeys", "SiwaWorkers", "SiwaEmbeddedPostgres",
+                "SiwaTestSupport", "SiwaRuntime", "SiwaApp", "SiwaHTTP", "SiwaStore", "SiwaDomain", "SiwaApple", "SiwaWorkers", "SiwaEmbeddedPostgres",
                 .product(name: "NIOEmbedded", package: "swift-nio"),
                 .product(name: "Prometheus", package: "swift-prometheus"),
             ] + integrationTestDependencies,
@@ -251,7 +266,7 @@ let package = Package(
         .testTarget(
             name: "SiwaCLITests",
             dependencies: [
-                "SiwaTestSupport", "SiwaRuntime", "SiwaApp", "SiwaDomain", "SiwaStore", "SiwaEmbeddedPostgres", "SiwaKeys",
+                "SiwaTestSupport", "SiwaRuntime", "SiwaApp", "SiwaDomain", "SiwaStore", "SiwaEmbeddedPostgres", "SiwaApple",
             ] + integrationTestDependencies,
             swiftSettings: swiftSettings
         ),

@@ -1,4 +1,4 @@
-import SiwaKeys
+import SiwaApple
 import SiwaWorkers
 
 extension Settings {

@@ -1,9 +1,9 @@
 import Foundation
 import Logging
 import PostgresNIO
+import SiwaApple
 import SiwaEmbeddedPostgres
 import SiwaDomain
-import SiwaKeys
 import SiwaRuntime
 import SiwaStore
 import UnixSignals

@@ -5,10 +5,10 @@ import NIOCore
 import PostgresNIO
 import Prometheus
 import ServiceLifecycle
+import SiwaApple
 import SiwaDomain
 import SiwaRuntime
 import SiwaHTTP
-import SiwaKeys
 import SiwaStore
 import SiwaWorkers
 import Synchronization

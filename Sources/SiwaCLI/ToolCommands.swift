@@ -4,8 +4,8 @@ import Foundation
 import NIOCore
 import NIOHTTP1
 import SiwaApp
+import SiwaApple
 import SiwaDomain
-import SiwaKeys
 
 /// `verify`: offline verification with the very verifier the server uses.
 struct Verify: AsyncParsableCommand {

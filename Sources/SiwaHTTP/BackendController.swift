@@ -3,8 +3,8 @@ import HTTPTypes
 import Hummingbird
 import Logging
 import NIOCore
+import SiwaApple
 import SiwaDomain
-import SiwaKeys
 import SiwaStore
 
 /// The backend API's sessions and accounts (`/v1`, behind `BearerAuthMiddleware`).

@@ -1,7 +1,7 @@
 import Hummingbird
+import SiwaApple
 import SiwaDomain
 import SiwaRuntime
-import SiwaKeys
 import SiwaStore
 
 /// `/health/live` (the process answers) and `/health/ready` (database reachable and, for a process

@@ -4,8 +4,8 @@ import Hummingbird
 import Logging
 import NIOCore
 import Prometheus
+import SiwaApple
 import SiwaDomain
-import SiwaKeys
 import SiwaStore
 
 /// `POST /apple/notifications`: accepts exactly the genuine notifications and answers 200 only

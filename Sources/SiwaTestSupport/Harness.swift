@@ -5,9 +5,9 @@ import NIOCore
 import NIOHTTP1
 import PostgresNIO
 import SiwaApp
+import SiwaApple
 import SiwaDomain
 import SiwaHTTP
-import SiwaKeys
 import SiwaStore
 
 /// A receiver on its own fresh database with a local Apple-style signing key.

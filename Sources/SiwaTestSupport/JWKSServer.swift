@@ -61,7 +61,7 @@ package final class JWKSServer: Sendable {
 
 /// Runs `router` on a free loopback port until the returned task is cancelled: the stand-ins for
 /// servers a test talks to (Apple's key set, a backend's callback endpoint).
-func startLoopbackServer(_ router: Router<BasicRequestContext>, label: String) async throws -> (port: Int, task: Task<Void, any Error>) {
+package func startLoopbackServer(_ router: Router<BasicRequestContext>, label: String) async throws -> (port: Int, task: Task<Void, any Error>) {
     let started = OnceContinuation<Int>()
     let app = Application(
         router: router, configuration: .init(address: .hostname("127.0.0.1", port: 0)),

@@ -7,8 +7,8 @@ import NIOHTTP1
 import PostgresNIO
 import ServiceLifecycle
 import SiwaApp
+import SiwaApple
 import SiwaDomain
-import SiwaKeys
 import Synchronization
 
 /// The real receiver on free loopback ports (public and admin listeners), over a real database,

@@ -3,9 +3,9 @@ import Foundation
 import NIOCore
 import NIOHTTP1
 import SiwaApp
+import SiwaApple
 import SiwaDomain
 import SiwaEmbeddedPostgres
-import SiwaKeys
 import SiwaTestSupport
 import Testing
 

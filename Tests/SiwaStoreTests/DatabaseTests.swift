@@ -7,10 +7,10 @@ import NIOHTTP1
 import PostgresNIO
 import ServiceLifecycle
 import SiwaApp
+import SiwaApple
 import SiwaDomain
 import SiwaEmbeddedPostgres
 import SiwaHTTP
-import SiwaKeys
 import SiwaRuntime
 import SiwaStore
 import SiwaTestSupport

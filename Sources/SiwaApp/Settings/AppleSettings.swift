@@ -1,6 +1,6 @@
 import Foundation
+import SiwaApple
 import SiwaDomain
-import SiwaKeys
 
 extension Settings {
     package static let bundleIDs = Setting<[String]>(

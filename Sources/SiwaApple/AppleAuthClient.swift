@@ -1,0 +1,147 @@
+import AsyncHTTPClient
+import Foundation
+import Logging
+import NIOCore
+import NIOHTTP1
+import SiwaDomain
+import SiwaRuntime
+
+/// Apple's `/auth/token` and `/auth/revoke`: form-encoded POSTs with a minted client secret.
+/// Every call returns, beside its result, a record of what was sent (`AppleAuthRecord`), because
+/// `/auth/revoke` answers 200 to anything. No redirect is followed; each call has one deadline.
+package struct AppleAuthClient: Sendable {
+    package struct Configuration: Sendable {
+        /// Where Apple serves `/auth/token` and `/auth/revoke`.
+        package static let appleAuthURL = URL(string: "https://appleid.apple.com")!
+
+        package var baseURL: URL
+        /// The longest a call (connect, request, whole answer) may take.
+        package var timeout: Duration
+        /// Apple's answers are a few KiB; a larger one is refused unread.
+        package var maximumResponseSize: Int
+
+        package init(baseURL: URL = Configuration.appleAuthURL, timeout: Duration = .seconds(10), maximumResponseSize: Int = 64 * 1024) {
+            self.baseURL = baseURL
+            self.timeout = timeout
+            self.maximumResponseSize = maximumResponseSize
+        }
+    }
+
+    /// Why a call did not succeed.
+    package enum Failure: Error, Sendable, Equatable, CustomStringConvertible {
+        /// Apple refused: one of its words, or any other status that is not a 2xx.
+        case apple(AppleAuthError)
+        /// A 2xx whose body is not what the endpoint returns, or is over the size limit.
+        case malformedAnswer(status: Int)
+        /// No answer: connection, TLS, deadline.
+        case transport(String)
+        case clientSecret(String)
+
+        package var description: String {
+            switch self {
+            case .apple(let error): "\(error)"
+            case .malformedAnswer(let status): "Apple answered \(status) with a body that is not the expected JSON"
+            case .transport(let why): "no answer from Apple: \(why)"
+            case .clientSecret(let why): why
+            }
+        }
+    }
+
+    /// A call's outcome and the record of what it sent.
+    package struct Call<Value: Sendable>: Sendable {
+        package var record: AppleAuthRecord
+        package var result: Result<Value, Failure>
+    }
+
+    /// Follows no redirect (a 3xx is an answer); lives as long as the process.
+    static let client = HTTPClient(
+        eventLoopGroup: HTTPClient.defaultEventLoopGroup, configuration: .init(redirectConfiguration: .disallow),
+        backgroundActivityLogger: Logger(label: "siwa.apple.auth.http", factory: { _ in SwiftLogNoOpLogHandler() }))
+
+    package let configuration: Configuration
+    private let minter: ClientSecretMinter
+    private let now: @Sendable () -> Date
+
+    /// `now` dates the client secrets (tests move it).
+    package init(configuration: Configuration = .init(), minter: ClientSecretMinter, now: @escaping @Sendable () -> Date = { Date() }) {
+        self.configuration = configuration
+        self.minter = minter
+        self.now = now
+    }
+
+    /// Sign-in completion: the authorization code for tokens (`redirectURI` for web sign-ins).
+    package func exchange(code: String, clientID: String, redirectURI: String? = nil) async -> Call<AppleTokenGrant> {
+        await tokenCall(.exchange(code: code, redirectURI: redirectURI), clientID: clientID)
+    }
+
+    /// Validates a refresh token (the answer has no new refresh token).
+    package func refresh(refreshToken: String, clientID: String) async -> Call<AppleTokenGrant> {
+        await tokenCall(.refresh(refreshToken: refreshToken), clientID: clientID)
+    }
+
+    /// Revokes a token. Apple answers 200 whether or not the token was valid.
+    package func revoke(token: String, hint: AppleTokenKind, clientID: String) async -> Call<Void> {
+        let (record, answer) = await send(.revoke(token: token, hint: hint), clientID: clientID)
+        return Call(record: record, result: answer.map { _ in () })
+    }
+
+    private func tokenCall(_ request: AppleAuthRequest, clientID: String) async -> Call<AppleTokenGrant> {
+        let (record, answer) = await send(request, clientID: clientID)
+        return Call(
+            record: record,
+            result: answer.flatMap { answer -> Result<AppleTokenGrant, Failure> in
+                guard let grant = AppleTokenGrant.parse(answer.body) else { return .failure(.malformedAnswer(status: answer.status)) }
+                return .success(grant)
+            })
+    }
+
+    private struct Answer: Sendable {
+        var status: Int
+        var body: [UInt8]
+    }
+
+    /// Sends `request`; a 2xx is an `Answer`, anything else a `Failure`, and the record says which.
+    private func send(_ request: AppleAuthRequest, clientID: String) async -> (AppleAuthRecord, Result<Answer, Failure>) {
+        var record = request.record(clientID: clientID)
+        let url = configuration.baseURL.absoluteString.trimmingSuffix("/") + request.endpoint.rawValue
+        guard configuration.baseURL.scheme?.lowercased() == "https" || KeySetRedirect.isLoopback(configuration.baseURL) else {
+            return (record, .failure(.transport("refused \(URLRedaction.redacted(configuration.baseURL)): plain http only to a loopback address")))
+        }
+        let secret: ClientSecretMinter.Secret
+        do {
+            secret = try minter.secret(clientID: clientID, now: now())
+        } catch {
+            return (record, .failure(.clientSecret(error.description)))
+        }
+        var http = HTTPClientRequest(url: url)
+        http.method = .POST
+        http.headers.add(name: "Content-Type", value: "application/x-www-form-urlencoded")
+        http.headers.add(name: "Accept", value: "application/json")
+        http.body = .bytes(ByteBuffer(string: FormURLEncoding.encode(request.fields(clientID: clientID, clientSecret: secret.jwt))))
+        let (outgoing, limit, timeout) = (http, configuration.maximumResponseSize, configuration.timeout)
+        let answer: Answer
+        do {
+            answer = try await withDeadline(timeout) {
+                let response = try await Self.client.execute(outgoing, timeout: TimeAmount(timeout))
+                // Over the limit is still an answer with a status: the body is then unread.
+                let body = (try? await response.body.collect(upTo: limit)) ?? ByteBuffer()
+                return Answer(status: Int(response.status.code), body: Array(buffer: body))
+            }
+        } catch {
+            return (record, .failure(.transport(URLRedaction.scrubbed("\(error)"))))
+        }
+        record.status = answer.status
+        guard (200..<300).contains(answer.status) else {
+            let refusal = AppleAuthError(status: answer.status, body: answer.body)
+            record.error = refusal
+            return (record, .failure(.apple(refusal)))
+        }
+        return (record, .success(answer))
+    }
+}
+
+extension String {
+    fileprivate func trimmingSuffix(_ suffix: String) -> String {
+        hasSuffix(suffix) ? String(dropLast(suffix.count)) : self
+    }
+}
