@@ -100,6 +100,20 @@ let package = Package(
             ],
             swiftSettings: swiftSettings
         ),
+        // A local stand-in for Apple's auth endpoints (/auth/token, /auth/revoke): codes, ES256 client
+        // secrets checked as Apple checks them, recorded revocations (a Service; `standin serve`, tests).
+        .target(
+            name: "SiwaAppleStandIn",
+            dependencies: [
+                "SiwaDomain",
+                .product(name: "Hummingbird", package: "hummingbird"),
+                .product(name: "Crypto", package: "swift-crypto"),
+                .product(name: "NIOCore", package: "swift-nio"),
+                .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
+                .product(name: "Logging", package: "swift-log"),
+            ],
+            swiftSettings: swiftSettings
+        ),
         // The private PostgreSQL cluster used when no DATABASE_URL is given (a Service).
         .target(
             name: "SiwaEmbeddedPostgres",
