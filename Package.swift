@@ -261,6 +261,12 @@ let package = Package(
             ] + integrationTestDependencies,
             swiftSettings: swiftSettings
         ),
+        // The stand-in for Apple's auth endpoints, through real HTTP: each rule of Apple's wire format.
+        .testTarget(
+            name: "SiwaAppleStandInTests",
+            dependencies: ["SiwaAppleStandIn", "SiwaTestSupport", "SiwaDomain"] + integrationTestDependencies,
+            swiftSettings: swiftSettings
+        ),
         // The real binary: commands, deployment as shipped, SIGTERM and SIGKILL, proxies.
         .testTarget(
             name: "SiwaCLITests",
