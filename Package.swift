@@ -176,8 +176,12 @@ let package = Package(
         .executableTarget(
             name: "SiwaCLI",
             dependencies: [
-                "SiwaApp", "SiwaDomain", "SiwaHTTP", "SiwaKeys", "SiwaStore", "SiwaWorkers",
+                "SiwaApp", "SiwaDomain", "SiwaHTTP", "SiwaKeys", "SiwaStore", "SiwaWorkers", "SiwaAppleStandIn",
                 .product(name: "AsyncHTTPClient", package: "async-http-client"),
+                .product(name: "Crypto", package: "swift-crypto"),
+                .product(name: "Logging", package: "swift-log"),
+                .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
+                .product(name: "UnixSignals", package: "swift-service-lifecycle"),
                 .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "NIOHTTP1", package: "swift-nio"),
                 .product(name: "NIOPosix", package: "swift-nio"),
