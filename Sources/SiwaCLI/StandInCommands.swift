@@ -28,8 +28,8 @@ struct StandInCommand: AsyncParsableCommand {
 
                 Examples:
                   siwa-events keys generate --dir siwa-keys
-                  siwa-events standin serve --keys siwa-keys --port 8090 --team-id TEAMID1234 \\
-                    --key-id KEYID12345 --client-ids com.example.app
+                  siwa-events standin serve --keys siwa-keys --port 8090 \\
+                    --team-id TEAMID1234 --key-id KEYID12345 --client-ids com.example.app
                 """)
         @Option(help: "Directory written by `keys generate` (the team's .p8 keys are kept there too).") var keys: String
         @Option(help: "Address to listen on.") var host = "127.0.0.1"
@@ -130,9 +130,12 @@ struct StandInCommand: AsyncParsableCommand {
                 The code is for one exchange at /auth/token within 5 minutes.
 
                 Examples:
-                  siwa-events standin code --url http://127.0.0.1:8090 --client-id com.example.app --sub 001234.abcdef.0001
-                  siwa-events standin code --url http://127.0.0.1:8090 --client-id com.example.web --sub 001.a.1 \\
-                    --email x7k2q@privaterelay.appleid.com --private --redirect-uri https://example.com/apple/callback
+                  siwa-events standin code --url http://127.0.0.1:8090 \\
+                    --client-id com.example.app --sub 001234.abcdef.0001
+                  siwa-events standin code --url http://127.0.0.1:8090 \\
+                    --client-id com.example.web --sub 001.a.1 \\
+                    --email x7k2q@privaterelay.appleid.com --private \\
+                    --redirect-uri https://example.com/apple/callback
                 """)
         @Option(help: "The stand-in's base URL, as `standin serve` printed it.") var url: String
         @Option(name: .customLong("client-id"), help: "The client ID the user signs in to (one of the stand-in's --client-ids).") var clientID: String
@@ -173,7 +176,7 @@ struct StandInCommand: AsyncParsableCommand {
                 /auth/revoke answers 200 for any token, as Apple's does: this shows what was sent and what it did.
 
                 Examples:
-                  siwa-events standin revocations --url http://127.0.0.1:8090 | jq '.revocations[] | {token_type_hint, outcome}'
+                  siwa-events standin revocations --url http://127.0.0.1:8090
                 """)
         @Option(help: "The stand-in's base URL, as `standin serve` printed it.") var url: String
 
