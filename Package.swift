@@ -102,6 +102,20 @@ let package = Package(
             ],
             swiftSettings: swiftSettings
         ),
+        // A local stand-in for Apple's auth endpoints (/auth/token, /auth/revoke): codes, ES256 client
+        // secrets checked as Apple checks them, recorded revocations (a Service; `standin serve`, tests).
+        .target(
+            name: "SiwaAppleStandIn",
+            dependencies: [
+                "SiwaDomain",
+                .product(name: "Hummingbird", package: "hummingbird"),
+                .product(name: "Crypto", package: "swift-crypto"),
+                .product(name: "NIOCore", package: "swift-nio"),
+                .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
+                .product(name: "Logging", package: "swift-log"),
+            ],
+            swiftSettings: swiftSettings
+        ),
         // The private PostgreSQL cluster used when no DATABASE_URL is given (a Service).
         .target(
             name: "SiwaEmbeddedPostgres",
@@ -164,8 +178,12 @@ let package = Package(
         .executableTarget(
             name: "SiwaCLI",
             dependencies: [
-                "SiwaApp", "SiwaDomain", "SiwaHTTP", "SiwaApple", "SiwaStore", "SiwaWorkers",
+                "SiwaApp", "SiwaDomain", "SiwaHTTP", "SiwaApple", "SiwaStore", "SiwaWorkers", "SiwaAppleStandIn",
                 .product(name: "AsyncHTTPClient", package: "async-http-client"),
+                .product(name: "Crypto", package: "swift-crypto"),
+                .product(name: "Logging", package: "swift-log"),
+                .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
+                .product(name: "UnixSignals", package: "swift-service-lifecycle"),
                 .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "NIOHTTP1", package: "swift-nio"),
                 .product(name: "NIOPosix", package: "swift-nio"),
@@ -260,6 +278,12 @@ let package = Package(
                 .product(name: "NIOEmbedded", package: "swift-nio"),
                 .product(name: "Prometheus", package: "swift-prometheus"),
             ] + integrationTestDependencies,
+            swiftSettings: swiftSettings
+        ),
+        // The stand-in for Apple's auth endpoints, through real HTTP: each rule of Apple's wire format.
+        .testTarget(
+            name: "SiwaAppleStandInTests",
+            dependencies: ["SiwaAppleStandIn", "SiwaTestSupport", "SiwaDomain"] + integrationTestDependencies,
             swiftSettings: swiftSettings
         ),
         // The real binary: commands, deployment as shipped, SIGTERM and SIGKILL, proxies.

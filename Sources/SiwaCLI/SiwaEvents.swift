@@ -19,7 +19,7 @@ struct SiwaEvents: AsyncParsableCommand {
         subcommands: [
             Serve.self, Migrate.self, NotificationsCommand.self, RejectionsCommand.self, JobsCommand.self, CallbacksCommand.self, AlertsCommand.self, ReplayCommand.self, TokensCommand.self, AccountsCommand.self, AuditCommand.self,
             DatabaseCommand.self, Verify.self, Doctor.self, Healthcheck.self,
-            KeysCommand.self, Send.self,
+            KeysCommand.self, Send.self, StandInCommand.self,
         ])
 }
 

@@ -1,0 +1,115 @@
+import Foundation
+import HTTPTypes
+import Hummingbird
+import Logging
+import NIOCore
+import SiwaDomain
+import Synchronization
+
+/// Apple's endpoints: `POST /auth/token` (code exchange, refresh) and `POST /auth/revoke`.
+extension AppleAuthStandIn {
+    func addAuthRoutes(to router: Router<BasicRequestContext>) {
+        router.post("/auth/token") { request, _ -> Response in
+            if let status = self.ledger.withLock({ $0.takeFailure(.token) }) { return Response(status: .init(code: status)) }
+            guard let form = await self.readForm(request) else { return AppleAnswer.error(.invalidRequest) }
+            do throws(AppleAuthError) {
+                return try self.token(form)
+            } catch {
+                return AppleAnswer.error(error)
+            }
+        }
+        router.post("/auth/revoke") { request, _ -> Response in
+            let receivedAt = self.configuration.now()
+            if let status = self.ledger.withLock({ $0.takeFailure(.revoke) }) {
+                let form = await self.readForm(request)
+                self.record(form, at: receivedAt, status: status, outcome: .injectedFailure(status: status))
+                return Response(status: .init(code: status))
+            }
+            guard let form = await self.readForm(request) else {
+                self.record(nil, at: receivedAt, status: 400, outcome: .refused(.invalidRequest))
+                return AppleAnswer.error(.invalidRequest)
+            }
+            do throws(AppleAuthError) {
+                let outcome = try self.revoke(form)
+                self.record(form, at: receivedAt, status: 200, outcome: outcome)
+                return Response(status: .ok)
+            } catch {
+                self.record(form, at: receivedAt, status: 400, outcome: .refused(error))
+                return AppleAnswer.error(error)
+            }
+        }
+    }
+
+    /// The body as a form: nil when it is not one (another content type, too large, malformed).
+    func readForm(_ request: Request) async -> FormBody? {
+        guard FormBody.isForm(contentType: request.headers[.contentType]),
+            let body = try? await request.body.collect(upTo: configuration.maximumBodySize)
+        else { return nil }
+        return FormBody(body.readableBytesView)
+    }
+
+    /// Checks the client secret as Apple does; every refusal is `invalid_client`, its reason logged.
+    func authenticate(_ form: FormBody, clientID: String) throws(AppleAuthError) {
+        guard let secret = form["client_secret"] else { throw .invalidRequest }
+        do throws(ClientSecretRejection) {
+            try secrets.check(secret, clientID: clientID, now: configuration.now())
+        } catch {
+            logger.notice("client secret refused", metadata: ["client_id": "\(clientID)", "reason": "\(error.rawValue)"])
+            throw .invalidClient
+        }
+    }
+
+    private func token(_ form: FormBody) throws(AppleAuthError) -> Response {
+        guard let clientID = form["client_id"], form["client_secret"] != nil, let grantType = form["grant_type"] else {
+            throw .invalidRequest
+        }
+        let now = configuration.now()
+        let issued: AuthLedger.Issued
+        switch grantType {
+        case "authorization_code":
+            guard let code = form["code"] else { throw .invalidRequest }
+            try authenticate(form, clientID: clientID)
+            issued = try ledger.withLock { ledger throws(AppleAuthError) in
+                try ledger.exchange(code: code, clientID: clientID, redirectURI: form["redirect_uri"], now: now)
+            }
+        case "refresh_token":
+            guard let refreshToken = form["refresh_token"] else { throw .invalidRequest }
+            try authenticate(form, clientID: clientID)
+            issued = try ledger.withLock { ledger throws(AppleAuthError) in try ledger.refresh(token: refreshToken, clientID: clientID) }
+        default:
+            throw .unsupportedGrantType
+        }
+        let user = issued.authorization
+        let idToken: String
+        do {
+            idToken = try configuration.signer.identityToken(
+                aud: user.clientID, sub: user.sub, email: user.email,
+                isPrivateEmail: user.email == nil ? nil : (user.isPrivateEmail ?? false), nonce: user.nonce, realUserStatus: nil,
+                issuedAt: now)
+        } catch {
+            logger.error("cannot sign an id_token", metadata: ["error": "\(error)"])
+            return Response(status: .internalServerError)
+        }
+        var answer: [String: JSONValue] = [
+            "access_token": .string(issued.accessToken), "token_type": "Bearer",
+            "expires_in": .number(Double(configuration.limits.accessTokenLifetime)), "id_token": .string(idToken),
+        ]
+        if let refreshToken = issued.refreshToken { answer["refresh_token"] = .string(refreshToken) }
+        return AppleAnswer.json(.object(answer))
+    }
+
+    private func revoke(_ form: FormBody) throws(AppleAuthError) -> RevocationOutcome {
+        guard let clientID = form["client_id"], form["client_secret"] != nil, let token = form["token"] else { throw .invalidRequest }
+        if let hint = form["token_type_hint"], hint != "refresh_token", hint != "access_token" { throw .invalidRequest }
+        try authenticate(form, clientID: clientID)
+        return ledger.withLock { $0.revoke(token: token, clientID: clientID) }
+    }
+
+    /// Keeps what a revocation request sent (with its answer) for `/standin/revocations`.
+    private func record(_ form: FormBody?, at receivedAt: Date, status: Int, outcome: RevocationOutcome) {
+        let record = RevocationRecord(
+            clientID: form?.fields["client_id"], tokenTypeHint: form?.fields["token_type_hint"], token: form?.fields["token"],
+            receivedAt: receivedAt, status: status, outcome: outcome)
+        ledger.withLock { $0.record(record) }
+    }
+}

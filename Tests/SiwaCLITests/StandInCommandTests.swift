@@ -1,0 +1,94 @@
+import AsyncHTTPClient
+import Crypto
+import Foundation
+import NIOCore
+import NIOHTTP1
+import SiwaDomain
+import SiwaEmbeddedPostgres
+import SiwaTestSupport
+import Testing
+
+/// `siwa-events standin`, the real binary as a user runs it: serve, a code, its exchange with a
+/// secret signed by the .p8 that `serve` made, the revocation listed, SIGTERM.
+@Suite("siwa-events standin")
+struct StandInCommandTests {
+    @Test("standin serve makes the team's .p8 and serves; standin code's code exchanges for an id_token the local JWKS verifies")
+    func serveAndCode() async throws {
+        let directory = try TestBinary.makeDirectory("standin")
+        defer { try? FileManager.default.removeItem(atPath: directory) }
+        #expect(try await TestBinary.run(["keys", "generate", "--dir", "keys"], directory: directory).status == 0)
+        let (server, output) = try ChildOutput.start(
+            TestBinary.url.path,
+            ["standin", "serve", "--keys", "keys", "--port", "0", "--team-id", "TEAMID1234", "--key-id", "KEYID12345", "--client-ids", "com.example.app"],
+            environment: ProcessInfo.processInfo.environment, workingDirectory: directory)
+        defer { server.signal(SIGKILL) }
+        #expect(await output.wait(forLineWith: ["a code: siwa-events standin code"], within: .seconds(60)), "\(output.text)")
+        let line = try #require(output.text.split(separator: "\n").first { $0.hasPrefix("standin listening on http://127.0.0.1:") }, "\(output.text)")
+        let base = String(line.dropFirst("standin listening on ".count))
+        let keyFile = "\(directory)/keys/AuthKey_KEYID12345.p8"
+        #expect(output.text.contains("team key KEYID12345: \(keyFile) (made now)"), "\(output.text)")
+        let mode = try #require(FileManager.default.attributesOfItem(atPath: keyFile)[.posixPermissions] as? Int)
+        #expect(mode == 0o600)
+
+        let coded = try await TestBinary.run(
+            ["standin", "code", "--url", base, "--client-id", "com.example.app", "--sub", "001.cli.1", "--email", "x7k2q@privaterelay.appleid.com", "--private",
+             "--nonce", "raw-nonce"],
+            directory: directory)
+        #expect(coded.status == 0, "\(coded.stderr)")
+        let code = coded.stdout.trimmingCharacters(in: .whitespacesAndNewlines)
+
+        let secrets = TestClientSecrets(
+            teamID: "TEAMID1234", keyID: "KEYID12345", key: try P256.Signing.PrivateKey(pemRepresentation: String(contentsOfFile: keyFile, encoding: .utf8)))
+        let secret = try secrets.secret(clientID: "com.example.app", issuedAt: Date().addingTimeInterval(-60))
+        let exchanged = try await Self.post(
+            "\(base)/auth/token", "grant_type=authorization_code&client_id=com.example.app&client_secret=\(secret)&code=\(code)")
+        #expect(exchanged.status == 200, "\(exchanged.body)")
+        let json = try #require(JSONValue.parse(Data(exchanged.body.utf8)))
+        let keys = try AppleKeySet.parse(Data(contentsOf: URL(fileURLWithPath: "\(directory)/keys/jwks.json")))
+        let verified = try IdentityTokenVerifier(clientIDs: ["com.example.app"]).verify(
+            try #require(json["id_token"]?.stringValue), keys: keys, nonce: "raw-nonce", now: Date())
+        #expect(verified.sub == "001.cli.1" && verified.email == "x7k2q@privaterelay.appleid.com" && verified.isPrivateEmail == true)
+
+        let refreshToken = try #require(json["refresh_token"]?.stringValue)
+        let revoked = try await Self.post(
+            "\(base)/auth/revoke", "client_id=com.example.app&client_secret=\(secret)&token=\(refreshToken)&token_type_hint=refresh_token")
+        #expect(revoked.status == 200 && revoked.body.isEmpty)
+        let listed = try await TestBinary.run(["standin", "revocations", "--url", base], directory: directory)
+        let record = JSONValue.parse(Data(listed.stdout.utf8))?["revocations"]?.arrayValue?.first
+        #expect(record?["token"]?.stringValue == refreshToken && record?["outcome"] == "revoked", "\(listed.stdout) \(listed.stderr)")
+
+        let unknown = try await TestBinary.run(["standin", "code", "--url", base, "--client-id", "com.example.nope", "--sub", "1"], directory: directory)
+        #expect(unknown.status == 1 && unknown.stderr.contains("client_id must be one of the stand-in's client IDs: com.example.app"), "\(unknown.stderr)")
+
+        server.signal(SIGTERM)
+        #expect(await server.waitForExit() == 0, "\(output.text)")
+    }
+
+    @Test("Each bad standin flag is refused (exit 64) with a message naming the flag", arguments: [
+        (["serve", "--keys", "keys", "--team-id", "team/../x", "--key-id", "KEYID12345", "--client-ids", "a"], "--team-id"),
+        (["serve", "--keys", "keys", "--team-id", "TEAMID1234", "--key-id", "../KEY", "--client-ids", "a"], "--key-id"),
+        (["serve", "--keys", "keys", "--team-id", "TEAMID1234", "--client-ids", "a"], "--key-id"),
+        (["serve", "--keys", "keys", "--team-id", "TEAMID1234", "--key-id", "KEYID12345", "--client-ids", "a,,b"], "--client-ids"),
+        (["serve", "--keys", "keys", "--team-id", "TEAMID1234", "--key-id", "KEYID12345", "--client-ids", "a", "--port", "70000"], "--port"),
+        (["serve", "--keys", "nowhere", "--team-id", "TEAMID1234", "--key-id", "KEYID12345", "--client-ids", "a"], "--keys"),
+        (["code", "--url", "127.0.0.1:8090", "--client-id", "a", "--sub", "1"], "--url"),
+        (["code", "--url", "http://127.0.0.1:8090", "--client-id", "a", "--sub", "1", "--private"], "--private"),
+        (["revocations", "--url", "ftp://x"], "--url"),
+    ])
+    func badFlags(_ arguments: [String], _ flag: String) async throws {
+        let directory = try TestBinary.makeDirectory("standin-flags")
+        defer { try? FileManager.default.removeItem(atPath: directory) }
+        let run = try await TestBinary.run(["standin"] + arguments, directory: directory)
+        #expect(run.status == 64 && run.stderr.contains(flag), "\(run.status) \(run.stderr)")
+        #expect(!FileManager.default.fileExists(atPath: "\(directory)/keys"), "nothing is written for a refused command")
+    }
+
+    private static func post(_ url: String, _ form: String) async throws -> (status: Int, body: String) {
+        var request = HTTPClientRequest(url: url)
+        request.method = .POST
+        request.headers.add(name: "Content-Type", value: "application/x-www-form-urlencoded")
+        request.body = .bytes(ByteBuffer(string: form))
+        let response = try await HTTPClient.shared.execute(request, timeout: .seconds(30))
+        return (Int(response.status.code), String(buffer: try await response.body.collect(upTo: 1 << 20)))
+    }
+}
