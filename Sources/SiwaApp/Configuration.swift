@@ -32,6 +32,8 @@ package struct Configuration: Sendable {
     package var sessionTTL: Duration
     package var workers: EffectWorkers.Configuration
     package var alerts: AlertMonitor.Configuration
+    /// For calls to Apple's auth endpoints; nil when not configured.
+    package var appleCredentials: AppleCredentials?
 
     /// The receiving process's HTTP routes and key cache are needed (roles all, receiver).
     package var receives: Bool { role != .worker }
@@ -44,6 +46,7 @@ package struct Configuration: Sendable {
         role = try source.value(Settings.role)
         shutdownGrace = try source.value(Settings.shutdownGrace)
         apple = try AppleSettings(source, receiving: role != .worker)
+        appleCredentials = try AppleCredentials.configured(source)
         database = try DatabaseSettings(source)
         http = try HTTPSettings(source)
         rejections = try RejectionLimits(source)

@@ -8,6 +8,7 @@ import NIOSSL
 import NIOTLS
 import Logging
 import SiwaApp
+import SiwaApple
 import SiwaDomain
 import SiwaStore
 
@@ -53,7 +54,7 @@ struct Healthcheck: AsyncParsableCommand {
 /// that name, and the route answers a malformed notification with siwa-events' 400 JSON — not a
 /// 404 (wrong path or proxy), a redirect, a 5xx, or a 2xx (something that accepts anything).
 struct Doctor: SettingsCommand {
-    static let settingGroups: [SettingGroup] = [.database, .logging]
+    static let settingGroups: [SettingGroup] = [.database, .apple, .appleCredentials, .logging]
     static let configuration = CommandConfiguration(
         abstract: "Check an endpoint the way Apple will call it: DNS, TLS version and certificate chain, and the route.",
         discussion: """
@@ -61,7 +62,9 @@ struct Doctor: SettingsCommand {
             The route check POSTs a malformed notification ({"siwa_events_doctor": …}, no payload): \
             siwa-events answers 400 JSON and records it as a rejection (reason malformed_request); nothing is accepted. \
             With DATABASE_URL (or an embedded database here) it also checks the database role: \
-            connected as a superuser is a failure.
+            connected as a superuser is a failure. With SIWA_APPLE_TEAM_ID, SIWA_APPLE_KEY_ID and \
+            SIWA_APPLE_PRIVATE_KEY_FILE it checks that Apple accepts their client secret for each of \
+            SIWA_APPLE_BUNDLE_IDS, with one harmless call (revoking a token that does not exist).
 
             Examples:
               siwa-events doctor --url https://siwa.example.com/apple/notifications
@@ -152,11 +155,46 @@ struct Doctor: SettingsCommand {
         }
 
         await checkDatabase(&report, settings)
+        await checkAppleCredentials(&report, settings, timeout: limit)
 
         for line in report.lines { print(line) }
         if report.failed {
             printError("doctor: \(report.failures) check(s) failed")
             throw ExitCode.failure
+        }
+    }
+
+    /// The credentials for Apple's auth endpoints: a revoke of a token that does not exist is
+    /// answered 200 when Apple accepts the client secret, `invalid_client` when it does not.
+    func checkAppleCredentials(_ report: inout DoctorReport, _ settings: SettingSource, timeout: Duration) async {
+        let credentials: AppleCredentials?
+        let clientIDs: [String]
+        do {
+            credentials = try AppleCredentials.configured(settings)
+            clientIDs = try settings.value(Settings.bundleIDs)
+        } catch {
+            report.fail("apple-credentials", error.description)
+            return
+        }
+        guard let credentials else { return }
+        guard !clientIDs.isEmpty else {
+            report.fail("apple-credentials", "set SIWA_APPLE_BUNDLE_IDS: the client secret is checked for each bundle ID")
+            return
+        }
+        let client = credentials.client(timeout: timeout)
+        for clientID in clientIDs.prefix(5) {
+            let call = await client.revoke(token: "siwa-events-doctor-\(UUID().uuidString)", hint: .accessToken, clientID: clientID)
+            let who = "team \(credentials.policy.teamID), key \(credentials.key.keyID), client \(clientID)"
+            switch call.result {
+            case .success:
+                report.ok("apple-credentials", "\(credentials.authURL.absoluteString) accepted the client secret (\(who))")
+            case .failure(.apple(.invalidClient)):
+                report.fail(
+                    "apple-credentials",
+                    "Apple refused the client secret (invalid_client; \(who)): check the team ID, the key ID, that the .p8 is that key's, and that the key is enabled for Sign in with Apple on \(clientID)'s primary App ID")
+            case .failure(let failure):
+                report.fail("apple-credentials", "\(failure) (\(who))")
+            }
         }
     }
 

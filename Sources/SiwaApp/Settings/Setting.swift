@@ -4,12 +4,13 @@ import SiwaDomain
 /// The settings a command can read, one group per part of the service. A command lists the groups
 /// it reads; its `--help` shows those and no others.
 package enum SettingGroup: String, CaseIterable, Sendable {
-    case database, apple, listeners, process, history, jobs, accounts, callbacks, alerts, logging
+    case database, apple, appleCredentials, listeners, process, history, jobs, accounts, callbacks, alerts, logging
 
     package var title: String {
         switch self {
         case .database: "Database"
         case .apple: "Apple notifications and identity tokens"
+        case .appleCredentials: "Apple credentials (calls to Apple's auth endpoints)"
         case .listeners: "Listeners"
         case .history: "History and rejections"
         case .process: "Process"

@@ -1,0 +1,77 @@
+import Foundation
+import SiwaApple
+import SiwaDomain
+
+extension Settings {
+    package static let appleTeamID = Setting<String?>.optionalText(
+        "SIWA_APPLE_TEAM_ID", flag: "apple-team-id", .appleCredentials, shown: "— (no calls to Apple)",
+        help: "your Apple team ID: the client secrets' iss (with SIWA_APPLE_KEY_ID and SIWA_APPLE_PRIVATE_KEY_FILE)",
+        docs: "Your team ID (10 characters, A-Z and 0-9): the `iss` of the client secrets signed for Apple's `/auth/token` and `/auth/revoke`. Set with `SIWA_APPLE_KEY_ID` and `SIWA_APPLE_PRIVATE_KEY_FILE`, or none of them.")
+    package static let appleKeyID = Setting<String?>.optionalText(
+        "SIWA_APPLE_KEY_ID", flag: "apple-key-id", .appleCredentials, shown: "—",
+        help: "the ID of the Sign in with Apple key in SIWA_APPLE_PRIVATE_KEY_FILE",
+        docs: "The key ID (10 characters) of the Sign in with Apple private key, as the developer portal shows it.")
+    package static let applePrivateKeyFile = Setting<String?>.optionalText(
+        "SIWA_APPLE_PRIVATE_KEY_FILE", flag: "apple-private-key-file", .appleCredentials, shown: "—",
+        help: "the .p8 file of that key (read at start, never logged or stored)",
+        docs: "Path of the key's `.p8` file (P-256, PEM). Read once at start; never logged, never stored in the database. A missing or unreadable file stops start-up naming this variable; `siwa-events doctor` checks that Apple accepts it.")
+    package static let appleAuthURL = Setting<URL>(
+        "SIWA_APPLE_AUTH_URL", flag: "apple-auth-url", .appleCredentials, default: AppleAuthClient.Configuration.appleAuthURL,
+        shown: "`\(AppleAuthClient.Configuration.appleAuthURL.absoluteString)`",
+        help: "base of Apple's /auth/token and /auth/revoke",
+        docs: "Base URL of Apple's `/auth/token` and `/auth/revoke`; `http://` only to a loopback address (the local stand-in, `siwa-events standin serve`)."
+    ) { text throws(SettingValueError) in
+        guard let url = URL(string: text), let scheme = url.scheme?.lowercased(), ["https", "http"].contains(scheme), url.host != nil else {
+            throw SettingValueError("must be an https:// URL such as https://appleid.apple.com (got \"\(URLRedaction.scrubbed(text))\")")
+        }
+        if scheme == "http" && !KeySetRedirect.isLoopback(url) {
+            throw SettingValueError("is plain http:// to a non-loopback host (\(URLRedaction.redacted(url))): use https://")
+        }
+        return url
+    }
+
+    static let appleCredentials = [appleTeamID.info, appleKeyID.info, applePrivateKeyFile.info, appleAuthURL.info]
+}
+
+/// The team's credentials for Apple's auth endpoints: the client-secret policy (team ID), the key
+/// (read from its `.p8` at start) and where the endpoints are. Nil when none is configured.
+package struct AppleCredentials: Sendable {
+    package var policy: ClientSecretPolicy
+    package var key: ClientSecretMinter.SigningKey
+    package var authURL: URL
+
+    /// All three of team ID, key ID and key file, or none; each checked, the key file read now.
+    package static func configured(_ source: SettingSource) throws(ConfigurationError) -> AppleCredentials? {
+        let trio = [Settings.appleTeamID, Settings.appleKeyID, Settings.applePrivateKeyFile]
+        var values: [String?] = []
+        for setting in trio { values.append(try source.value(setting).map { $0.trimmingCharacters(in: .whitespaces) }.flatMap { $0.isEmpty ? nil : $0 }) }
+        let authURL = try source.value(Settings.appleAuthURL)
+        guard values.contains(where: { $0 != nil }) else { return nil }
+        guard let teamID = values[0], let keyID = values[1], let path = values[2] else {
+            let missing = zip(trio, values).filter { $0.1 == nil }.map(\.0.info.name)
+            let given = zip(trio, values).filter { $0.1 != nil }.map(\.0.info.variable)
+            throw ConfigurationError(
+                variable: missing.joined(separator: ", "),
+                message: "\(missing.count == 1 ? "is" : "are") required with \(given.joined(separator: " and ")): Apple's calls need the team ID, the key ID and the key's .p8 file (or unset all three)")
+        }
+        let policy: ClientSecretPolicy
+        do {
+            policy = try ClientSecretPolicy(teamID: teamID)
+        } catch {
+            throw ConfigurationError(variable: Settings.appleTeamID.info.name, message: error.description)
+        }
+        do {
+            return AppleCredentials(policy: policy, key: try ClientSecretMinter.SigningKey.load(path: path, keyID: keyID), authURL: authURL)
+        } catch .invalidKeyID(let id) {
+            throw ConfigurationError(variable: Settings.appleKeyID.info.name, message: ClientSecretMinter.SigningKey.LoadError.invalidKeyID(id).description)
+        } catch {
+            throw ConfigurationError(variable: Settings.applePrivateKeyFile.info.name, message: error.description)
+        }
+    }
+
+    /// A client for Apple's auth endpoints signing with these credentials.
+    package func client(timeout: Duration = .seconds(10)) -> AppleAuthClient {
+        AppleAuthClient(
+            configuration: .init(baseURL: authURL, timeout: timeout), minter: ClientSecretMinter(policy: policy, key: key))
+    }
+}
