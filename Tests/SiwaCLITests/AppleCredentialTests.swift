@@ -14,15 +14,9 @@ struct AppleCredentialTests {
     func doctorChecksCredentials() async throws {
         let directory = try TestBinary.makeDirectory("apple-credentials")
         defer { try? FileManager.default.removeItem(atPath: directory) }
-        #expect(try await TestBinary.run(["keys", "generate", "--dir", "keys"], directory: directory).status == 0)
-        let (standIn, output) = try ChildOutput.start(
-            TestBinary.url.path,
-            ["standin", "serve", "--keys", "keys", "--port", "0", "--team-id", "TEAMID1234", "--key-id", "KEYID12345", "--client-ids", "com.example.app"],
-            environment: ProcessInfo.processInfo.environment, workingDirectory: directory)
-        defer { standIn.signal(SIGKILL) }
-        #expect(await output.wait(forLineWith: ["a code: siwa-events standin code"], within: .seconds(60)), "\(output.text)")
-        let line = try #require(output.text.split(separator: "\n").first { $0.hasPrefix("standin listening on http://127.0.0.1:") }, "\(output.text)")
-        let base = String(line.dropFirst("standin listening on ".count))
+        let standIn = try await StandInProcess.start(in: directory)
+        defer { standIn.process.signal(SIGKILL) }
+        let base = standIn.base
         // Another P-256 key under the same key ID: a secret Apple (the stand-in) does not accept.
         let wrongKey = "\(directory)/wrong.p8"
         try P256.Signing.PrivateKey().pemRepresentation.write(toFile: wrongKey, atomically: true, encoding: .utf8)
@@ -36,7 +30,7 @@ struct AppleCredentialTests {
                     "SIWA_APPLE_PRIVATE_KEY_FILE": keyFile, "SIWA_APPLE_AUTH_URL": base,
                 ], directory: directory)
         }
-        let accepted = try await doctor(keyFile: "\(directory)/keys/AuthKey_KEYID12345.p8")
+        let accepted = try await doctor(keyFile: StandInProcess.keyFile(in: directory))
         #expect(accepted.stdout.contains("ok    apple-credentials: \(base) accepted the client secret (team TEAMID1234, key KEYID12345, client com.example.app)"), "\(accepted.stdout)")
         let refused = try await doctor(keyFile: wrongKey)
         #expect(refused.status != 0)
@@ -49,8 +43,8 @@ struct AppleCredentialTests {
             #expect(!log.contains("PRIVATE KEY") && !log.contains("siwa-events-doctor-"), "the key or the probe token leaked: \(log)")
         }
         withExtendedLifetime(nothing) {}
-        standIn.signal(SIGTERM)
-        #expect(await standIn.waitForExit() == 0)
+        standIn.process.signal(SIGTERM)
+        #expect(await standIn.process.waitForExit() == 0, "\(standIn.output.text)")
     }
 
     @Test("serve refuses to start on incomplete or unusable credentials, naming the variable (exit 78)", arguments: [

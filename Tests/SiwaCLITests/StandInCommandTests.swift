@@ -16,16 +16,10 @@ struct StandInCommandTests {
     func serveAndCode() async throws {
         let directory = try TestBinary.makeDirectory("standin")
         defer { try? FileManager.default.removeItem(atPath: directory) }
-        #expect(try await TestBinary.run(["keys", "generate", "--dir", "keys"], directory: directory).status == 0)
-        let (server, output) = try ChildOutput.start(
-            TestBinary.url.path,
-            ["standin", "serve", "--keys", "keys", "--port", "0", "--team-id", "TEAMID1234", "--key-id", "KEYID12345", "--client-ids", "com.example.app"],
-            environment: ProcessInfo.processInfo.environment, workingDirectory: directory)
+        let standIn = try await StandInProcess.start(in: directory)
+        let (server, output, base) = (standIn.process, standIn.output, standIn.base)
         defer { server.signal(SIGKILL) }
-        #expect(await output.wait(forLineWith: ["a code: siwa-events standin code"], within: .seconds(60)), "\(output.text)")
-        let line = try #require(output.text.split(separator: "\n").first { $0.hasPrefix("standin listening on http://127.0.0.1:") }, "\(output.text)")
-        let base = String(line.dropFirst("standin listening on ".count))
-        let keyFile = "\(directory)/keys/AuthKey_KEYID12345.p8"
+        let keyFile = StandInProcess.keyFile(in: directory)
         #expect(output.text.contains("team key KEYID12345: \(keyFile) (made now)"), "\(output.text)")
         let mode = try #require(FileManager.default.attributesOfItem(atPath: keyFile)[.posixPermissions] as? Int)
         #expect(mode == 0o600)
