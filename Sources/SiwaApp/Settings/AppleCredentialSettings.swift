@@ -30,15 +30,38 @@ extension Settings {
         return url
     }
 
-    static let appleCredentials = [appleTeamID.info, appleKeyID.info, applePrivateKeyFile.info, appleAuthURL.info]
+    package static let appleTokenKeys = Setting<AppleTokenCipher?>(
+        "SIWA_APPLE_TOKEN_KEYS", flag: "apple-token-keys", .appleCredentials, default: nil, shown: "— (required with the credentials)",
+        help: "space-separated base64 keys (32 bytes each) encrypting refresh tokens; the first encrypts",
+        docs: "Space-separated base64 of 32 random bytes each (`siwa-events apple token-key` makes one): the AES-256-GCM keys that encrypt the refresh tokens kept from sign-ins. The first encrypts, every one decrypts; to rotate, put a new key first, run `siwa-events apple reencrypt`, then drop the old one. Required with the credentials above; a stored token under a key not listed stops start-up.",
+        secret: true
+    ) { text throws(SettingValueError) in
+        do throws(AppleTokenCipher.KeyError) {
+            return try AppleTokenCipher(keys: text)
+        } catch {
+            throw SettingValueError(error.description)
+        }
+    }
+    package static let revokeOnAppleEvents = Setting<Bool>.boolean(
+        "SIWA_APPLE_REVOKE_ON_EVENTS", flag: "apple-revoke-on-events", .appleCredentials, default: false, shownAs: (on: "on", off: "off"),
+        help: "also revoke kept tokens at Apple on Apple's account-delete and consent-revoked",
+        docs: "`true`: Apple's `account-delete` and `consent-revoked` also queue the user's kept tokens for `/auth/revoke`. Off by default: Apple has ended those tokens already, so they are deleted without a call.")
+
+    static let appleCredentials = [
+        appleTeamID.info, appleKeyID.info, applePrivateKeyFile.info, appleAuthURL.info, appleTokenKeys.info, revokeOnAppleEvents.info,
+    ]
 }
 
 /// The team's credentials for Apple's auth endpoints: the client-secret policy (team ID), the key
-/// (read from its `.p8` at start) and where the endpoints are. Nil when none is configured.
+/// (read from its `.p8` at start), where the endpoints are, and the keys that encrypt the refresh
+/// tokens kept. Nil when none is configured.
 package struct AppleCredentials: Sendable {
     package var policy: ClientSecretPolicy
     package var key: ClientSecretMinter.SigningKey
     package var authURL: URL
+    package var tokenCipher: AppleTokenCipher
+    /// Apple's own `account-delete`/`consent-revoked` also queue revocations.
+    package var revokeOnAppleEvents: Bool
 
     /// All three of team ID, key ID and key file, or none; each checked, the key file read now.
     package static func configured(_ source: SettingSource) throws(ConfigurationError) -> AppleCredentials? {
@@ -46,7 +69,16 @@ package struct AppleCredentials: Sendable {
         var values: [String?] = []
         for setting in trio { values.append(try source.value(setting).map { $0.trimmingCharacters(in: .whitespaces) }.flatMap { $0.isEmpty ? nil : $0 }) }
         let authURL = try source.value(Settings.appleAuthURL)
-        guard values.contains(where: { $0 != nil }) else { return nil }
+        let cipher = try source.value(Settings.appleTokenKeys)
+        let revokeOnAppleEvents = try source.value(Settings.revokeOnAppleEvents)
+        guard values.contains(where: { $0 != nil }) else {
+            if cipher != nil {
+                throw ConfigurationError(
+                    variable: Settings.appleTokenKeys.info.name,
+                    message: "is set, but SIWA_APPLE_TEAM_ID, SIWA_APPLE_KEY_ID and SIWA_APPLE_PRIVATE_KEY_FILE are not: refresh tokens are kept only from code exchanges, which need them")
+            }
+            return nil
+        }
         guard let teamID = values[0], let keyID = values[1], let path = values[2] else {
             let missing = zip(trio, values).filter { $0.1 == nil }.map(\.0.info.name)
             let given = zip(trio, values).filter { $0.1 != nil }.map(\.0.info.variable)
@@ -60,8 +92,15 @@ package struct AppleCredentials: Sendable {
         } catch {
             throw ConfigurationError(variable: Settings.appleTeamID.info.name, message: error.description)
         }
+        guard let cipher else {
+            throw ConfigurationError(
+                variable: Settings.appleTokenKeys.info.name,
+                message: "is required with the Apple credentials: refresh tokens are kept encrypted under it; make a key with `siwa-events apple token-key`")
+        }
         do {
-            return AppleCredentials(policy: policy, key: try ClientSecretMinter.SigningKey.load(path: path, keyID: keyID), authURL: authURL)
+            return AppleCredentials(
+                policy: policy, key: try ClientSecretMinter.SigningKey.load(path: path, keyID: keyID), authURL: authURL, tokenCipher: cipher,
+                revokeOnAppleEvents: revokeOnAppleEvents)
         } catch .invalidKeyID(let id) {
             throw ConfigurationError(variable: Settings.appleKeyID.info.name, message: ClientSecretMinter.SigningKey.LoadError.invalidKeyID(id).description)
         } catch {

@@ -11,9 +11,13 @@ package struct ClaimedDelivery: Sendable {
     /// Callbacks: the notification; alerts: nil.
     package var notificationID: Int?
     package var jti: String
-    /// Alerts: the alert, the sink (`slack`, `webhook:<hash>`) and the message kind.
+    /// Alerts: the alert and the message kind.
     package var alertID: Int?
+    /// Alerts: the sink (`slack`, `webhook:<hash>`); Apple revocations: the client ID.
     package var target: String?
+    /// Apple revocations: the user.
+    package var aud: String?
+    package var sub: String?
     package var kind: String
     package var body: String
     package var claimedAt: Date
@@ -70,22 +74,23 @@ extension JobQueue {
             FROM candidates
             WHERE jobs.id = candidates.id
             RETURNING jobs.id, jobs.attempt, jobs.notification_id, (SELECT n.jti FROM notifications n WHERE n.id = jobs.notification_id),
-                jobs.alert_id, jobs.target, jobs.kind, jobs.payload, jobs.attempted_at
+                jobs.alert_id, jobs.target, jobs.kind, jobs.payload, jobs.attempted_at, jobs.aud, jobs.sub
             """, logger: logger)
         var claimed: [ClaimedDelivery] = []
-        for try await row in rows.decode((Int, Int, Int?, String?, Int?, String?, String, String, Date).self) {
+        for try await row in rows.decode((Int, Int, Int?, String?, Int?, String?, String, String, Date, String?, String?).self) {
             claimed.append(
                 ClaimedDelivery(
-                    id: row.0, attempt: row.1, lane: lane, notificationID: row.2, jti: row.3 ?? "", alertID: row.4, target: row.5, kind: row.6,
-                    body: row.7, claimedAt: row.8))
+                    id: row.0, attempt: row.1, lane: lane, notificationID: row.2, jti: row.3 ?? "", alertID: row.4, target: row.5, aud: row.9,
+                    sub: row.10, kind: row.6, body: row.7, claimedAt: row.8))
         }
         return claimed
     }
 
     // MARK: DeliveriesRecord
 
-    /// Records one attempt: completed when delivered; otherwise retryable after `delay`, or
-    /// discarded once `maxAttempts` is reached. Only if the job is still held by `worker`.
+    /// Records one attempt: completed when delivered (a secret payload is then cleared); otherwise
+    /// retryable after `delay`, or discarded once `maxAttempts` is reached. Only if the job is
+    /// still held by `worker`.
     /// Returns the state the job is in now (nil: no longer held — its lease ran out).
     @discardableResult
     package func recordDelivery(
@@ -110,7 +115,8 @@ extension JobQueue {
                                  ELSE 'retryable'::job_state END,
                     finished_at = CASE WHEN \(delivered) OR attempt >= \(maxAttempts) THEN now() END,
                     run_at = CASE WHEN \(delivered) THEN run_at ELSE now() + \(Int(delay.milliseconds)) * interval '1 millisecond' END,
-                    last_status = \(status), last_error = \(error), locked_by = NULL, lease_expires_at = NULL
+                    last_status = \(status), last_error = \(error), locked_by = NULL, lease_expires_at = NULL,
+                    payload = CASE WHEN \(delivered) AND \(callback.lane.payloadIsSecret) THEN NULL ELSE payload END
                 WHERE id = \(callback.id) AND attempt = \(callback.attempt) AND state = 'running' AND locked_by = \(worker)
                 RETURNING id, notification_id, alert_id, attempt, attempted_at, state
             ), logged AS (

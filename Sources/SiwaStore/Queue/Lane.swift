@@ -17,10 +17,13 @@ package struct Lane: RawRepresentable, Hashable, Sendable, CustomStringConvertib
 
     package let rawValue: String
     package let readyIndex: ReadyIndex
+    /// The payload is a secret (an encrypted token): cleared when the job completes.
+    package let payloadIsSecret: Bool
 
-    private init(_ name: String, readyIndex: ReadyIndex = .oneForBoth) {
+    private init(_ name: String, readyIndex: ReadyIndex = .oneForBoth, payloadIsSecret: Bool = false) {
         self.rawValue = name
         self.readyIndex = readyIndex
+        self.payloadIsSecret = payloadIsSecret
     }
 
     /// A declared lane by its name; nil for any other.
@@ -38,7 +41,10 @@ package struct Lane: RawRepresentable, Hashable, Sendable, CustomStringConvertib
     /// Deliver an alert message to a sink.
     package static let alerts = Lane("alerts")
 
-    package static let all: [Lane] = [.effects, .callbacks, .alerts]
+    /// Revoke a user's Apple token at `/auth/revoke` (its ciphertext is the payload).
+    package static let appleRevocations = Lane("apple_revocations", payloadIsSecret: true)
+
+    package static let all: [Lane] = [.effects, .callbacks, .alerts, .appleRevocations]
 }
 
 /// Where a job stands (`jobs.state`, the `job_state` type).

@@ -1,0 +1,223 @@
+import Foundation
+import Logging
+import PostgresNIO
+import SiwaDomain
+
+/// A user's refresh token as the store keeps it: already encrypted (`AppleTokenCipher`).
+package struct KeptAppleToken: Sendable {
+    package var clientID: String
+    /// `v1.<key id>.<base64url>`, bound to the account's aud/sub.
+    package var ciphertext: String
+    /// `AppleAuthRecord.fingerprint` of the clear token.
+    package var fingerprint: String
+
+    package init(clientID: String, ciphertext: String, fingerprint: String) {
+        self.clientID = clientID
+        self.ciphertext = ciphertext
+        self.fingerprint = fingerprint
+    }
+}
+
+/// A stored ciphertext (a kept token, or a revocation job's payload) and whose it is.
+package struct StoredCiphertext: Sendable {
+    package enum Place: Sendable { case keptToken(clientID: String), revocationJob(id: Int) }
+    package var place: Place
+    package var owner: AppleTokenOwner
+    package var ciphertext: String
+}
+
+/// Apple's tokens at rest (`apple_tokens`), their way into the revocation lane, and the record of
+/// every call to Apple's auth endpoints (`apple_auth_calls`): every statement. Encryption happens
+/// before a token reaches the store; nothing here sees a clear token.
+package struct AppleTokenStore: Sendable {
+    package let client: PostgresClient
+    let logger: Logger
+
+    package init(client: PostgresClient, logger: Logger) {
+        self.client = client
+        self.logger = logger
+    }
+
+    // MARK: Keep
+
+    /// Keeps `token` as the user's refresh token for its client ID, replacing an older one, in the
+    /// caller's transaction (the one that opens the session).
+    static func keep(_ token: KeptAppleToken, aud: String, sub: String, on connection: PostgresConnection, logger: Logger) async throws {
+        try await connection.query(
+            """
+            INSERT INTO apple_tokens (aud, sub, client_id, token, fingerprint)
+            VALUES (\(aud), \(sub), \(token.clientID), \(token.ciphertext), \(token.fingerprint))
+            ON CONFLICT (aud, sub, client_id) DO UPDATE SET token = excluded.token, fingerprint = excluded.fingerprint,
+                updated_at = now(), validated_at = NULL
+            """, logger: logger)
+    }
+
+    // MARK: Revoke, Forget
+
+    /// Moves each of the users' stored tokens into a revocation job (ciphertext as payload) and
+    /// deletes it, in the caller's transaction: the token leaves with the account, yet is never
+    /// lost before Apple has taken the revocation. `notificationID`: the Apple event that asked.
+    /// Tells revocation deliverers at commit. Returns the jobs enqueued.
+    @discardableResult
+    static func enqueueRevocations(
+        of users: [(aud: String, sub: String)], notificationID: Int? = nil, on connection: PostgresConnection, logger: Logger
+    ) async throws -> Int {
+        guard !users.isEmpty else { return 0 }
+        var count = 0
+        for try await (n, _) in try await connection.query(
+            """
+            WITH taken AS (
+                DELETE FROM apple_tokens t
+                USING unnest(\(users.map(\.aud))::text[], \(users.map(\.sub))::text[]) AS u(aud, sub)
+                WHERE t.aud = u.aud AND t.sub = u.sub
+                RETURNING t.aud, t.sub, t.client_id, t.token
+            ), queued AS (
+                INSERT INTO jobs (lane, kind, aud, sub, target, payload, notification_id, run_at)
+                SELECT \(Lane.appleRevocations.rawValue), \(AppleTokenKind.refreshToken.rawValue), aud, sub, client_id, token,
+                    \(notificationID)::bigint, now()
+                FROM taken
+                RETURNING id
+            ), told AS (
+                SELECT pg_notify('siwa_jobs', \(Lane.appleRevocations.rawValue)) FROM (SELECT 1 FROM queued LIMIT 1) q
+            )
+            SELECT (SELECT count(*) FROM queued)::bigint, (SELECT count(*) FROM told)::bigint
+            """, logger: logger
+        ).decode((Int, Int).self) {
+            count = n
+        }
+        return count
+    }
+
+    /// Deletes the users' stored tokens without revoking them (Apple has ended them already:
+    /// `account-delete`, `consent-revoked`), in the caller's transaction.
+    static func forget(users: [(aud: String, sub: String)], on connection: PostgresConnection, logger: Logger) async throws {
+        guard !users.isEmpty else { return }
+        try await connection.query(
+            """
+            DELETE FROM apple_tokens t
+            USING unnest(\(users.map(\.aud))::text[], \(users.map(\.sub))::text[]) AS u(aud, sub)
+            WHERE t.aud = u.aud AND t.sub = u.sub
+            """, logger: logger)
+    }
+
+    // MARK: Calls
+
+    /// Records one call to Apple's auth endpoints (what was sent, what came back).
+    package func record(_ call: AppleAuthRecord, aud: String?, sub: String?, jobID: Int? = nil) async throws {
+        try await client.bounded.query(Self.recordCall(call, aud: aud, sub: sub, jobID: jobID), logger: logger)
+    }
+
+    static func record(_ call: AppleAuthRecord, aud: String?, sub: String?, on connection: PostgresConnection, logger: Logger) async throws {
+        try await connection.query(recordCall(call, aud: aud, sub: sub, jobID: nil), logger: logger)
+    }
+
+    private static func recordCall(_ call: AppleAuthRecord, aud: String?, sub: String?, jobID: Int?) -> PostgresQuery {
+        """
+        INSERT INTO apple_auth_calls (endpoint, client_id, grant_type, token_type_hint, token_fingerprint, status, error, aud, sub, job_id)
+        VALUES (\(call.endpoint.rawValue), \(call.clientID), \(call.grantType?.rawValue), \(call.tokenTypeHint?.rawValue), \(call.tokenFingerprint),
+            \(call.status), \(call.error.map { $0.word ?? "unrecognised" }), \(aud), \(sub), \(jobID))
+        """
+    }
+
+    /// A recorded call, newest first in `calls`.
+    package struct Call: Sendable {
+        package var id: Int
+        package var at: Date
+        package var record: AppleAuthRecord
+        package var aud: String?
+        package var sub: String?
+        package var jobID: Int?
+    }
+
+    /// The calls recorded for a user (`aud`/`sub`), or for a revocation job, newest first.
+    package func calls(aud: String? = nil, sub: String? = nil, jobID: Int? = nil, limit: Int = 100) async throws -> [Call] {
+        var calls: [Call] = []
+        for try await row in try await client.bounded.query(
+            """
+            SELECT id, at, endpoint, client_id, grant_type, token_type_hint, token_fingerprint, status, error, aud, sub, job_id
+            FROM apple_auth_calls
+            WHERE (\(aud)::text IS NULL OR (aud = \(aud) AND sub = \(sub))) AND (\(jobID)::bigint IS NULL OR job_id = \(jobID))
+            ORDER BY at DESC, id DESC LIMIT \(max(1, min(limit, 10_000)))
+            """, logger: logger
+        ).decode((Int, Date, String, String, String?, String?, String, Int?, String?, String?, String?, Int?).self) {
+            guard let endpoint = AppleAuthEndpoint(rawValue: row.2) else { continue }
+            var record = AppleAuthRecord(
+                endpoint: endpoint, clientID: row.3, grantType: row.4.flatMap(AppleGrantType.init(rawValue:)),
+                tokenTypeHint: row.5.flatMap(AppleTokenKind.init(rawValue:)), tokenFingerprint: row.6, status: row.7)
+            record.error = row.8.map { AppleAuthError(word: $0) ?? .unrecognised(status: row.7 ?? 0) }
+            calls.append(Call(id: row.0, at: row.1, record: record, aud: row.9, sub: row.10, jobID: row.11))
+        }
+        return calls
+    }
+
+    // MARK: Keys
+
+    /// How many stored ciphertexts (kept tokens and pending revocations) each key id encrypts.
+    package func ciphertextsByKey() async throws -> [String: Int] {
+        var counts: [String: Int] = [:]
+        for try await (key, n) in try await client.bounded.query(
+            """
+            SELECT key_id, count(*)::bigint FROM (
+                SELECT key_id FROM apple_tokens
+                UNION ALL
+                SELECT split_part(payload, '.', 2) FROM jobs WHERE lane = \(Lane.appleRevocations.rawValue) AND payload IS NOT NULL
+            ) k GROUP BY 1
+            """, logger: logger
+        ).decode((String, Int).self) {
+            counts[key] = n
+        }
+        return counts
+    }
+
+    /// Up to `limit` stored ciphertexts under a key other than `currentKeyID`.
+    package func ciphertexts(notUnder currentKeyID: String, limit: Int) async throws -> [StoredCiphertext] {
+        var found: [StoredCiphertext] = []
+        for try await row in try await client.bounded.query(
+            """
+            (SELECT aud, sub, client_id, NULL::bigint, token FROM apple_tokens WHERE key_id <> \(currentKeyID) LIMIT \(limit))
+            UNION ALL
+            (SELECT aud, sub, target, id, payload FROM jobs
+             WHERE lane = \(Lane.appleRevocations.rawValue) AND payload IS NOT NULL AND split_part(payload, '.', 2) <> \(currentKeyID)
+             LIMIT \(limit))
+            """, logger: logger
+        ).decode((String, String, String, Int?, String).self) {
+            let place: StoredCiphertext.Place = row.3.map { .revocationJob(id: $0) } ?? .keptToken(clientID: row.2)
+            found.append(StoredCiphertext(place: place, owner: AppleTokenOwner(aud: row.0, sub: row.1), ciphertext: row.4))
+        }
+        return found
+    }
+
+    /// Replaces `stored` with `replacement` if it is still what is stored (a sign-in or a
+    /// completed revocation in between wins). Returns whether it was replaced.
+    package func replace(_ stored: StoredCiphertext, with replacement: String) async throws -> Bool {
+        let query: PostgresQuery
+        switch stored.place {
+        case .keptToken(let clientID):
+            query = """
+                WITH r AS (UPDATE apple_tokens SET token = \(replacement)
+                           WHERE aud = \(stored.owner.aud) AND sub = \(stored.owner.sub) AND client_id = \(clientID) AND token = \(stored.ciphertext)
+                           RETURNING 1)
+                SELECT count(*)::bigint FROM r
+                """
+        case .revocationJob(let id):
+            query = """
+                WITH r AS (UPDATE jobs SET payload = \(replacement)
+                           WHERE id = \(id) AND lane = \(Lane.appleRevocations.rawValue) AND payload = \(stored.ciphertext)
+                           RETURNING 1)
+                SELECT count(*)::bigint FROM r
+                """
+        }
+        var replaced = false
+        for try await (n,) in try await client.bounded.query(query, logger: logger).decode((Int,).self) { replaced = n > 0 }
+        return replaced
+    }
+
+    /// Records a finished re-encryption in the audit log.
+    package func auditReencryption(actor: String, keyID: String, reencrypted: Int) async throws {
+        try await client.bounded.query(
+            """
+            INSERT INTO audit_log (actor, action, target, details)
+            VALUES (\(actor), 'apple_tokens.reencrypt', \(keyID), jsonb_build_object('reencrypted', \(reencrypted)::bigint))
+            """, logger: logger)
+    }
+}
