@@ -27,7 +27,7 @@ struct AppleCredentialTests {
                 ["doctor", "--url", "http://127.0.0.1:\(nothing.port)/apple/notifications", "--timeout", "5s"],
                 environment: [
                     "SIWA_APPLE_BUNDLE_IDS": "com.example.app", "SIWA_APPLE_TEAM_ID": "TEAMID1234", "SIWA_APPLE_KEY_ID": "KEYID12345",
-                    "SIWA_APPLE_PRIVATE_KEY_FILE": keyFile, "SIWA_APPLE_AUTH_URL": base,
+                    "SIWA_APPLE_PRIVATE_KEY_FILE": keyFile, "SIWA_APPLE_AUTH_URL": base, "SIWA_APPLE_TOKEN_KEYS": AppleTokenCipher.generateKey(),
                 ], directory: directory)
         }
         let accepted = try await doctor(keyFile: StandInProcess.keyFile(in: directory))
@@ -54,6 +54,11 @@ struct AppleCredentialTests {
         (["SIWA_APPLE_TEAM_ID": "TEAMID1234", "SIWA_APPLE_KEY_ID": "KEYID12345", "SIWA_APPLE_PRIVATE_KEY_FILE": "/nonexistent/AuthKey.p8"],
          "SIWA_APPLE_PRIVATE_KEY_FILE (--apple-private-key-file): cannot read the Apple private key file /nonexistent/AuthKey.p8: no such file"),
         (["SIWA_APPLE_AUTH_URL": "http://appleid.example.com"], "SIWA_APPLE_AUTH_URL (--apple-auth-url): is plain http:// to a non-loopback host"),
+        (["SIWA_APPLE_TEAM_ID": "TEAMID1234", "SIWA_APPLE_KEY_ID": "KEYID12345", "SIWA_APPLE_PRIVATE_KEY_FILE": "/nonexistent/AuthKey.p8"]
+            .merging(["SIWA_APPLE_TOKEN_KEYS": "\(AppleTokenCipher.generateKey()) c2hvcnQ="]) { $1 },
+         "SIWA_APPLE_TOKEN_KEYS (--apple-token-keys): key 2 decodes to 5 bytes: each key is the base64 of exactly 32 random bytes"),
+        (["SIWA_APPLE_TOKEN_KEYS": AppleTokenCipher.generateKey()],
+         "SIWA_APPLE_TOKEN_KEYS (--apple-token-keys): is set, but SIWA_APPLE_TEAM_ID, SIWA_APPLE_KEY_ID and SIWA_APPLE_PRIVATE_KEY_FILE are not"),
     ])
     func serveRefusesBadCredentials(environment: [String: String], message: String) async throws {
         let directory = try TestBinary.makeDirectory("apple-credentials-bad")

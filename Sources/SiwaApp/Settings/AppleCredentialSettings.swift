@@ -92,20 +92,20 @@ package struct AppleCredentials: Sendable {
         } catch {
             throw ConfigurationError(variable: Settings.appleTeamID.info.name, message: error.description)
         }
-        guard let cipher else {
-            throw ConfigurationError(
-                variable: Settings.appleTokenKeys.info.name,
-                message: "is required with the Apple credentials: refresh tokens are kept encrypted under it; make a key with `siwa-events apple token-key`")
-        }
+        let key: ClientSecretMinter.SigningKey
         do {
-            return AppleCredentials(
-                policy: policy, key: try ClientSecretMinter.SigningKey.load(path: path, keyID: keyID), authURL: authURL, tokenCipher: cipher,
-                revokeOnAppleEvents: revokeOnAppleEvents)
+            key = try ClientSecretMinter.SigningKey.load(path: path, keyID: keyID)
         } catch .invalidKeyID(let id) {
             throw ConfigurationError(variable: Settings.appleKeyID.info.name, message: ClientSecretMinter.SigningKey.LoadError.invalidKeyID(id).description)
         } catch {
             throw ConfigurationError(variable: Settings.applePrivateKeyFile.info.name, message: error.description)
         }
+        guard let cipher else {
+            throw ConfigurationError(
+                variable: Settings.appleTokenKeys.info.name,
+                message: "is required with the Apple credentials: refresh tokens are kept encrypted under it; make a key with `siwa-events apple token-key`")
+        }
+        return AppleCredentials(policy: policy, key: key, authURL: authURL, tokenCipher: cipher, revokeOnAppleEvents: revokeOnAppleEvents)
     }
 
     /// A client for Apple's auth endpoints signing with these credentials.
