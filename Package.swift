@@ -128,7 +128,7 @@ let package = Package(
         .target(
             name: "SiwaWorkers",
             dependencies: [
-                "SiwaDomain", "SiwaRuntime", "SiwaStore",
+                "SiwaApple", "SiwaDomain", "SiwaRuntime", "SiwaStore",
                 .product(name: "AsyncHTTPClient", package: "async-http-client"),
                 .product(name: "Prometheus", package: "swift-prometheus"),
                 .product(name: "NIOCore", package: "swift-nio"),

@@ -52,6 +52,10 @@ package struct Configuration: Sendable {
         rejections = try RejectionLimits(source)
         sessionTTL = try source.value(Settings.sessionTTL)
         workers = try EffectWorkers.Configuration(source)
+        if let credentials = appleCredentials {
+            workers.appleRevocations = AppleRevocations(client: credentials.client(), cipher: credentials.tokenCipher)
+            workers.revokeOnAppleEvents = credentials.revokeOnAppleEvents
+        }
         alerts = try AlertMonitor.Configuration(source)
     }
 }

@@ -194,6 +194,7 @@ package struct SiwaApplication: Sendable {
             if let problem = try? await ConnectedRole.read(client, logger: logger).superuserProblem {
                 logger.warning("\(problem)")
             }
+            try await Self.checkTokenKeys(config.appleCredentials?.tokenCipher, client: client, logger: logger)
             migrated.open()
         }
         var adminApp = Application(
@@ -207,6 +208,27 @@ package struct SiwaApplication: Sendable {
             ListenerService(app: publicApp, address: "\(config.http.host):\(config.http.port)", host: Settings.host.info, port: Settings.port.info),
             ListenerService(app: adminApp, address: "\(config.http.adminHost):\(config.http.adminPort)", host: Settings.adminHost.info, port: Settings.adminPort.info),
         ]
+    }
+}
+
+extension SiwaApplication {
+    /// Every kept token and pending revocation must be under a key of the keyring: one that is not
+    /// could never be revoked, so start-up stops naming the setting (a wrong or dropped key).
+    static func checkTokenKeys(_ cipher: AppleTokenCipher?, client: PostgresClient, logger: Logger) async throws {
+        let byKey = try await AppleTokenStore(client: client, logger: logger).ciphertextsByKey()
+        let unknown = byKey.filter { !(cipher?.keyIDs.contains($0.key) ?? false) }
+        guard !unknown.isEmpty else { return }
+        let count = unknown.values.reduce(0, +)
+        let keys = unknown.keys.sorted().joined(separator: ", ")
+        guard cipher != nil else {
+            logger.warning(
+                "\(count) kept Apple token(s) but no Apple credentials: they cannot be revoked until SIWA_APPLE_TEAM_ID, SIWA_APPLE_KEY_ID, SIWA_APPLE_PRIVATE_KEY_FILE and SIWA_APPLE_TOKEN_KEYS are set",
+                metadata: ["keys": "\(keys)"])
+            return
+        }
+        throw ConfigurationError(
+            variable: Settings.appleTokenKeys.info.name,
+            message: "holds no key \(keys), under which \(count) kept Apple token(s) are encrypted: add that key back (after the new one), run `siwa-events apple reencrypt`, then drop it")
     }
 }
 

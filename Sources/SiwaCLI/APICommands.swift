@@ -175,7 +175,7 @@ struct AccountsCommand: AsyncParsableCommand {
 
     struct Erase: SettingsCommand {
         static let configuration = CommandConfiguration(
-            abstract: "A privacy request: erase the user's email everywhere and revoke their sessions (audited).",
+            abstract: "Delete an account: erase the user's email everywhere, revoke their sessions and Apple tokens (audited).",
             discussion: """
                 Examples:
                   siwa-events accounts erase --aud com.example.app --sub 001234.abcd
@@ -190,7 +190,9 @@ struct AccountsCommand: AsyncParsableCommand {
             let erasure = try await Database.with(database, logger: logger) { database in
                 try await AccountStore(client: database.client, logger: logger).erase(aud: aud, sub: sub, actor: cliActor)
             }
-            print("erased \(aud)/\(sub) at \(iso8601(erasure.erasedAt)); revoked \(erasure.revokedSessions) session\(erasure.revokedSessions == 1 ? "" : "s")")
+            print(
+                "erased \(aud)/\(sub) at \(iso8601(erasure.erasedAt)); revoked \(erasure.revokedSessions) session\(erasure.revokedSessions == 1 ? "" : "s");"
+                    + " queued \(erasure.appleRevocations) Apple token revocation\(erasure.appleRevocations == 1 ? "" : "s")")
         }
     }
 }

@@ -183,10 +183,12 @@ package struct BackendController: Sendable {
         try context.require(.accountsErase)
         let (aud, sub) = try Self.user(context)
         let erasure = try await accounts.erase(aud: aud, sub: sub, actor: context.actor)
-        context.logger.notice("account erased on request", metadata: ["aud": "\(aud)", "revoked_sessions": "\(erasure.revokedSessions)"])
+        context.logger.notice(
+            "account erased on request",
+            metadata: ["aud": "\(aud)", "revoked_sessions": "\(erasure.revokedSessions)", "apple_revocations": "\(erasure.appleRevocations)"])
         return .json(.object([
             "aud": .string(aud), "sub": .string(sub), "erased_at": .string(iso8601(erasure.erasedAt)),
-            "revoked_sessions": .number(Double(erasure.revokedSessions)),
+            "revoked_sessions": .number(Double(erasure.revokedSessions)), "apple_revocations": .number(Double(erasure.appleRevocations)),
         ]))
     }
 

@@ -36,6 +36,8 @@ package struct Account: Sendable {
 package struct Erasure: Sendable {
     package var erasedAt: Date
     package var revokedSessions: Int
+    /// Kept Apple tokens queued for `/auth/revoke` (lane `apple_revocations`).
+    package var appleRevocations: Int
 }
 
 /// Why the database refused a session (the rules live in the `sessions_allowed` trigger, which a
@@ -187,8 +189,9 @@ package struct AccountStore: Sendable {
 
     // MARK: AccountsErase
 
-    /// A privacy request: the user's address leaves every place we hold it (as on `account-delete`
-    /// with erasure on), every active session is revoked (`erased`), events from before now never
+    /// A privacy request, and the backend's "delete my account": the user's address leaves every
+    /// place we hold it (as on `account-delete` with erasure on), every active session is revoked
+    /// (`erased`), the kept Apple tokens move into revocation jobs, events from before now never
     /// store the address again, and the audit log records who asked. One transaction; erasing a
     /// user we know nothing about records the request all the same.
     package func erase(aud: String, sub: String, actor: String) async throws -> Erasure {
@@ -204,6 +207,7 @@ package struct AccountStore: Sendable {
             ).decode((Date,).self) {
                 erasedAt = at
             }
+            let queued = try await AppleTokenStore.enqueueRevocations(of: [(aud, sub)], on: connection, logger: logger)
             var revoked = 0
             for try await (n,) in try await connection.query(
                 """
@@ -213,7 +217,8 @@ package struct AccountStore: Sendable {
                     RETURNING id
                 ), audited AS (
                     INSERT INTO audit_log (actor, action, target, details)
-                    SELECT \(actor), 'account.erase', \(aud) || '/' || \(sub), jsonb_build_object('revoked_sessions', count(*)) FROM revoked
+                    SELECT \(actor), 'account.erase', \(aud) || '/' || \(sub),
+                        jsonb_build_object('revoked_sessions', count(*), 'apple_revocations', \(queued)::bigint) FROM revoked
                 )
                 SELECT count(*)::bigint FROM revoked
                 """, logger: logger
@@ -221,7 +226,7 @@ package struct AccountStore: Sendable {
                 revoked = n
             }
             try await EffectStore.eraseAddresses(of: [(aud, sub)], on: connection, logger: logger)
-            return Erasure(erasedAt: erasedAt, revokedSessions: revoked)
+            return Erasure(erasedAt: erasedAt, revokedSessions: revoked, appleRevocations: queued)
         }
     }
 }

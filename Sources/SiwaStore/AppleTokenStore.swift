@@ -18,6 +18,14 @@ package struct KeptAppleToken: Sendable {
     }
 }
 
+/// What an applied `consent-revoked` or `account-delete` does with the user's kept tokens.
+package enum KeptTokensOnAppleEvent: Sendable {
+    /// Delete them: Apple has ended them already (the default).
+    case forget
+    /// Queue them for `/auth/revoke` all the same (`SIWA_APPLE_REVOKE_ON_EVENTS`).
+    case revoke
+}
+
 /// A stored ciphertext (a kept token, or a revocation job's payload) and whose it is.
 package struct StoredCiphertext: Sendable {
     package enum Place: Sendable { case keptToken(clientID: String), revocationJob(id: Int) }
@@ -56,12 +64,10 @@ package struct AppleTokenStore: Sendable {
 
     /// Moves each of the users' stored tokens into a revocation job (ciphertext as payload) and
     /// deletes it, in the caller's transaction: the token leaves with the account, yet is never
-    /// lost before Apple has taken the revocation. `notificationID`: the Apple event that asked.
-    /// Tells revocation deliverers at commit. Returns the jobs enqueued.
+    /// lost before Apple has taken the revocation. Tells revocation deliverers at commit. Returns
+    /// the jobs enqueued.
     @discardableResult
-    static func enqueueRevocations(
-        of users: [(aud: String, sub: String)], notificationID: Int? = nil, on connection: PostgresConnection, logger: Logger
-    ) async throws -> Int {
+    static func enqueueRevocations(of users: [(aud: String, sub: String)], on connection: PostgresConnection, logger: Logger) async throws -> Int {
         guard !users.isEmpty else { return 0 }
         var count = 0
         for try await (n, _) in try await connection.query(
@@ -72,9 +78,8 @@ package struct AppleTokenStore: Sendable {
                 WHERE t.aud = u.aud AND t.sub = u.sub
                 RETURNING t.aud, t.sub, t.client_id, t.token
             ), queued AS (
-                INSERT INTO jobs (lane, kind, aud, sub, target, payload, notification_id, run_at)
-                SELECT \(Lane.appleRevocations.rawValue), \(AppleTokenKind.refreshToken.rawValue), aud, sub, client_id, token,
-                    \(notificationID)::bigint, now()
+                INSERT INTO jobs (lane, kind, aud, sub, target, payload, run_at)
+                SELECT \(Lane.appleRevocations.rawValue), \(AppleTokenKind.refreshToken.rawValue), aud, sub, client_id, token, now()
                 FROM taken
                 RETURNING id
             ), told AS (

@@ -45,10 +45,12 @@ package struct EffectStore: Sendable {
     /// again (up to `accountRaceTries` times). Throws `BatchFailed` when the effects fail with an
     /// error that may be the jobs' own (`mayBeTheJobs`).
     package func runBatch(
-        worker: String, limit: Int, eraseOnDelete: Bool, callbacks: Bool = false, lease: Duration = EffectStore.defaultLease, now: Date? = nil
+        worker: String, limit: Int, eraseOnDelete: Bool, callbacks: Bool = false, appleTokens: KeptTokensOnAppleEvent = .forget,
+        lease: Duration = EffectStore.defaultLease, now: Date? = nil
     ) async throws -> Round {
         try await retryingAccountRace(worker: worker) {
-            try await runBatchOnce(worker: worker, limit: limit, eraseOnDelete: eraseOnDelete, callbacks: callbacks, lease: lease, now: now)
+            try await runBatchOnce(
+                worker: worker, limit: limit, eraseOnDelete: eraseOnDelete, callbacks: callbacks, appleTokens: appleTokens, lease: lease, now: now)
         }
     }
 
@@ -71,7 +73,9 @@ package struct EffectStore: Sendable {
 
     static let accountRaceTries = 3
 
-    private func runBatchOnce(worker: String, limit: Int, eraseOnDelete: Bool, callbacks: Bool, lease: Duration, now: Date?) async throws -> Round {
+    private func runBatchOnce(
+        worker: String, limit: Int, eraseOnDelete: Bool, callbacks: Bool, appleTokens: KeptTokensOnAppleEvent, lease: Duration, now: Date?
+    ) async throws -> Round {
         let logger = self.logger
         let claim = JobQueue.Effects.Claim(limit: limit, lease: lease, now: now)
         let inHand = ClaimedBox()
@@ -81,7 +85,8 @@ package struct EffectStore: Sendable {
                 for try await job in try await connection.execute(claim, logger: logger) { jobs.append(job) }
                 guard !jobs.isEmpty else { return Round() }
                 inHand.jobs = jobs
-                let applied = try await Self.applyLocked(jobs, worker: worker, eraseOnDelete: eraseOnDelete, callbacks: callbacks, on: connection, logger: logger)
+                let applied = try await Self.applyLocked(
+                    jobs, worker: worker, eraseOnDelete: eraseOnDelete, callbacks: callbacks, appleTokens: appleTokens, on: connection, logger: logger)
                 return Round(claimed: jobs, applied: applied)
             }
         } catch {
@@ -127,7 +132,8 @@ package struct EffectStore: Sendable {
     /// savepoint and records the failed attempt instead — both under the same lock.
     /// An error that says nothing about the job (see `mayBeTheJobs`) is thrown, not recorded.
     package func runOne(
-        _ job: ClaimedJob, worker: String, eraseOnDelete: Bool, callbacks: Bool = false, maxAttempts: Int, lease: Duration = EffectStore.defaultLease,
+        _ job: ClaimedJob, worker: String, eraseOnDelete: Bool, callbacks: Bool = false, appleTokens: KeptTokensOnAppleEvent = .forget, maxAttempts: Int,
+        lease: Duration = EffectStore.defaultLease,
         delay: @escaping @Sendable (Int) -> Duration
     ) async throws -> OneOutcome {
         let logger = self.logger
@@ -137,7 +143,8 @@ package struct EffectStore: Sendable {
                 else { return .gone }
                 try await connection.query("SAVEPOINT one_job", logger: logger)
                 do {
-                    let applied = try await Self.applyLocked([job], worker: worker, eraseOnDelete: eraseOnDelete, callbacks: callbacks, on: connection, logger: logger)
+                    let applied = try await Self.applyLocked(
+                        [job], worker: worker, eraseOnDelete: eraseOnDelete, callbacks: callbacks, appleTokens: appleTokens, on: connection, logger: logger)
                     guard let effect = applied.first else { return .gone }
                     return .applied(effect)
                 } catch {
@@ -155,9 +162,10 @@ package struct EffectStore: Sendable {
     /// Applies the effects of `jobs` (locked by this transaction's claim) and completes them:
     /// locks the users' accounts, lets `EffectBatchPlan` decide, executes its plan. Returns what was
     /// applied. With `callbacks`, each applied effect also enqueues its callback (lane `callbacks`)
-    /// in the same transaction.
+    /// in the same transaction. A revoking event's user loses their kept Apple tokens (`appleTokens`).
     static func applyLocked(
-        _ jobs: [ClaimedJob], worker: String, eraseOnDelete: Bool, callbacks: Bool, on connection: PostgresConnection, logger: Logger
+        _ jobs: [ClaimedJob], worker: String, eraseOnDelete: Bool, callbacks: Bool, appleTokens: KeptTokensOnAppleEvent = .forget,
+        on connection: PostgresConnection, logger: Logger
     ) async throws -> [AppliedEffect] {
         guard !jobs.isEmpty else { return [] }
         let users = EffectBatchPlan.users(of: jobs.map(\.planned))
@@ -176,6 +184,16 @@ package struct EffectStore: Sendable {
         if !plan.revocations.isEmpty {
             for try await (jti, wasActive) in try await connection.execute(RevokeSessions(revocations: plan.revocations), logger: logger) where wasActive {
                 revoked[jti, default: 0] += 1
+            }
+        }
+
+        // Kept Apple tokens of the users Apple revoked or deleted: forgotten, or queued for /auth/revoke.
+        if !plan.revocations.isEmpty {
+            var seen = Set<AccountKey>()
+            let users = plan.revocations.map(\.user).filter { seen.insert($0).inserted }.map { (aud: $0.aud, sub: $0.sub) }
+            switch appleTokens {
+            case .forget: try await AppleTokenStore.forget(users: users, on: connection, logger: logger)
+            case .revoke: try await AppleTokenStore.enqueueRevocations(of: users, on: connection, logger: logger)
             }
         }
 

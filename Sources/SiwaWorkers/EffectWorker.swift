@@ -36,6 +36,8 @@ package final class EffectWorker: Service, Sendable {
         package var eraseOnDelete: Bool
         /// Each applied effect also enqueues its callback (lane `callbacks`).
         package var callbacks: Bool
+        /// What a revoking event does with the user's kept Apple tokens.
+        package var appleTokens: KeptTokensOnAppleEvent = .forget
     }
 
     package let name: String
@@ -84,7 +86,7 @@ package final class EffectWorker: Service, Sendable {
             round = try await cancelWhenGracefulShutdown {
                 try await self.store.runBatch(
                     worker: self.name, limit: self.configuration.batchSize, eraseOnDelete: self.configuration.eraseOnDelete,
-                    callbacks: self.configuration.callbacks, lease: self.configuration.lease, now: now)
+                    callbacks: self.configuration.callbacks, appleTokens: self.configuration.appleTokens, lease: self.configuration.lease, now: now)
             }
         } catch let failed as EffectStore.BatchFailed {
             // One bad job must not hold back its batch: its jobs one by one.
@@ -114,7 +116,7 @@ package final class EffectWorker: Service, Sendable {
         do {
             let outcome = try await cancelWhenGracefulShutdown {
                 try await store.runOne(
-                    job, worker: worker, eraseOnDelete: configuration.eraseOnDelete, callbacks: configuration.callbacks,
+                    job, worker: worker, eraseOnDelete: configuration.eraseOnDelete, callbacks: configuration.callbacks, appleTokens: configuration.appleTokens,
                     maxAttempts: configuration.retry.maxAttempts, lease: configuration.lease
                 ) { attempt in configuration.retry.backoff.delay(attempt: attempt, unit: Double.random(in: 0..<1)) }
             }

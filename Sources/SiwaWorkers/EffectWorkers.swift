@@ -31,14 +31,20 @@ package final class EffectWorkers: Service, Sendable {
         package var callbacks: Callbacks?
         /// Where alert messages go (lane `alerts`; empty: the log only).
         package var alertSinks = AlertSinks()
+        /// Revoking kept tokens at Apple (lane `apple_revocations`; nil: no Apple credentials).
+        package var appleRevocations: AppleRevocations?
+        /// Apple's own `account-delete`/`consent-revoked` queue the user's kept tokens for
+        /// revocation too; off, they are deleted (Apple has ended them).
+        package var revokeOnAppleEvents = false
 
         package init() {}
 
         package var retry: RetryPolicy { RetryPolicy(maxAttempts: maxAttempts, backoff: backoff) }
 
-        /// The delivery lanes this process runs, each with its sender.
-        package var deliveryLanes: [DeliveryLane] {
+        /// The delivery lanes this process runs, each with its sender (`calls` records Apple calls).
+        package func deliveryLanes(calls: AppleTokenStore) -> [DeliveryLane] {
             (callbacks.map { [.callbacks($0, retry: retry)] } ?? []) + (alertSinks.isEmpty ? [] : [.alerts(alertSinks, retry: retry)])
+                + (appleRevocations.map { [.appleRevocations($0, calls: calls, retry: retry)] } ?? [])
         }
     }
 
@@ -63,7 +69,7 @@ package final class EffectWorkers: Service, Sendable {
         let doorbells = Dictionary(uniqueKeysWithValues: Lane.all.map { ($0, Doorbell()) })
         let queue = JobQueue(client: store.client, logger: logger)
         effectDoorbell = doorbells[.effects]!
-        let lanes = configuration.deliveryLanes
+        let lanes = configuration.deliveryLanes(calls: AppleTokenStore(client: store.client, logger: logger))
         deliverers = lanes.map { lane in
             Deliverer(
                 lane: lane, worker: "\(identity)/\(lane.lane)",
@@ -73,7 +79,8 @@ package final class EffectWorkers: Service, Sendable {
         let callbacks = lanes.contains { $0.lane == .callbacks }
         let effect = EffectWorker.Configuration(
             batchSize: configuration.batchSize, lease: configuration.lease, pollInterval: configuration.pollInterval, retry: configuration.retry,
-            eraseOnDelete: configuration.eraseOnDelete, callbacks: callbacks)
+            eraseOnDelete: configuration.eraseOnDelete, callbacks: callbacks,
+            appleTokens: configuration.appleRevocations != nil && configuration.revokeOnAppleEvents ? .revoke : .forget)
         effects = (0..<configuration.workers).map { [effectDoorbell] index in
             EffectWorker(
                 name: "\(identity)/\(index)", configuration: effect, store: store, doorbell: effectDoorbell,

@@ -13,6 +13,11 @@ package struct ConfigurationError: Error, CustomStringConvertible {
     package let variable: String
     package let message: String
     package var description: String { "\(variable): \(message)" }
+
+    package init(variable: String, message: String) {
+        self.variable = variable
+        self.message = message
+    }
 }
 
 /// Where settings are read: flags first, then the environment, through swift-configuration's
