@@ -265,7 +265,7 @@ let package = Package(
         .testTarget(
             name: "SiwaWorkersTests",
             dependencies: [
-                "SiwaTestSupport", "SiwaRuntime", "SiwaWorkers", "SiwaStore", "SiwaDomain", "SiwaApple", "SiwaApp", "SiwaEmbeddedPostgres",
+                "SiwaTestSupport", "SiwaRuntime", "SiwaWorkers", "SiwaStore", "SiwaDomain", "SiwaApple", "SiwaAppleStandIn", "SiwaApp", "SiwaEmbeddedPostgres",
                 .product(name: "Prometheus", package: "swift-prometheus"),
             ] + integrationTestDependencies,
             swiftSettings: swiftSettings

@@ -1,0 +1,173 @@
+import AsyncHTTPClient
+import Crypto
+import Foundation
+import Logging
+import PostgresNIO
+import SiwaApple
+import SiwaAppleStandIn
+import SiwaDomain
+import SiwaStore
+import SiwaTestSupport
+import SiwaWorkers
+import Testing
+
+/// The `apple_revocations` lane end to end: a kept refresh token, the account deleted, the token
+/// revoked at the stand-in for Apple's `/auth/revoke` over real HTTP, on a real database, the
+/// deliverer driven by hand (`runOnce`).
+@Suite("Apple revocations: deleting an account revokes its kept tokens at Apple, once, audited")
+struct AppleRevocationTests {
+    /// A running stand-in with one team (the key of `secrets`) for the harness's bundle ID, and a
+    /// client for it signing with that key.
+    struct Apple {
+        let service: AppleAuthStandIn
+        let task: Task<Void, any Error>
+        let client: AppleAuthClient
+
+        static func start(signer: AppleStyleSigner) async throws -> Apple {
+            let secrets = TestClientSecrets()
+            let team = StandInTeam(teamID: secrets.teamID, keys: [secrets.keyID: secrets.key.publicKey], clientIDs: [Harness.aud])
+            let service = AppleAuthStandIn(
+                AppleAuthStandIn.Configuration(teams: [team], signer: signer), logger: Logger(label: "standin", factory: { _ in SwiftLogNoOpLogHandler() }))
+            let task = Task { try await service.run() }
+            let minter = ClientSecretMinter(
+                policy: try ClientSecretPolicy(teamID: secrets.teamID), key: try ClientSecretMinter.SigningKey(keyID: secrets.keyID, privateKey: secrets.key))
+            let client = AppleAuthClient(configuration: .init(baseURL: try await service.url, timeout: .seconds(10)), minter: minter)
+            return Apple(service: service, task: task, client: client)
+        }
+
+        /// A real refresh token for `sub`: a code issued and exchanged as at sign-in.
+        func refreshToken(sub: String) async throws -> String {
+            let code = service.issueCode(.init(clientID: Harness.aud, sub: sub, email: nil, isPrivateEmail: nil, nonce: nil, redirectURI: nil))
+            let grant = try await client.exchange(code: code, clientID: Harness.aud).result.get()
+            return try #require(grant.refreshToken)
+        }
+
+        /// Revocation requests the stand-in took for `token` (answered 200 and revoked it).
+        func revocations(of token: String) -> Int {
+            service.revocations.filter { $0.token == token && $0.status == 200 }.count
+        }
+
+        func stop() async {
+            task.cancel()
+            _ = await task.result
+        }
+    }
+
+    static let cipher = try! AppleTokenCipher(keys: AppleTokenCipher.generateKey())
+    /// Signs the stand-in's id_tokens (nothing here verifies them); made once, RSA keys are slow.
+    static let signer = try! AppleStyleSigner.generate()
+
+    static func harness(_ apple: Apple, revokeOnAppleEvents: Bool = false) async throws -> EffectHarness {
+        try await EffectHarness.start { configuration in
+            configuration.appleRevocations = AppleRevocations(client: apple.client, cipher: cipher)
+            configuration.revokeOnAppleEvents = revokeOnAppleEvents
+            configuration.backoff = RetryBackoff(base: .zero, cap: .zero)  // a retry is due at once
+        }
+    }
+
+    /// Keeps `token` for the user as a sign-in would: the account, and the token encrypted.
+    static func keep(_ token: String, sub: String, in e: EffectHarness, cipher: AppleTokenCipher = cipher) async throws -> String {
+        let ciphertext = cipher.encrypt(token, owner: AppleTokenOwner(aud: Harness.aud, sub: sub))
+        try await e.client.query("INSERT INTO accounts (aud, sub) VALUES (\(Harness.aud), \(sub)) ON CONFLICT DO NOTHING")
+        try await e.client.query(
+            """
+            INSERT INTO apple_tokens (aud, sub, client_id, token, fingerprint)
+            VALUES (\(Harness.aud), \(sub), \(Harness.aud), \(ciphertext), \(AppleAuthRecord.fingerprint(token)))
+            """)
+        return ciphertext
+    }
+
+    static func deliver(_ e: EffectHarness) async throws -> Int {
+        try await #require(e.workers.deliverer(.appleRevocations)).runOnce(http: .shared).claimed
+    }
+
+    @Test("deleting the account moves the token into a revocation job (ciphertext only); a 503 is retried; Apple gets it exactly once; every call audited without the token")
+    func deleteRevokesOnce() async throws {
+        let apple = try await Apple.start(signer: Self.signer)
+        let h = try await Self.harness(apple)
+        let token = try await apple.refreshToken(sub: "del-1")
+        let ciphertext = try await Self.keep(token, sub: "del-1", in: h)
+        _ = try await h.session(sub: "del-1", createdAt: 1_000)
+
+        let erasure = try await AccountStore(client: h.client, logger: h.h.logs.logger()).erase(aud: Harness.aud, sub: "del-1", actor: "test")
+        #expect(erasure.appleRevocations == 1)
+        #expect(erasure.revokedSessions == 1)
+        // The token left apple_tokens with the account, into the job, still encrypted.
+        #expect(try await h.h.count("SELECT count(*) FROM apple_tokens") == 0)
+        #expect(try await h.h.count("SELECT count(*) FROM jobs WHERE lane = 'apple_revocations' AND state = 'available' AND payload = '\(ciphertext)'") == 1)
+        #expect(try await DatabaseSearch.occurrences(of: token, in: h.client) == 0)
+
+        apple.service.failNext(1, of: .revoke, status: 503)
+        #expect(try await Self.deliver(h) == 1)
+        #expect(try await h.h.count("SELECT count(*) FROM jobs WHERE lane = 'apple_revocations' AND state = 'retryable' AND last_status = 503") == 1)
+        #expect(apple.revocations(of: token) == 0)
+        #expect(try await Self.deliver(h) == 1)
+        #expect(try await Self.deliver(h) == 0)
+        #expect(apple.revocations(of: token) == 1)
+        #expect(apple.service.revocations.filter { $0.token == token }.map(\.outcome) == [.injectedFailure(status: 503), .revoked])
+
+        // Done: the job keeps no token; the attempts and Apple's answers are on record.
+        #expect(try await h.h.count("SELECT count(*) FROM jobs WHERE lane = 'apple_revocations' AND state = 'completed' AND payload IS NULL AND last_status = 200") == 1)
+        #expect(try await h.h.count("SELECT count(*) FROM job_attempts WHERE lane = 'apple_revocations'") == 2)
+        let calls = try await AppleTokenStore(client: h.client, logger: h.h.logs.logger()).calls(aud: Harness.aud, sub: "del-1")
+        #expect(calls.map(\.record.status) == [200, 503])
+        for call in calls {
+            #expect(call.record.endpoint == .revoke)
+            #expect(call.record.clientID == Harness.aud)
+            #expect(call.record.tokenTypeHint == .refreshToken)
+            #expect(call.record.tokenFingerprint == AppleAuthRecord.fingerprint(token))
+            #expect(call.jobID != nil)
+        }
+        #expect(try await DatabaseSearch.occurrences(of: token, in: h.client) == 0)
+        #expect(try await DatabaseSearch.occurrences(of: ciphertext, in: h.client) == 0)
+        #expect(!h.h.logs.all.contains { $0.contains(token) })
+
+        // Apple then sends consent-revoked for the user: applied, nothing more to revoke.
+        try await h.post("consent-revoked", sub: "del-1", at: 9_000)
+        #expect(try await h.drain() == 1)
+        #expect(try await h.h.count("SELECT count(*) FROM notifications WHERE sub = 'del-1' AND status = 'applied'") == 1)
+        #expect(try await h.h.count("SELECT count(*) FROM jobs WHERE lane = 'apple_revocations'") == 1)
+        #expect(try await Self.deliver(h) == 0)
+        #expect(apple.revocations(of: token) == 1)
+        await h.stop()
+        await apple.stop()
+    }
+
+    @Test("a kept token no key of the keyring opens is discarded at its first attempt, naming SIWA_APPLE_TOKEN_KEYS, and never sent")
+    func undecryptableIsDiscarded() async throws {
+        let apple = try await Apple.start(signer: Self.signer)
+        let h = try await Self.harness(apple)
+        let other = try AppleTokenCipher(keys: AppleTokenCipher.generateKey())
+        let token = try await apple.refreshToken(sub: "lost-1")
+        _ = try await Self.keep(token, sub: "lost-1", in: h, cipher: other)
+        #expect(try await AccountStore(client: h.client, logger: h.h.logs.logger()).erase(aud: Harness.aud, sub: "lost-1", actor: "test").appleRevocations == 1)
+        #expect(try await Self.deliver(h) == 1)
+        #expect(try await h.h.count(
+            "SELECT count(*) FROM jobs WHERE lane = 'apple_revocations' AND state = 'discarded' AND last_error LIKE '%SIWA_APPLE_TOKEN_KEYS%' AND payload IS NOT NULL") == 1)
+        #expect(apple.service.revocations.isEmpty)
+        // Kept for an operator: with the key back, `apple retry` would send it.
+        #expect(try await JobQueue(client: h.client, logger: h.h.logs.logger()).retryAppleRevocations(id: nil, discarded: true) == 1)
+        await h.stop()
+        await apple.stop()
+    }
+
+    @Test("Apple's account-delete forgets kept tokens by default, and queues them for revocation with SIWA_APPLE_REVOKE_ON_EVENTS", arguments: [false, true])
+    func appleEvents(revoke: Bool) async throws {
+        let apple = try await Apple.start(signer: Self.signer)
+        let h = try await Self.harness(apple, revokeOnAppleEvents: revoke)
+        let token = try await apple.refreshToken(sub: "gone-1")
+        _ = try await Self.keep(token, sub: "gone-1", in: h)
+        let kept = try await apple.refreshToken(sub: "stays-1")
+        _ = try await Self.keep(kept, sub: "stays-1", in: h)
+        try await h.post("account-delete", sub: "gone-1", at: 5_000)
+        #expect(try await h.drain() == 1)
+        #expect(try await h.h.count("SELECT count(*) FROM apple_tokens WHERE sub = 'gone-1'") == 0)
+        #expect(try await h.h.count("SELECT count(*) FROM apple_tokens WHERE sub = 'stays-1'") == 1)
+        #expect(try await h.h.count("SELECT count(*) FROM jobs WHERE lane = 'apple_revocations' AND sub = 'gone-1'") == (revoke ? 1 : 0))
+        #expect(try await Self.deliver(h) == (revoke ? 1 : 0))
+        #expect(apple.revocations(of: token) == (revoke ? 1 : 0))
+        #expect(apple.revocations(of: kept) == 0)
+        await h.stop()
+        await apple.stop()
+    }
+}
