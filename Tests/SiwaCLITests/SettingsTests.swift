@@ -182,7 +182,7 @@ struct SettingsTests {
         let serve = try await TestBinary.run(["serve", "--help"], directory: "/tmp")
         let text = serve.stdout.split(whereSeparator: \.isWhitespace).joined(separator: " ")
         let secrets = Settings.all.filter(\.secret)
-        #expect(Set(secrets.map(\.variable)) == ["DATABASE_URL", "SIWA_METRICS_TOKEN", "SIWA_CALLBACK_SECRET", "SIWA_ALERT_SECRET", "SIWA_ALERT_SLACK_URL"])
+        #expect(Set(secrets.map(\.variable)) == ["DATABASE_URL", "SIWA_METRICS_TOKEN", "SIWA_APPLE_TOKEN_KEYS", "SIWA_CALLBACK_SECRET", "SIWA_ALERT_SECRET", "SIWA_ALERT_SLACK_URL"])
         for setting in secrets {
             #expect(text.contains("(\(setting.variable); default:") && text.contains("prefer \(setting.variable)_FILE, a file holding it"), "\(setting.variable): \(text)")
         }
