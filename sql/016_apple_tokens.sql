@@ -66,6 +66,14 @@ CREATE INDEX apple_auth_calls_user ON apple_auth_calls (aud, sub, at DESC);
 CREATE INDEX apple_auth_calls_at ON apple_auth_calls (at);
 CREATE INDEX apple_auth_calls_job ON apple_auth_calls (job_id) WHERE job_id IS NOT NULL;
 
+-- Alert apple_credentials: Apple refused our client secret (invalid_client) in the window.
+ALTER TABLE alert_silences DROP CONSTRAINT alert_silences_kind_check;
+ALTER TABLE alert_silences ADD CONSTRAINT alert_silences_kind_check
+    CHECK (kind IN ('revocation_spike', 'jobs_discarded', 'queue_lag', 'bad_signatures', 'apple_credentials', 'test'));
+ALTER TABLE alerts DROP CONSTRAINT alerts_kind_check;
+ALTER TABLE alerts ADD CONSTRAINT alerts_kind_check
+    CHECK (kind IN ('revocation_spike', 'jobs_discarded', 'queue_lag', 'bad_signatures', 'apple_credentials', 'test'));
+
 ALTER TABLE audit_log DROP CONSTRAINT audit_log_action_check;
 ALTER TABLE audit_log ADD CONSTRAINT audit_log_action_check
     CHECK (action IN ('token.create', 'token.revoke', 'account.erase', 'apple_tokens.reencrypt'));

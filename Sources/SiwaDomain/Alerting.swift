@@ -11,6 +11,9 @@ package enum AlertKind: String, Sendable, CaseIterable, Codable {
     case queueLag = "queue_lag"
     /// Deliveries refused because their RS256 signature did not verify.
     case badSignatures = "bad_signatures"
+    /// Apple refused our client secret (`invalid_client`): calls to `/auth/token` and
+    /// `/auth/revoke` all fail until the credentials are fixed.
+    case appleCredentials = "apple_credentials"
     /// `siwa-events alerts test`: checks every sink, never fires by itself.
     case test
 }
@@ -324,6 +327,8 @@ package struct AlertMessage: Sendable, Equatable {
             subject = "the oldest ready job waited \(episode.peak) s (threshold \(Int(episode.threshold)) s)"
         case .badSignatures:
             subject = "\(episode.peak) deliveries with a bad signature in \(window)"
+        case .appleCredentials:
+            subject = "Apple refused our client secret (invalid_client) \(episode.peak) times in \(window): check SIWA_APPLE_TEAM_ID, SIWA_APPLE_KEY_ID and the .p8"
         case .test:
             subject = "test alert from siwa-events alerts test: this sink works"
         }

@@ -131,21 +131,32 @@ package struct AlertStore: Sendable {
 
     // MARK: OperationalSignals
 
-    /// The operational alerts' inputs: seconds the oldest ready job (any lane) has waited, jobs
-    /// discarded (both from the queue) and deliveries refused for a bad signature (recorded or
-    /// sampled out) since `since`; the queue's wait is measured at `now` (nil: PostgreSQL's).
-    package func operationalSignals(since: Date, now: Date? = nil) async throws -> (queueLag: Int, discarded: Int, badSignatures: Int) {
+    /// What the operational alerts watch, per evaluation window.
+    package struct OperationalSignals: Sendable, Equatable {
+        package var queueLag: Int
+        package var discarded: Int
+        package var badSignatures = 0
+        package var appleInvalidClient = 0
+    }
+
+    /// The operational alerts' inputs since `since`: seconds the oldest ready job (any lane) has
+    /// waited, jobs discarded (both from the queue), deliveries refused for a bad signature
+    /// (recorded or sampled out), and calls Apple refused with `invalid_client`; the queue's wait
+    /// is measured at `now` (nil: PostgreSQL's).
+    package func operationalSignals(since: Date, now: Date? = nil) async throws -> OperationalSignals {
         let queue = try await JobQueue(client: client, logger: logger).signals(since: since, now: now)
-        var badSignatures = 0
-        for try await (n,) in try await client.bounded.query(
+        var signals = OperationalSignals(queueLag: queue.queueLag, discarded: queue.discarded)
+        for try await (bad, refused) in try await client.bounded.query(
             """
             SELECT coalesce((SELECT sum(recorded + sampled_out) FROM rejection_counts
-                             WHERE reason IN ('bad_signature', 'unknown_key') AND minute >= date_trunc('minute', \(since))), 0)::bigint
+                             WHERE reason IN ('bad_signature', 'unknown_key') AND minute >= date_trunc('minute', \(since))), 0)::bigint,
+                (SELECT count(*) FROM apple_auth_calls WHERE at >= \(since) AND error = \(AppleAuthError.invalidClient.word))::bigint
             """, logger: logger
-        ).decode((Int,).self) {
-            badSignatures = n
+        ).decode((Int, Int).self) {
+            signals.badSignatures = bad
+            signals.appleInvalidClient = refused
         }
-        return (queue.queueLag, queue.discarded, badSignatures)
+        return signals
     }
 
     /// Jobs not completed, per lane and state (`JobQueue.depth`).

@@ -155,6 +155,25 @@ package struct AppleTokenStore: Sendable {
         return calls
     }
 
+    /// Deletes up to `limit` call records older than `retention` (the history's), oldest first.
+    package func pruneCalls(retention: Duration, limit: Int = 1000) async throws -> Int {
+        var deleted = 0
+        for try await (n,) in try await client.bounded.query(
+            """
+            WITH pruned AS (
+                DELETE FROM apple_auth_calls WHERE id IN (
+                    SELECT id FROM apple_auth_calls WHERE at < now() - \(Int(retention.components.seconds)) * interval '1 second'
+                    ORDER BY at LIMIT \(limit))
+                RETURNING id
+            )
+            SELECT count(*)::bigint FROM pruned
+            """, logger: logger
+        ).decode((Int,).self) {
+            deleted = n
+        }
+        return deleted
+    }
+
     // MARK: Keys
 
     /// How many stored ciphertexts (kept tokens and pending revocations) each key id encrypts.

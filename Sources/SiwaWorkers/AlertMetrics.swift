@@ -40,7 +40,7 @@ package struct AlertMetrics: Sendable {
                 namespace: "siwa", metricName: "bad_signatures_window", unitName: "", helpText: "Deliveries refused for a bad signature within SIWA_SPIKE_WINDOW"))
     }
 
-    func record(signals: (queueLag: Int, discarded: Int, badSignatures: Int)) {
+    func record(signals: AlertStore.OperationalSignals) {
         queueLag.set(Double(signals.queueLag))
         discarded.set(Double(signals.discarded))
         badSignatures.set(Double(signals.badSignatures))

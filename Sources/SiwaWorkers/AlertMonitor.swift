@@ -101,6 +101,7 @@ package final class AlertMonitor: Service, Sendable {
         observations[AlertKey(kind: .queueLag)] = .atLeast(Int(configuration.queueLag.timeInterval), value: signals.queueLag)
         observations[AlertKey(kind: .jobsDiscarded)] = .atLeast(configuration.discardedJobs, value: signals.discarded)
         observations[AlertKey(kind: .badSignatures)] = .atLeast(configuration.badSignatures, value: signals.badSignatures)
+        observations[AlertKey(kind: .appleCredentials)] = .atLeast(1, value: signals.appleInvalidClient)
         if let metrics {
             metrics.record(signals: signals)
             metrics.record(depth: try await store.queueDepth())

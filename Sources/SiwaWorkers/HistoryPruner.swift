@@ -11,17 +11,20 @@ package struct HistoryPruneRound: Sendable, Equatable {
     package var rejections = 0
     /// Rejections whose kept token (another app's) was deleted past its retention.
     package var keptTokens = 0
+    /// Records of calls to Apple's auth endpoints past `SIWA_HISTORY_RETENTION` deleted.
+    package var appleCalls = 0
 
-    package init(notifications: Int = 0, rejections: Int = 0, keptTokens: Int = 0) {
+    package init(notifications: Int = 0, rejections: Int = 0, keptTokens: Int = 0, appleCalls: Int = 0) {
         self.notifications = notifications
         self.rejections = rejections
         self.keptTokens = keptTokens
+        self.appleCalls = appleCalls
     }
 }
 
-/// Deletes history past its retention, once a minute: notifications and rejections past
-/// `SIWA_HISTORY_RETENTION` (a thousand at a time, at most 50,000 of each a round), and the whole
-/// tokens kept for other apps past theirs.
+/// Deletes history past its retention, once a minute: notifications, rejections and the records
+/// of calls to Apple past `SIWA_HISTORY_RETENTION` (a thousand at a time, at most 50,000 of each
+/// a round), and the whole tokens kept for other apps past theirs.
 package final class HistoryPruner: Service, Sendable {
     package struct Configuration: Sendable {
         /// Notifications and rejections older than this are deleted.
@@ -38,6 +41,7 @@ package final class HistoryPruner: Service, Sendable {
     let notifications: NotificationStore
     let rejections: RejectionStore
     let history: HistoryStore
+    let appleCalls: AppleTokenStore
     let logger: Logger
     static let interval: Duration = .seconds(60)
     static let batch = 1000
@@ -47,6 +51,7 @@ package final class HistoryPruner: Service, Sendable {
         self.notifications = notifications
         self.rejections = rejections
         self.history = history
+        self.appleCalls = AppleTokenStore(client: history.client, logger: logger)
         self.logger = logger
     }
 
@@ -61,9 +66,11 @@ package final class HistoryPruner: Service, Sendable {
         var round = HistoryPruneRound()
         round.notifications = try await Self.repeating { try await self.notifications.prune(retention: self.configuration.retention, limit: Self.batch) }
         round.rejections = try await Self.repeating { try await self.rejections.prune(retention: self.configuration.retention, limit: Self.batch) }
-        if round.notifications + round.rejections > 0 {
+        round.appleCalls = try await Self.repeating { try await self.appleCalls.pruneCalls(retention: self.configuration.retention, limit: Self.batch) }
+        if round.notifications + round.rejections + round.appleCalls > 0 {
             logger.info(
-                "pruned history past its retention", metadata: ["notifications": "\(round.notifications)", "rejections": "\(round.rejections)"])
+                "pruned history past its retention",
+                metadata: ["notifications": "\(round.notifications)", "rejections": "\(round.rejections)", "apple_calls": "\(round.appleCalls)"])
         }
         round.keptTokens = try await history.deleteKeptTokens(olderThan: configuration.otherAppTokenRetention)
         if round.keptTokens > 0 {

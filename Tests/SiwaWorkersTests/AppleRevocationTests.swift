@@ -23,14 +23,15 @@ struct AppleRevocationTests {
         let task: Task<Void, any Error>
         let client: AppleAuthClient
 
-        static func start(signer: AppleStyleSigner) async throws -> Apple {
+        /// `signingKey`: the key our client signs with (another than the team's: Apple refuses it).
+        static func start(signer: AppleStyleSigner, signingKey: P256.Signing.PrivateKey? = nil) async throws -> Apple {
             let secrets = TestClientSecrets()
             let team = StandInTeam(teamID: secrets.teamID, keys: [secrets.keyID: secrets.key.publicKey], clientIDs: [Harness.aud])
             let service = AppleAuthStandIn(
                 AppleAuthStandIn.Configuration(teams: [team], signer: signer), logger: Logger(label: "standin", factory: { _ in SwiftLogNoOpLogHandler() }))
             let task = Task { try await service.run() }
             let minter = ClientSecretMinter(
-                policy: try ClientSecretPolicy(teamID: secrets.teamID), key: try ClientSecretMinter.SigningKey(keyID: secrets.keyID, privateKey: secrets.key))
+                policy: try ClientSecretPolicy(teamID: secrets.teamID), key: try ClientSecretMinter.SigningKey(keyID: secrets.keyID, privateKey: signingKey ?? secrets.key))
             let client = AppleAuthClient(configuration: .init(baseURL: try await service.url, timeout: .seconds(10)), minter: minter)
             return Apple(service: service, task: task, client: client)
         }
@@ -167,6 +168,29 @@ struct AppleRevocationTests {
         #expect(try await Self.deliver(h) == (revoke ? 1 : 0))
         #expect(apple.revocations(of: token) == (revoke ? 1 : 0))
         #expect(apple.revocations(of: kept) == 0)
+        await h.stop()
+        await apple.stop()
+    }
+
+    @Test("Apple refusing our client secret (invalid_client) is recorded, retried, and fires the apple_credentials alert")
+    func refusedCredentialsAlert() async throws {
+        let good = try await Apple.start(signer: Self.signer)
+        let token = try await good.refreshToken(sub: "cred-1")
+        await good.stop()
+        let apple = try await Apple.start(signer: Self.signer, signingKey: P256.Signing.PrivateKey())
+        let h = try await Self.harness(apple)
+        _ = try await Self.keep(token, sub: "cred-1", in: h)
+        _ = try await AccountStore(client: h.client, logger: h.h.logs.logger()).erase(aud: Harness.aud, sub: "cred-1", actor: "test")
+        #expect(try await Self.deliver(h) == 1)
+        #expect(try await h.h.count(
+            "SELECT count(*) FROM jobs WHERE lane = 'apple_revocations' AND state = 'retryable' AND last_status = 400 AND last_error LIKE '%invalid_client%'") == 1)
+        #expect(try await h.h.count("SELECT count(*) FROM apple_auth_calls WHERE error = 'invalid_client' AND status = 400") == 1)
+        var configuration = AlertMonitor.Configuration()
+        configuration.spike.window = .seconds(600)
+        let monitor = AlertMonitor(
+            configuration: configuration, store: AlertStore(client: h.client, logger: h.h.logs.logger()), logger: h.h.logs.logger(), identity: h.workers.identity)
+        let decisions = try await monitor.evaluate(now: Date())
+        #expect(decisions.contains { if case .fire(let episode) = $0 { episode.key.kind == .appleCredentials } else { false } }, "\(decisions)")
         await h.stop()
         await apple.stop()
     }
