@@ -19,7 +19,8 @@ CREATE TABLE apple_tokens (
     FOREIGN KEY (aud, sub) REFERENCES accounts (aud, sub) ON DELETE CASCADE
 );
 CREATE INDEX apple_tokens_key ON apple_tokens (key_id);
-CREATE INDEX apple_tokens_validated ON apple_tokens (validated_at NULLS FIRST, aud, sub, client_id);
+-- Optional daily validation picks the tokens due first: last validated (or kept) longest ago.
+CREATE INDEX apple_tokens_due ON apple_tokens ((coalesce(validated_at, created_at)));
 
 -- Lane `apple_revocations`: one job per token to revoke. aud/sub name the user, target the client
 -- ID, kind the token type; payload is the ciphertext, moved here from apple_tokens in the

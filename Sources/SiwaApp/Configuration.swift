@@ -55,6 +55,7 @@ package struct Configuration: Sendable {
         if let credentials = appleCredentials {
             workers.appleRevocations = AppleRevocations(client: credentials.client(), cipher: credentials.tokenCipher)
             workers.revokeOnAppleEvents = credentials.revokeOnAppleEvents
+            workers.appleValidation = credentials.validation
         }
         alerts = try AlertMonitor.Configuration(source)
     }

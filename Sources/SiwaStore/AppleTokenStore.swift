@@ -174,6 +174,83 @@ package struct AppleTokenStore: Sendable {
         return deleted
     }
 
+    // MARK: Validation
+
+    /// A kept token claimed for validation.
+    package struct DueToken: Sendable {
+        package var owner: AppleTokenOwner
+        package var clientID: String
+        package var ciphertext: String
+    }
+
+    /// Claims up to `limit` tokens last validated (or kept) at or before `dueBefore`, oldest
+    /// first, by setting their `validated_at` to `mark` (so another process skips them, and one
+    /// that dies mid-call leaves them due again later).
+    package func claimDue(dueBefore: Date, mark: Date, limit: Int) async throws -> [DueToken] {
+        var due: [DueToken] = []
+        for try await row in try await client.bounded.query(
+            """
+            WITH due AS (
+                SELECT aud, sub, client_id FROM apple_tokens
+                WHERE coalesce(validated_at, created_at) <= \(dueBefore)
+                ORDER BY coalesce(validated_at, created_at)
+                LIMIT \(limit)
+                FOR UPDATE SKIP LOCKED
+            )
+            UPDATE apple_tokens t SET validated_at = \(mark)
+            FROM due WHERE t.aud = due.aud AND t.sub = due.sub AND t.client_id = due.client_id
+            RETURNING t.aud, t.sub, t.client_id, t.token
+            """, logger: logger
+        ).decode((String, String, String, String).self) {
+            due.append(DueToken(owner: AppleTokenOwner(aud: row.0, sub: row.1), clientID: row.2, ciphertext: row.3))
+        }
+        return due
+    }
+
+    /// Apple accepted `token`: validated at `now`, unless a sign-in replaced it meanwhile.
+    package func markValid(_ token: DueToken, at now: Date) async throws {
+        try await client.bounded.query(
+            """
+            UPDATE apple_tokens SET validated_at = \(now)
+            WHERE aud = \(token.owner.aud) AND sub = \(token.owner.sub) AND client_id = \(token.clientID) AND token = \(token.ciphertext)
+            """, logger: logger)
+    }
+
+    /// Apple answered `invalid_grant` for `token`: the user revoked us outside any notification we
+    /// saw. Treated like `consent-revoked`, in one transaction: the call recorded, the dead token
+    /// dropped, consent marked revoked at `now` (a new session needs a new sign-in) and the user's
+    /// active sessions revoked (`consent-revoked`, by `apple-token-validation`). Returns how many.
+    package func consentLost(_ token: DueToken, call: AppleAuthRecord, at now: Date) async throws -> Int {
+        let logger = self.logger
+        return try await client.bounded.transaction(logger: logger) { connection in
+            let (aud, sub) = (token.owner.aud, token.owner.sub)
+            try await Self.record(call, aud: aud, sub: sub, on: connection, logger: logger)
+            try await connection.query(
+                "DELETE FROM apple_tokens WHERE aud = \(aud) AND sub = \(sub) AND client_id = \(token.clientID) AND token = \(token.ciphertext)",
+                logger: logger)
+            try await connection.query(
+                """
+                UPDATE accounts SET consent_revoked_at = greatest(coalesce(consent_revoked_at, '-infinity'), \(now)), updated_at = now()
+                WHERE aud = \(aud) AND sub = \(sub)
+                """, logger: logger)
+            var revoked = 0
+            for try await (n,) in try await connection.query(
+                """
+                WITH revoked AS (
+                    UPDATE sessions SET revoked_at = now(), revoked_reason = \(EventType.consentRevoked.rawValue), revoked_by = 'apple-token-validation',
+                        revoked_event_time = \(now)
+                    WHERE aud = \(aud) AND sub = \(sub) AND revoked_at IS NULL
+                    RETURNING 1
+                )
+                SELECT count(*)::bigint FROM revoked
+                """, logger: logger
+            ).decode((Int,).self) {
+                revoked = n
+            }
+            return revoked
+        }
+    }
+
     // MARK: Keys
 
     /// How many stored ciphertexts (kept tokens and pending revocations) each key id encrypts.

@@ -36,6 +36,8 @@ package final class EffectWorkers: Service, Sendable {
         /// Apple's own `account-delete`/`consent-revoked` queue the user's kept tokens for
         /// revocation too; off, they are deleted (Apple has ended them).
         package var revokeOnAppleEvents = false
+        /// Validate kept tokens daily (`AppleTokenValidator`; nil: off). Needs `appleRevocations`.
+        package var appleValidation: AppleTokenValidator.Configuration?
 
         package init() {}
 
@@ -58,6 +60,8 @@ package final class EffectWorkers: Service, Sendable {
     package let statsFolder: StatsFolder
     package let historyPruner: HistoryPruner
     package let listener: JobsListener?
+    /// Kept tokens' daily validation, when configured.
+    package let validator: AppleTokenValidator?
     private let effectDoorbell: Doorbell
 
     package init(
@@ -97,6 +101,12 @@ package final class EffectWorkers: Service, Sendable {
             configuration: pruning, notifications: NotificationStore(client: store.client, logger: logger),
             rejections: RejectionStore(client: store.client, logger: logger), history: history, logger: logger)
         listener = !configuration.listen ? nil : JobsListener(client: store.client, doorbells: doorbells, logger: logger)
+        if let validation = configuration.appleValidation, let revocations = configuration.appleRevocations {
+            validator = AppleTokenValidator(
+                configuration: validation, store: AppleTokenStore(client: store.client, logger: logger), revocations: revocations, logger: logger)
+        } else {
+            validator = nil
+        }
     }
 
     package static func defaultIdentity() -> String {
@@ -110,7 +120,7 @@ package final class EffectWorkers: Service, Sendable {
 
     /// Every loop, each a service of its own.
     package var services: [any Service] {
-        let optional: [(any Service)?] = [listener]
+        let optional: [(any Service)?] = [listener, validator]
         let always: [any Service] = [maintainer, statsFolder, historyPruner]
         return effects.map { $0 as any Service } + deliverers.map { $0 as any Service } + optional.compactMap { $0 } + always
     }

@@ -1,6 +1,7 @@
 import Foundation
 import SiwaApple
 import SiwaDomain
+import SiwaWorkers
 
 extension Settings {
     package static let appleTeamID = Setting<String?>.optionalText(
@@ -47,8 +48,19 @@ extension Settings {
         help: "also revoke kept tokens at Apple on Apple's account-delete and consent-revoked",
         docs: "`true`: Apple's `account-delete` and `consent-revoked` also queue the user's kept tokens for `/auth/revoke`. Off by default: Apple has ended those tokens already, so they are deleted without a call.")
 
+    package static let validateAppleTokens = Setting<Bool>.boolean(
+        "SIWA_APPLE_VALIDATE_TOKENS", flag: "apple-validate-tokens", .appleCredentials, default: false, shownAs: (on: "on", off: "off"),
+        help: "validate each kept refresh token at Apple once a day; invalid_grant counts as consent-revoked",
+        docs: "`on`: each kept refresh token is validated at Apple's `/auth/token` at most once a day (a day after it was kept or last validated). `invalid_grant` means the user revoked the app where no notification reached us: their sessions are revoked as on `consent-revoked`, and the call shows in the user's timeline.")
+    package static let appleValidationsPerMinute = Setting<Int>.integer(
+        "SIWA_APPLE_VALIDATIONS_PER_MINUTE", flag: "apple-validations-per-minute", .appleCredentials,
+        default: AppleTokenValidator.Configuration().perMinute, 1...6000,
+        help: "at most this many validation calls to Apple a minute, per process",
+        docs: "With validation on: at most this many calls to Apple a minute, per worker process (Apple may throttle).")
+
     static let appleCredentials = [
         appleTeamID.info, appleKeyID.info, applePrivateKeyFile.info, appleAuthURL.info, appleTokenKeys.info, revokeOnAppleEvents.info,
+        validateAppleTokens.info, appleValidationsPerMinute.info,
     ]
 }
 
@@ -62,6 +74,8 @@ package struct AppleCredentials: Sendable {
     package var tokenCipher: AppleTokenCipher
     /// Apple's own `account-delete`/`consent-revoked` also queue revocations.
     package var revokeOnAppleEvents: Bool
+    /// Kept tokens are validated daily (nil: off).
+    package var validation: AppleTokenValidator.Configuration?
 
     /// All three of team ID, key ID and key file, or none; each checked, the key file read now.
     package static func configured(_ source: SettingSource) throws(ConfigurationError) -> AppleCredentials? {
@@ -71,11 +85,20 @@ package struct AppleCredentials: Sendable {
         let authURL = try source.value(Settings.appleAuthURL)
         let cipher = try source.value(Settings.appleTokenKeys)
         let revokeOnAppleEvents = try source.value(Settings.revokeOnAppleEvents)
+        var validation: AppleTokenValidator.Configuration?
+        if try source.value(Settings.validateAppleTokens) {
+            validation = AppleTokenValidator.Configuration()
+            validation?.perMinute = try source.value(Settings.appleValidationsPerMinute)
+        }
         guard values.contains(where: { $0 != nil }) else {
             if cipher != nil {
                 throw ConfigurationError(
                     variable: Settings.appleTokenKeys.info.name,
                     message: "is set, but SIWA_APPLE_TEAM_ID, SIWA_APPLE_KEY_ID and SIWA_APPLE_PRIVATE_KEY_FILE are not: refresh tokens are kept only from code exchanges, which need them")
+            }
+            for (setting, on) in [(Settings.revokeOnAppleEvents, revokeOnAppleEvents), (Settings.validateAppleTokens, validation != nil)] where on {
+                throw ConfigurationError(
+                    variable: setting.info.name, message: "is on, but SIWA_APPLE_TEAM_ID, SIWA_APPLE_KEY_ID and SIWA_APPLE_PRIVATE_KEY_FILE are not set: it calls Apple with them")
             }
             return nil
         }
@@ -105,7 +128,8 @@ package struct AppleCredentials: Sendable {
                 variable: Settings.appleTokenKeys.info.name,
                 message: "is required with the Apple credentials: refresh tokens are kept encrypted under it; make a key with `siwa-events apple token-key`")
         }
-        return AppleCredentials(policy: policy, key: key, authURL: authURL, tokenCipher: cipher, revokeOnAppleEvents: revokeOnAppleEvents)
+        return AppleCredentials(
+            policy: policy, key: key, authURL: authURL, tokenCipher: cipher, revokeOnAppleEvents: revokeOnAppleEvents, validation: validation)
     }
 
     /// A client for Apple's auth endpoints signing with these credentials.
