@@ -54,6 +54,7 @@ package struct Configuration: Sendable {
         workers = try EffectWorkers.Configuration(source)
         if let credentials = appleCredentials {
             workers.appleRevocations = AppleRevocations(client: credentials.client(), cipher: credentials.tokenCipher)
+            workers.appleRevocations?.concurrency = credentials.revocationConcurrency
             workers.revokeOnAppleEvents = credentials.revokeOnAppleEvents
             workers.appleValidation = credentials.validation
         }

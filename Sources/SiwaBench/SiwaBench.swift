@@ -10,7 +10,7 @@ import SiwaDomain
 @main
 struct SiwaBench: AsyncParsableCommand {
     static let configuration = CommandConfiguration(
-        commandName: "siwa-bench", abstract: "Benchmarks for siwa-events.", subcommands: [Sign.self, Ingest.self, Verify.self, History.self])
+        commandName: "siwa-bench", abstract: "Benchmarks for siwa-events.", subcommands: [Sign.self, Ingest.self, Verify.self, History.self, KeptTokens.self, Sessions.self])
 }
 
 /// Pre-signs notifications (signing is ~1 ms each, so it is done before the clock starts).

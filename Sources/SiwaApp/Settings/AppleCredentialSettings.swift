@@ -48,6 +48,11 @@ extension Settings {
         help: "also revoke kept tokens at Apple on Apple's account-delete and consent-revoked",
         docs: "`true`: Apple's `account-delete` and `consent-revoked` also queue the user's kept tokens for `/auth/revoke`. Off by default: Apple has ended those tokens already, so they are deleted without a call.")
 
+    package static let appleRevocationConcurrency = Setting<Int>.integer(
+        "SIWA_APPLE_REVOCATION_CONCURRENCY", flag: "apple-revocation-concurrency", .appleCredentials,
+        default: AppleRevocations.defaultConcurrency, 1...256,
+        help: "revocations at Apple in flight at once per process",
+        docs: "Revocations at Apple's `/auth/revoke` in flight at once, per worker process.")
     package static let validateAppleTokens = Setting<Bool>.boolean(
         "SIWA_APPLE_VALIDATE_TOKENS", flag: "apple-validate-tokens", .appleCredentials, default: false, shownAs: (on: "on", off: "off"),
         help: "validate each kept refresh token at Apple once a day; invalid_grant counts as consent-revoked",
@@ -60,7 +65,7 @@ extension Settings {
 
     static let appleCredentials = [
         appleTeamID.info, appleKeyID.info, applePrivateKeyFile.info, appleAuthURL.info, appleTokenKeys.info, revokeOnAppleEvents.info,
-        validateAppleTokens.info, appleValidationsPerMinute.info,
+        appleRevocationConcurrency.info, validateAppleTokens.info, appleValidationsPerMinute.info,
     ]
 }
 
@@ -76,6 +81,8 @@ package struct AppleCredentials: Sendable {
     package var revokeOnAppleEvents: Bool
     /// Kept tokens are validated daily (nil: off).
     package var validation: AppleTokenValidator.Configuration?
+    /// Revocations in flight at once.
+    package var revocationConcurrency = AppleRevocations.defaultConcurrency
 
     /// All three of team ID, key ID and key file, or none; each checked, the key file read now.
     package static func configured(_ source: SettingSource) throws(ConfigurationError) -> AppleCredentials? {
@@ -129,7 +136,8 @@ package struct AppleCredentials: Sendable {
                 message: "is required with the Apple credentials: refresh tokens are kept encrypted under it; make a key with `siwa-events apple token-key`")
         }
         return AppleCredentials(
-            policy: policy, key: key, authURL: authURL, tokenCipher: cipher, revokeOnAppleEvents: revokeOnAppleEvents, validation: validation)
+            policy: policy, key: key, authURL: authURL, tokenCipher: cipher, revokeOnAppleEvents: revokeOnAppleEvents, validation: validation,
+            revocationConcurrency: try source.value(Settings.appleRevocationConcurrency))
     }
 
     /// A client for Apple's auth endpoints signing with these credentials.
