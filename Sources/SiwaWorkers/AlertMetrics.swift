@@ -9,6 +9,7 @@ package struct AlertMetrics: Sendable {
     let queueLag: Gauge
     let discarded: Gauge
     let badSignatures: Gauge
+    let appleInvalidClient: Gauge
     let depth: [String: Gauge]
 
     static let depthStates = ["available", "retryable", "running", "discarded"]
@@ -38,12 +39,17 @@ package struct AlertMetrics: Sendable {
         badSignatures = registry.makeGauge(
             descriptor: MetricNameDescriptor(
                 namespace: "siwa", metricName: "bad_signatures_window", unitName: "", helpText: "Deliveries refused for a bad signature within SIWA_SPIKE_WINDOW"))
+        appleInvalidClient = registry.makeGauge(
+            descriptor: MetricNameDescriptor(
+                namespace: "siwa", metricName: "apple_invalid_client_window", unitName: "",
+                helpText: "Calls to Apple's auth endpoints refused with invalid_client (our client secret) within SIWA_SPIKE_WINDOW"))
     }
 
     func record(signals: AlertStore.OperationalSignals) {
         queueLag.set(Double(signals.queueLag))
         discarded.set(Double(signals.discarded))
         badSignatures.set(Double(signals.badSignatures))
+        appleInvalidClient.set(Double(signals.appleInvalidClient))
     }
 
     func record(depth rows: [JobQueue.Depth]) {
