@@ -30,11 +30,18 @@ package struct AppleSignIn: Sendable {
     /// How long a client should wait before retrying when Apple did not answer.
     static let retryAfter: Duration = .seconds(5)
 
-    /// The answer for a code exchange Apple did not grant. Apple's refusal of the code is the
-    /// client's 400 with Apple's word as `reason`; `invalid_client` is our misconfiguration (502);
-    /// no answer or a 5xx is a 503 to retry.
+    /// The answer for a code exchange Apple did not grant. Apple's refusal of the code
+    /// (`invalid_grant`) is the client's: a 401, as for an identity token that fails. Apple's other
+    /// words refuse our request or our client secret (`invalid_client`): a 502 naming what to check.
+    /// No answer, a 5xx or a 429 is a 503 to retry.
     static func error(for failure: AppleAuthClient.Failure, clientID: String) -> APIError {
         switch failure {
+        case .apple(.invalidGrant):
+            return APIError(
+                .unauthorized, code: "apple_refused",
+                message: "Apple refused the authorization code: invalid_grant (the code was already used, or expired: codes live 5 minutes; "
+                    + "or it was issued to another client ID or redirect_uri)",
+                reason: AppleAuthError.invalidGrant.word)
         case .apple(.invalidClient):
             return APIError(
                 .badGateway, code: "apple_refused",
@@ -42,12 +49,6 @@ package struct AppleSignIn: Sendable {
                     + "SIWA_APPLE_KEY_ID and SIWA_APPLE_PRIVATE_KEY_FILE (a Sign in with Apple key of the team that owns \(clientID)); "
                     + "`siwa-events doctor` asks Apple",
                 reason: AppleAuthError.invalidClient.word)
-        case .apple(.invalidGrant):
-            return APIError(
-                .badRequest, code: "apple_refused",
-                message: "Apple refused the authorization code: invalid_grant (the code was already used, or expired: codes live 5 minutes; "
-                    + "or it was issued to another client ID or redirect_uri)",
-                reason: AppleAuthError.invalidGrant.word)
         case .apple(.unrecognised(let status)) where status >= 500 || status == 429:
             var error = APIError.unavailable(
                 "Apple's /auth/token answered HTTP \(status): retry shortly (a code lives 5 minutes and is used up once Apple grants it)",
@@ -58,7 +59,10 @@ package struct AppleSignIn: Sendable {
             return APIError(.badGateway, code: "apple_error", message: "Apple's /auth/token answered HTTP \(status), which is none of its documented answers")
         case .apple(let refusal):
             let word = refusal.word ?? "unrecognised"
-            return APIError(.badRequest, code: "apple_refused", message: "Apple refused the authorization code: \(word)", reason: word)
+            return APIError(
+                .badGateway, code: "apple_refused",
+                message: "Apple refused this server's code exchange for client ID \(clientID): \(word) (check that the client ID is one of the team's)",
+                reason: word)
         case .transport(let why):
             var error = APIError.unavailable("no answer from Apple's /auth/token (\(why)): retry shortly (a code lives 5 minutes)", retryAfter: retryAfter)
             error.reason = Reason.appleUnavailable.rawValue

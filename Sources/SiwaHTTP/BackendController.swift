@@ -91,23 +91,23 @@ package struct BackendController: Sendable {
                 try JSONBody.allowOnly(["identity_token", "nonce", "expires_at"], in: body, hint: "with identity_token, aud and sub come from the token")
                 signIn = nil
             }
+            let nonce: String?
+            switch body["nonce"] {
+            case nil, .null?: nonce = nil
+            case .string(let text)? where !text.isEmpty && text.utf8.count <= 512: nonce = text
+            default: throw APIError.invalid("nonce must be the raw nonce string your app generated (1-512 characters)")
+            }
             var sent: VerifiedIdentity?
             if body["identity_token"] != nil {
                 guard let token = body["identity_token"]?.stringValue, !token.isEmpty else {
                     throw APIError.invalid("identity_token must be a string: the id_token Apple returned to your app")
                 }
-                let nonce: String?
-                switch body["nonce"] {
-                case nil, .null?: nonce = nil
-                case .string(let text)? where !text.isEmpty && text.utf8.count <= 512: nonce = text
-                default: throw APIError.invalid("nonce must be the raw nonce string your app generated (1-512 characters)")
-                }
                 sent = try await verifyIdentity(token, nonce: nonce, now: now)
-            } else if let nonce = body["nonce"], nonce != .null {
-                throw APIError.invalid("nonce is checked on the identity token: send identity_token with it, or leave nonce out")
             }
             if let signIn {
-                let completed = try await complete(body, identity: sent, with: signIn, now: now, logger: context.logger)
+                // The nonce is checked on the identity token sent, else on the grant's id_token.
+                let completed = try await complete(
+                    body, identity: sent, nonce: sent == nil ? nonce : nil, with: signIn, now: now, logger: context.logger)
                 identity = completed.identity
                 kept = (completed.token, completed.exchange)
             } else {
@@ -138,16 +138,17 @@ package struct BackendController: Sendable {
     }
 
     /// Sign-in completion: the body's code exchanged at Apple, its id_token checked against the
-    /// identity token sent with it (`identity`), the refresh token encrypted for the account.
-    /// Returns the identity the account takes (the one sent, else the grant's).
+    /// identity token sent with it (`identity`) or against `nonce`, the refresh token encrypted for
+    /// the account. Returns the identity the account takes (the one sent, else the grant's).
     private func complete(
-        _ body: [String: JSONValue], identity sent: VerifiedIdentity?, with signIn: AppleSignIn, now: Date, logger: Logger
+        _ body: [String: JSONValue], identity sent: VerifiedIdentity?, nonce: String?, with signIn: AppleSignIn, now: Date, logger: Logger
     ) async throws -> (identity: VerifiedIdentity, token: KeptAppleToken, exchange: AppleAuthRecord) {
         let code = try Self.opaque(body, "authorization_code", hint: "the code Apple returned to your app with the identity token")
         let redirectURI = body["redirect_uri"] == nil || body["redirect_uri"] == .null
             ? nil : try Self.opaque(body, "redirect_uri", hint: "the redirect_uri of your web sign-in, exactly as sent to Apple")
         let clientID = try resolveClientID(body, identity: sent)
-        let exchanged = try await exchange(code: code, clientID: clientID, redirectURI: redirectURI, with: signIn, now: now, logger: logger)
+        let exchanged = try await exchange(
+            code: code, clientID: clientID, redirectURI: redirectURI, nonce: nonce, with: signIn, now: now, logger: logger)
         if let sent, sent.sub != exchanged.identity.sub {
             logger.notice("code exchange for another user than the identity token", metadata: ["apple_call": "\(exchanged.record)"])
             throw APIError(
@@ -193,10 +194,10 @@ package struct BackendController: Sendable {
     }
 
     /// Exchanges `code` at Apple and verifies the id_token of the grant (same key cache and rules as
-    /// identity tokens; no nonce: the grant's token need not carry it). The code and tokens are
-    /// never logged; a failure is logged with the call's record, which shows a fingerprint only.
+    /// identity tokens; `nonce` only when given). The code and tokens are never logged; a failure
+    /// is logged with the call's record, which shows a fingerprint only.
     private func exchange(
-        code: String, clientID: String, redirectURI: String?, with signIn: AppleSignIn, now: Date, logger: Logger
+        code: String, clientID: String, redirectURI: String?, nonce: String?, with signIn: AppleSignIn, now: Date, logger: Logger
     ) async throws -> (identity: VerifiedIdentity, refreshToken: String, record: AppleAuthRecord) {
         let call = await signIn.client.exchange(code: code, clientID: clientID, redirectURI: redirectURI)
         let grant: AppleTokenGrant
@@ -218,7 +219,9 @@ package struct BackendController: Sendable {
         }
         let identity: VerifiedIdentity
         do {
-            identity = try await checkIdentity(idToken, nonce: nil, now: now)
+            identity = try await checkIdentity(idToken, nonce: nonce, now: now)
+        } catch let error as VerificationError where error.reason == .nonceMismatch {
+            throw APIError(.unauthorized, code: "invalid_token", message: "the id_token of the code: \(error.message)", reason: error.reason.rawValue)
         } catch let error as VerificationError {
             logger.warning("the id_token of a code exchange does not verify", metadata: ["apple_call": "\(call.record)", "reason": "\(error.reason.rawValue)"])
             throw APIError(
