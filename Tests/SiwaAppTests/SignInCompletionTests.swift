@@ -34,7 +34,7 @@ struct SignInCompletionTests {
         let account = try await API.call(f.h, .GET, "/v1/accounts/\(Self.clientID)/001.alone.1", token: token)
         #expect(account.json?["email"] == .string("alone@privaterelay.appleid.com") && account.json?["is_private_email"] == .bool(true), "\(account.body)")
 
-        // The code with the app's identity token (and its nonce, checked on that token only).
+        // The code with the app's identity token (and its nonce, checked on that token: the grant's need not carry it).
         let raw = "nonce-\(UUID().uuidString)"
         let identity = try f.h.signer.identityToken(aud: Self.clientID, sub: "001.both.1", nonce: IdentityTokenVerifier.nonceHash(raw))
         let both = f.code(sub: "001.both.1")
@@ -61,7 +61,7 @@ struct SignInCompletionTests {
         await f.stop()
     }
 
-    @Test("a used code is refused by Apple: 400 apple_refused naming invalid_grant; no second session, nothing more stored")
+    @Test("a used code is refused by Apple: 401 apple_refused naming invalid_grant; no second session, nothing more stored")
     func reusedCode() async throws {
         let f = try await ExchangeFixture.start()
         let token = try await API.token(f.h, [.sessionsWrite])
@@ -72,7 +72,7 @@ struct SignInCompletionTests {
         let kept = try #require(try await f.keptTokens(sub: "001.reused.1").first)
 
         let again = try await f.create(token, ["authorization_code": .string(code)])
-        #expect(again.status == 400, "\(again.body)")
+        #expect(again.status == 401, "\(again.body)")
         #expect(again.json?["error"] == .string("apple_refused") && again.json?["reason"] == .string("invalid_grant"), "\(again.body)")
         #expect(again.json?["message"]?.stringValue?.contains("already used, or expired") == true, "\(again.body)")
         #expect(try await f.stored(sub: "001.reused.1") == stored)
@@ -82,14 +82,14 @@ struct SignInCompletionTests {
         await f.stop()
     }
 
-    @Test("an expired code is refused by Apple: 400 invalid_grant; no account, no session, nothing stored")
+    @Test("an expired code is refused by Apple: 401 invalid_grant; no account, no session, nothing stored")
     func expiredCode() async throws {
         let f = try await ExchangeFixture.start()
         let token = try await API.token(f.h, [.sessionsWrite])
         let code = f.code(sub: "001.expired.1")
         f.clock.advance(by: 301)  // Apple's codes live 5 minutes
         let answer = try await f.create(token, ["authorization_code": .string(code)])
-        #expect(answer.status == 400 && answer.json?["reason"] == .string("invalid_grant"), "\(answer.body)")
+        #expect(answer.status == 401 && answer.json?["reason"] == .string("invalid_grant"), "\(answer.body)")
         #expect(try await f.stored(sub: "001.expired.1") == Stored())
         #expect(try await f.h.count("SELECT count(*) FROM apple_tokens") == 0)
         f.expectNoSecretsLogged(known: [code])
@@ -143,7 +143,6 @@ struct SignInCompletionTests {
         try await refused(["authorization_code": .string(code), "client_id": "com.example.other"], "client_id com.example.other is not one of SIWA_APPLE_CLIENT_IDS")
         let identity = try f.h.signer.identityToken(aud: Self.clientID, sub: "001.web.1")
         try await refused(["authorization_code": .string(code), "identity_token": .string(identity), "client_id": .string(Self.webClientID)], "is not the identity token's aud")
-        try await refused(["authorization_code": .string(code), "nonce": "n"], "nonce is checked on the identity token")
         try await refused(["aud": .string(Self.clientID), "sub": "u", "redirect_uri": "https://example.com/callback"], "unexpected field redirect_uri")
         // None of these reached Apple: the code is still good, for the web client with its redirect URI.
         let created = try await f.create(
@@ -152,6 +151,22 @@ struct SignInCompletionTests {
         let kept = try await f.keptTokens(sub: "001.web.1")
         #expect(kept.map(\.clientID) == [Self.webClientID])
         #expect(try await f.calls(sub: "001.web.1").map(\.clientID) == [Self.webClientID])
+        await f.stop()
+    }
+
+    @Test("a nonce sent with a code alone is checked on the grant's id_token: the app's nonce opens a session, another is 401 nonce_mismatch and keeps nothing")
+    func nonceWithCodeAlone() async throws {
+        let f = try await ExchangeFixture.start()
+        let token = try await API.token(f.h, [.sessionsWrite])
+        let raw = "nonce-\(UUID().uuidString)"
+        let good = f.code(sub: "001.nonce.1", nonce: IdentityTokenVerifier.nonceHash(raw))
+        let created = try await f.create(token, ["authorization_code": .string(good), "nonce": .string(raw)])
+        #expect(created.status == 201, "\(created.body)")
+        let other = f.code(sub: "001.nonce.2", nonce: IdentityTokenVerifier.nonceHash(raw))
+        let refused = try await f.create(token, ["authorization_code": .string(other), "nonce": "another-nonce"])
+        #expect(refused.status == 401 && refused.json?["reason"] == .string("nonce_mismatch"), "\(refused.body)")
+        #expect(try await f.stored(sub: "001.nonce.2") == Stored())
+        f.expectNoSecretsLogged(known: [good, other])
         await f.stop()
     }
 
@@ -201,7 +216,7 @@ struct SignInCompletionTests {
         let good = f.code(sub: "001.logs.1", email: "logs@example.com")
         codes.append(good)
         #expect(try await f.create(token, ["authorization_code": .string(good)]).status == 201)
-        #expect(try await f.create(token, ["authorization_code": .string(good)]).status == 400)  // reused
+        #expect(try await f.create(token, ["authorization_code": .string(good)]).status == 401)  // reused
         let other = try f.h.signer.identityToken(aud: Self.clientID, sub: "001.logs.2")
         #expect(try await f.create(token, ["authorization_code": .string(f.code(sub: "001.logs.3")), "identity_token": .string(other)]).status == 401)
         let unanswered = f.code(sub: "001.logs.4")
@@ -228,63 +243,39 @@ struct Stored: Equatable {
     var calls = 0
 }
 
-/// A clock that runs with real time plus an offset a test moves: the stand-in's codes expire by
-/// it, while the server's client secrets (minted at real time) stay acceptable.
-final class OffsetClock: Sendable {
-    private let offset = Mutex<TimeInterval>(0)
-    var now: Date { Date().addingTimeInterval(offset.withLock { $0 }) }
-    func advance(by seconds: TimeInterval) { offset.withLock { $0 += seconds } }
-}
-
 /// A server whose Apple credentials (team, key, auth URL, token keys) are set as a user sets them,
 /// pointing at a stand-in of the same team.
 struct ExchangeFixture {
     static let signer = try! AppleStyleSigner.generate()
 
     let h: Harness
-    let standIn: AppleAuthStandIn
-    let standInTask: Task<Void, any Error>
-    let clock: OffsetClock
-    let cipher: AppleTokenCipher
-    let directory: URL
+    let apple: StandInCredentials
+    var standIn: AppleAuthStandIn { apple.standIn }
+    var clock: OffsetClock { apple.clock }
+    var cipher: AppleTokenCipher { apple.credentials.tokenCipher }
 
     /// `serverKey`: the key the server signs client secrets with (default: the team's own).
     static func start(serverKey: P256.Signing.PrivateKey? = nil, clientIDs: [String: String]? = nil) async throws -> ExchangeFixture {
-        let secrets = TestClientSecrets(teamID: "TEAMID1234", keyID: "KEYID12345")
-        let clock = OffsetClock()
-        var configuration = AppleAuthStandIn.Configuration(
-            teams: [StandInTeam(teamID: secrets.teamID, keys: [secrets.keyID: secrets.key.publicKey], clientIDs: [SignInCompletionTests.clientID, SignInCompletionTests.webClientID])],
-            signer: signer)
-        configuration.now = { clock.now }
-        let standIn = AppleAuthStandIn(configuration, logger: Logger(label: "standin", factory: { _ in SwiftLogNoOpLogHandler() }))
-        let task = Task { try await standIn.run() }
-        let directory = URL(fileURLWithPath: NSTemporaryDirectory()).appendingPathComponent("exchange-\(UUID().uuidString)")
-        try FileManager.default.createDirectory(at: directory, withIntermediateDirectories: true)
-        let keyFile = directory.appendingPathComponent("AuthKey_\(secrets.keyID).p8")
-        try (serverKey ?? secrets.key).pemRepresentation.write(to: keyFile, atomically: true, encoding: .utf8)
-        let credentials = try #require(
-            try AppleCredentials.configured(
-                SettingSource(environment: [
-                    "SIWA_APPLE_TEAM_ID": secrets.teamID, "SIWA_APPLE_KEY_ID": secrets.keyID, "SIWA_APPLE_PRIVATE_KEY_FILE": keyFile.path,
-                    "SIWA_APPLE_AUTH_URL": try await standIn.url.absoluteString, "SIWA_APPLE_TOKEN_KEYS": AppleTokenCipher.generateKey(),
-                ])))
+        let apple = try await StandInCredentials.start(
+            signer: signer, clientIDs: [SignInCompletionTests.clientID, SignInCompletionTests.webClientID], serverKey: serverKey)
         let h = try await Harness.start(signer: signer) { config in
-            config.appleCredentials = credentials
+            config.appleCredentials = apple.credentials
             if let clientIDs { config.apple.clientIDs = clientIDs }
         }
-        return ExchangeFixture(h: h, standIn: standIn, standInTask: task, clock: clock, cipher: credentials.tokenCipher, directory: directory)
+        return ExchangeFixture(h: h, apple: apple)
     }
 
     func stop() async {
         await h.stop()
-        standInTask.cancel()
-        _ = await standInTask.result
-        try? FileManager.default.removeItem(at: directory)
+        await apple.stop()
     }
 
     /// A code for the user, as Apple hands one to the device at sign-in.
-    func code(sub: String, email: String? = nil, isPrivateEmail: Bool? = nil, clientID: String = SignInCompletionTests.clientID, redirectURI: String? = nil) -> String {
-        standIn.issueCode(.init(clientID: clientID, sub: sub, email: email, isPrivateEmail: isPrivateEmail, redirectURI: redirectURI))
+    func code(
+        sub: String, email: String? = nil, isPrivateEmail: Bool? = nil, nonce: String? = nil, clientID: String = SignInCompletionTests.clientID,
+        redirectURI: String? = nil
+    ) -> String {
+        standIn.issueCode(.init(clientID: clientID, sub: sub, email: email, isPrivateEmail: isPrivateEmail, nonce: nonce, redirectURI: redirectURI))
     }
 
     func create(_ token: String, _ body: JSONValue) async throws -> TestServer.Answer {
