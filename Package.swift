@@ -270,11 +270,13 @@ let package = Package(
             ] + integrationTestDependencies,
             swiftSettings: swiftSettings
         ),
-        // The HTTP layer and the composition root, through real HTTP: receiver, API, metrics, dashboard.
+        // The HTTP layer and the composition root, through real HTTP: receiver, API, metrics, dashboard
+        // (sign-in completion against the stand-in for Apple's auth endpoints, in process).
         .testTarget(
             name: "SiwaAppTests",
             dependencies: [
                 "SiwaTestSupport", "SiwaRuntime", "SiwaApp", "SiwaHTTP", "SiwaStore", "SiwaDomain", "SiwaApple", "SiwaWorkers", "SiwaEmbeddedPostgres",
+                "SiwaAppleStandIn",
                 .product(name: "NIOEmbedded", package: "swift-nio"),
                 .product(name: "Prometheus", package: "swift-prometheus"),
             ] + integrationTestDependencies,

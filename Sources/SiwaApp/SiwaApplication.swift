@@ -73,7 +73,8 @@ package struct SiwaApplication: Sendable {
             accounts: AccountStore(client: client, logger: logger), keys: keys,
             settings: .init(
                 bundleIDs: Set(config.apple.bundleIDs), clientIDs: config.apple.clientIDs, sessionTTL: config.sessionTTL, clockSkew: config.apple.clockSkew,
-                databaseTimeout: config.database.timeout), clock: clock)
+                databaseTimeout: config.database.timeout),
+            appleSignIn: config.appleCredentials.map { AppleSignIn(client: $0.client(), cipher: $0.tokenCipher) }, clock: clock)
         self.history = !config.receives ? nil : HistoryController(
             history: HistoryStore(client: client, logger: logger), rejections: rejectionStore, callbackURL: config.workers.callbacks?.url)
         self.alertsAPI = !config.receives ? nil : AlertsController(alerts: AlertStore(client: client, logger: logger))

@@ -10,7 +10,8 @@ import SiwaDomain
 @main
 struct SiwaBench: AsyncParsableCommand {
     static let configuration = CommandConfiguration(
-        commandName: "siwa-bench", abstract: "Benchmarks for siwa-events.", subcommands: [Sign.self, Ingest.self, Verify.self, History.self, KeptTokens.self, Sessions.self])
+        commandName: "siwa-bench", abstract: "Benchmarks for siwa-events.",
+        subcommands: [Sign.self, Ingest.self, Verify.self, History.self, KeptTokens.self, Sessions.self])
 }
 
 /// Pre-signs notifications (signing is ~1 ms each, so it is done before the clock starts).
@@ -208,5 +209,64 @@ struct History: AsyncParsableCommand {
         let seconds = Double(elapsed.components.seconds) + Double(elapsed.components.attoseconds) / 1e18
         print(String(format: "history export: %d rows in %.1fs = %.0f rows/s (NDJSON over HTTP)", lines, seconds, Double(lines) / seconds))
         try await client.shutdown()
+    }
+}
+
+/// `POST /v1/sessions` latency, one request at a time on one kept-alive connection: a session the
+/// backend vouches for (`aud`+`sub`) beside one completed with an authorization code exchanged at
+/// the stand-in for Apple's `/auth/token` (`siwa-events standin serve`). Codes are issued before
+/// the clock starts; each request is a new user.
+struct Sessions: AsyncParsableCommand {
+    static let configuration = CommandConfiguration(abstract: "POST /v1/sessions: aud+sub vs authorization_code, latency percentiles.")
+    @Option(help: "The server's admin base URL.") var url: String
+    @Option(help: "A token with sessions:write.") var token: String
+    @Option(help: "The stand-in's base URL.") var standin: String
+    @Option(help: "The bundle ID (and client ID) users sign in to.") var aud: String
+    @Option(help: "Requests per kind (after as many again to warm up).") var requests: Int = 1000
+
+    func run() async throws {
+        let client = HTTPClient(eventLoopGroupProvider: .singleton, configuration: .init(connectionPool: .init(idleTimeout: .seconds(60))))
+        defer { _ = client.shutdown() }
+        let run = UUID().uuidString.prefix(8)
+        func post(_ base: String, _ path: String, _ body: JSONValue, token: String? = nil) async throws -> (Duration, UInt, String) {
+            var request = HTTPClientRequest(url: base + path)
+            request.method = .POST
+            request.headers.add(name: "Content-Type", value: "application/json")
+            if let token { request.headers.add(name: "Authorization", value: "Bearer \(token)") }
+            request.body = .bytes(ByteBuffer(string: body.jsonText))
+            let started = ContinuousClock.now
+            let response = try await client.execute(request, timeout: .seconds(60))
+            let bytes = try await response.body.collect(upTo: 1 << 20)
+            return (ContinuousClock.now - started, response.status.code, String(buffer: bytes))
+        }
+        func code(_ sub: String) async throws -> String {
+            let (_, status, body) = try await post(standin, "/standin/codes", ["client_id": .string(aud), "sub": .string(sub)])
+            guard status == 200, let code = JSONValue.parse(Data(body.utf8))?["code"]?.stringValue else {
+                throw ValidationError("the stand-in did not issue a code (\(status)): \(body)")
+            }
+            return code
+        }
+        func measure(_ label: String, _ bodies: [JSONValue]) async throws {
+            var latencies: [Double] = []
+            for body in bodies {
+                let (elapsed, status, answer) = try await post(url, "/v1/sessions", body, token: token)
+                guard status == 201 else { throw ValidationError("\(label): POST /v1/sessions answered \(status): \(answer)") }
+                latencies.append(Double(elapsed.components.seconds) * 1000 + Double(elapsed.components.attoseconds) / 1e15)
+            }
+            latencies.sort()
+            func p(_ q: Double) -> Double { latencies[min(latencies.count - 1, Int((Double(latencies.count) * q).rounded(.up)) - 1)] }
+            print(String(format: "%@: n=%d p50=%.2fms p99=%.2fms max=%.2fms", label, latencies.count, p(0.5), p(0.99), p(1.0)))
+        }
+        for round in ["warm-up", "measured"] {
+            let vouched = (0..<requests).map { JSONValue.object(["aud": .string(aud), "sub": .string("001.\(run).\(round).v\($0)")]) }
+            var exchanged: [JSONValue] = []
+            for index in 0..<requests { exchanged.append(["authorization_code": .string(try await code("001.\(run).\(round).c\(index)"))]) }
+            if round == "warm-up" {
+                for body in vouched + exchanged { _ = try await post(url, "/v1/sessions", body, token: token) }
+                continue
+            }
+            try await measure("sessions aud+sub", vouched)
+            try await measure("sessions authorization_code", exchanged)
+        }
     }
 }

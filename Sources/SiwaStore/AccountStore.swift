@@ -85,7 +85,12 @@ package struct AccountStore: Sendable {
     /// than the stored address and than any privacy erasure), then the `sessions_allowed` trigger
     /// decides under the account's lock; an effect applied at the same moment either comes first
     /// (and the session is refused: `AccountStoreError`) or waits and then revokes it too.
-    package func createSession(aud: String, sub: String, expiresAt: Date?, identity: VerifiedIdentity?) async throws -> Session {
+    /// A sign-in completed by a code exchange also keeps `appleToken` and records `exchange` in the
+    /// same transaction, so a refused session leaves neither behind.
+    package func createSession(
+        aud: String, sub: String, expiresAt: Date?, identity: VerifiedIdentity?, appleToken: KeptAppleToken? = nil,
+        exchange: AppleAuthRecord? = nil
+    ) async throws -> Session {
         let logger = self.logger
         let issuedMillis = identity.map { $0.issuedAt * 1000 }
         do {
@@ -111,6 +116,7 @@ package struct AccountStore: Sendable {
                         real_user_status = coalesce(excluded.real_user_status, a.real_user_status),
                         updated_at = now()
                     """, logger: logger)
+                var session: Session?
                 for try await row in try await connection.query(
                     """
                     INSERT INTO sessions (aud, sub, expires_at, identity_issued_at)
@@ -118,9 +124,12 @@ package struct AccountStore: Sendable {
                     RETURNING \(unescaped: Self.sessionColumns)
                     """, logger: logger
                 ).decode(SessionRow.self) {
-                    return Self.session(row)
+                    session = Self.session(row)
                 }
-                preconditionFailure("INSERT … RETURNING returned no row")
+                guard let session else { preconditionFailure("INSERT … RETURNING returned no row") }
+                if let appleToken { try await AppleTokenStore.keep(appleToken, aud: aud, sub: sub, on: connection, logger: logger) }
+                if let exchange { try await AppleTokenStore.record(exchange, aud: aud, sub: sub, on: connection, logger: logger) }
+                return session
             }
         } catch {
             throw AccountStoreError(error) ?? error

@@ -200,7 +200,9 @@ struct HistoryAPITests {
 
     @Test("/openapi.yaml is served without a token, and schemathesis's checks find no server error, schema violation, undocumented status or method")
     func openAPIContract() async throws {
-        let e = try await EffectHarness.start()
+        // With Apple credentials (the stand-in), so authorization_code bodies reach Apple's refusal.
+        let apple = try await StandInCredentials.start(signer: ExchangeFixture.signer, clientIDs: [Harness.aud])
+        let e = try await EffectHarness.start(server: { $0.appleCredentials = apple.credentials })
         let document = try await e.h.server.request(.GET, "/openapi.yaml")
         #expect(document.status == 200)
         #expect(document.body.hasPrefix("openapi: 3.1"))
@@ -227,6 +229,7 @@ struct HistoryAPITests {
         #expect(result.succeeded, "\(result.standardOutput.suffix(6000))\n\(result.standardError.suffix(2000))")
         #expect(result.standardOutput.contains("Tested: 15"), "every documented operation was exercised")
         await e.stop()
+        await apple.stop()
     }
 
     /// The document's "METHOD /path" pairs (paths as Hummingbird writes them: `{param}`).

@@ -5,9 +5,11 @@ Applied to every generated request (all phases), and only to values that are val
 document, so a request meant to break the schema still does:
 - A `cursor` is opaque: only the `next_cursor` a list handed out is valid, so generated ones are
   left out (paging is tested by the list tests with real cursors).
-- `aud` of POST /v1/sessions must be one of the server's configured bundle IDs (its settings, not
-  the document): generated bodies use the test server's.
+- `aud` of POST /v1/sessions must be one of the server's configured bundle IDs, and `client_id`
+  one of its client IDs (its settings, not the document): generated bodies use the test server's.
 - `expires_at` must lie ahead of now, which a schema cannot say: a past one moves a year ahead.
+(An `authorization_code` needs no more: the server's Apple credentials point at the stand-in,
+which refuses made-up codes with invalid_grant, a 401.)
 """
 import datetime
 
@@ -29,6 +31,8 @@ def before_call(ctx, case, **kwargs):
         return
     if "aud" in body and _valid_text(body["aud"]):
         body["aud"] = BUNDLE_ID
+    if "client_id" in body and _valid_text(body["client_id"]):
+        body["client_id"] = BUNDLE_ID
     expires = body.get("expires_at")
     if isinstance(expires, str):
         try:
