@@ -207,6 +207,15 @@ package struct BackendController: Sendable {
             logger.log(
                 level: error.status.code >= 500 ? .warning : .notice, "authorization code exchange failed",
                 metadata: ["apple_call": "\(call.record)", "failure": "\(failure)"])
+            // What Apple refused is on record (no user: none was verified); `invalid_client` there
+            // fires the apple_credentials alert.
+            if call.record.status != nil {
+                do {
+                    try await AppleTokenStore(client: accounts.client, logger: logger).record(call.record, aud: nil, sub: nil)
+                } catch {
+                    logger.warning("the refused code exchange could not be recorded", metadata: ["error": "\(loggable(error))"])
+                }
+            }
             throw error
         case .success(let value):
             grant = value

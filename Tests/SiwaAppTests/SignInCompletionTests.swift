@@ -77,6 +77,10 @@ struct SignInCompletionTests {
         #expect(again.json?["message"]?.stringValue?.contains("already used, or expired") == true, "\(again.body)")
         #expect(try await f.stored(sub: "001.reused.1") == stored)
         #expect(try await f.keptTokens(sub: "001.reused.1").first?.ciphertext == kept.ciphertext, "the kept token changed")
+        // What Apple refused is on record, by the code's fingerprint, with no user.
+        let refused = try await f.refusedCalls()
+        #expect(refused.map(\.error) == ["invalid_grant"] && refused.map(\.status) == [400], "\(refused)")
+        #expect(refused.first?.fingerprint == AppleAuthRecord.fingerprint(code) && refused.first?.endpoint == "/auth/token")
         #expect(f.h.logs.all.contains { $0.contains("authorization code exchange failed") && $0.contains("error=invalid_grant") && $0.contains("token=sha256:\(AppleAuthRecord.fingerprint(code))") })
         f.expectNoSecretsLogged(known: [code])
         await f.stop()
@@ -108,6 +112,7 @@ struct SignInCompletionTests {
         #expect(["invalid_client", "SIWA_APPLE_TEAM_ID", "SIWA_APPLE_KEY_ID", "SIWA_APPLE_PRIVATE_KEY_FILE"].allSatisfy(message.contains), "\(message)")
         #expect(answer.json?["request_id"]?.stringValue != nil)
         #expect(try await f.stored(sub: "001.wrongkey.1") == Stored())
+        #expect(try await f.refusedCalls().map(\.error) == ["invalid_client"])  // what the apple_credentials alert counts
         #expect(f.h.logs.all.contains { $0.hasPrefix("warning authorization code exchange failed") && $0.contains("error=invalid_client") })
         f.expectNoSecretsLogged(known: [code])
         await f.stop()
@@ -307,6 +312,17 @@ struct ExchangeFixture {
         var error: String?
     }
 
+    /// The refused calls on record: no user was verified, so none is named.
+    func refusedCalls() async throws -> [Call] {
+        var calls: [Call] = []
+        for try await row in try await h.server.client.query(
+            "SELECT endpoint, client_id, grant_type, token_fingerprint, status, error FROM apple_auth_calls WHERE sub IS NULL AND aud IS NULL ORDER BY id"
+        ).decode((String, String, String?, String, Int?, String?).self) {
+            calls.append(Call(endpoint: row.0, clientID: row.1, grantType: row.2, fingerprint: row.3, status: row.4, error: row.5))
+        }
+        return calls
+    }
+
     func calls(sub: String) async throws -> [Call] {
         var calls: [Call] = []
         for try await row in try await h.server.client.query(
@@ -322,7 +338,7 @@ struct ExchangeFixture {
             """
             SELECT (SELECT count(*) FROM accounts WHERE sub = \(sub))::bigint, (SELECT count(*) FROM sessions WHERE sub = \(sub))::bigint,
                 (SELECT count(*) FROM apple_tokens WHERE sub = \(sub))::bigint,
-                (SELECT count(*) FROM apple_auth_calls WHERE sub = \(sub) OR sub IS NULL)::bigint
+                (SELECT count(*) FROM apple_auth_calls WHERE sub = \(sub))::bigint
             """
         ).decode((Int, Int, Int, Int).self) {
             return Stored(accounts: row.0, sessions: row.1, tokens: row.2, calls: row.3)
