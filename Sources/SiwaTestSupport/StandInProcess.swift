@@ -2,9 +2,10 @@ import Foundation
 import SiwaEmbeddedPostgres
 import Testing
 
-/// `siwa-events standin serve` as a user runs it, in `directory`: local keys made first (`keys`),
-/// team TEAMID1234 with key KEYID12345 (its `.p8` written to `keys/AuthKey_KEYID12345.p8`), one
-/// client ID; started on a port of its own choosing and read from its output.
+/// `siwa-events standin serve` as a user runs it, in `directory`: local keys made first in `keys`
+/// (unless there already), team TEAMID1234 with key KEYID12345 (its `.p8` written to
+/// `<keys>/AuthKey_KEYID12345.p8`), one client ID; started on a port of its own choosing and read
+/// from its output.
 package struct StandInProcess {
     package let process: ChildProcess
     package let output: ChildOutput
@@ -14,11 +15,13 @@ package struct StandInProcess {
     package static let teamID = "TEAMID1234"
     package static let keyID = "KEYID12345"
 
-    package static func start(in directory: String, clientIDs: String = "com.example.app") async throws -> StandInProcess {
-        #expect(try await TestBinary.run(["keys", "generate", "--dir", "keys"], directory: directory).status == 0)
+    package static func start(in directory: String, keys: String = "keys", clientIDs: String = "com.example.app") async throws -> StandInProcess {
+        if !FileManager.default.fileExists(atPath: "\(directory)/\(keys)/jwks.json") {
+            #expect(try await TestBinary.run(["keys", "generate", "--dir", keys], directory: directory).status == 0)
+        }
         let (process, output) = try ChildOutput.start(
             TestBinary.url.path,
-            ["standin", "serve", "--keys", "keys", "--port", "0", "--team-id", teamID, "--key-id", keyID, "--client-ids", clientIDs],
+            ["standin", "serve", "--keys", keys, "--port", "0", "--team-id", teamID, "--key-id", keyID, "--client-ids", clientIDs],
             environment: ProcessInfo.processInfo.environment, workingDirectory: directory)
         guard await output.wait(forLineWith: ["a code: siwa-events standin code"], within: .seconds(60)),
             let line = output.text.split(separator: "\n").first(where: { $0.hasPrefix("standin listening on http://127.0.0.1:") })
@@ -30,7 +33,7 @@ package struct StandInProcess {
     }
 
     /// The `.p8` that `serve` made for the team's key.
-    package static func keyFile(in directory: String) -> String { "\(directory)/keys/AuthKey_\(keyID).p8" }
+    package static func keyFile(in directory: String, keys: String = "keys") -> String { "\(directory)/\(keys)/AuthKey_\(keyID).p8" }
 }
 
 package struct StandInDidNotStart: Error, CustomStringConvertible {

@@ -9,15 +9,18 @@ import Testing
 /// free ports in place of 8080 and 8081.
 @Suite("The README's Quickstart")
 struct QuickstartTests {
-    @Test("Quickstart: a test notification is accepted and listed; a session from keys id-token is revoked by consent-revoked")
+    @Test("Quickstart: a test notification is accepted and listed; a session from keys id-token is revoked by consent-revoked; a sign-in with a code, and the account's deletion revokes its token at the stand-in")
     func quickstart() async throws {
         let blocks = try IntegrationGuideTests.testedBlocks(in: "README.md")
-        #expect(Set(blocks.keys) == ["quickstart", "quickstart-revoked"], "README.md's tested blocks changed: run each new one here")
-        var (port, adminPort) = (0, 0)  // the server's, once it has bound them
+        #expect(
+            Set(blocks.keys) == ["quickstart", "quickstart-revoked", "try-apple", "try-apple-revoked"],
+            "README.md's tested blocks changed: run each new one here")
+        var (port, adminPort, standInBase) = (0, 0, "")  // the servers', once they have bound them
         func block(_ name: String) throws -> String {
             try #require(blocks[name]?.code, "README.md has no tested block \(name)")
                 .replacingOccurrences(of: "127.0.0.1:8080", with: "127.0.0.1:\(port)")
                 .replacingOccurrences(of: "127.0.0.1:8081", with: "127.0.0.1:\(adminPort)")
+                .replacingOccurrences(of: "http://127.0.0.1:8090", with: standInBase)
         }
 
         let directory = try TestBinary.makeDirectory("quickstart")
@@ -29,15 +32,24 @@ struct QuickstartTests {
             "PATH": "\(directory)/bin:" + (environment["PATH"] ?? "/usr/bin:/bin")
         ]) { $1 })
 
-        // Steps 1 and 2, with the debug binary. The callback endpoint only tells the test when an
-        // effect is committed (its callback is enqueued in the effect's transaction).
+        // Steps 1 and 2, with the debug binary, and step 6 (the stand-in) with the server started
+        // once, with the credentials of the restart. The callback endpoint only tells the test
+        // when an effect is committed (its callback is enqueued in the effect's transaction).
         #expect(try await TestBinary.run(["keys", "generate", "--dir", "siwa-keys"], directory: directory).status == 0)
+        let standIn = try await StandInProcess.start(in: directory, keys: "siwa-keys")
+        defer { standIn.process.signal(SIGKILL) }
+        standInBase = standIn.base
+        let tokenKey = try await TestBinary.run(["apple", "token-key"], directory: directory)
+        try tokenKey.stdout.write(toFile: "\(directory)/siwa-keys/token-key", atomically: true, encoding: .utf8)
         let endpoint = try await CallbackEndpoint.start()
         defer { Task { await endpoint.stop() } }
         let serving = try await TestBinary.startServing(
             environment: [
                 "SIWA_APPLE_BUNDLE_IDS": "com.example.app", "SIWA_APPLE_JWKS_URL": "file://\(directory)/siwa-keys/jwks.json",
                 "SIWA_CALLBACK_URL": endpoint.url.absoluteString, "SIWA_CALLBACK_SECRET": TestWebhooks.secret,
+                "SIWA_APPLE_TEAM_ID": StandInProcess.teamID, "SIWA_APPLE_KEY_ID": StandInProcess.keyID,
+                "SIWA_APPLE_PRIVATE_KEY_FILE": "siwa-keys/AuthKey_\(StandInProcess.keyID).p8", "SIWA_APPLE_TOKEN_KEYS_FILE": "siwa-keys/token-key",
+                "SIWA_APPLE_AUTH_URL": standIn.base,
             ], unsetting: { $0.hasPrefix("SIWA_") || $0 == "DATABASE_URL" }, directory: directory)
         let server = serving.process
         defer { server.signal(SIGTERM) }
@@ -55,6 +67,19 @@ struct QuickstartTests {
         try #require(await endpoint.arrived.wait(until: 2, within: .seconds(60)))
         let revoked = try await shell.run(try block("quickstart-revoked"))
         #expect(revoked.status == 0 && revoked.stdout == #"{"active":false,"revoked_reason":"consent-revoked"}"# + "\n", "\(revoked.stdout) \(revoked.stderr)")
+
+        // Steps 7 and 8; then, once the worker logged the revocation taken, what the README shows.
+        let deleted = try await shell.run(try block("try-apple"))
+        #expect(
+            deleted.status == 0 && deleted.stdout == #"{"sub":"001234.abcdef.0002","active":true}"# + "\n" + #"{"revoked_sessions":1,"apple_revocations":1}"# + "\n",
+            "\(deleted.stdout) \(deleted.stderr)")
+        try #require(await serving.output.wait(forLineWith: ["Apple token revocation", "outcome=delivered"], within: .seconds(60)), "\(serving.output.text)")
+        let shown = try await shell.run(try block("try-apple-revoked"))
+        #expect(
+            shown.status == 0
+                && shown.stdout == #"{"state":"completed","client_id":"com.example.app","last_status":200}"# + "\n"
+                    + #"{"token_type_hint":"refresh_token","outcome":"revoked"}"# + "\n",
+            "\(shown.stdout) \(shown.stderr)")
         server.signal(SIGTERM)
         #expect(await server.waitForExit() == 0)
     }
