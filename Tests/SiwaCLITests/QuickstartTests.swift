@@ -82,5 +82,13 @@ struct QuickstartTests {
             "\(shown.stdout) \(shown.stderr)")
         server.signal(SIGTERM)
         #expect(await server.waitForExit() == 0)
+        // The server's whole log: no code or token of the stand-in's shape (a letter and 64 hex
+        // digits), no JWS (identity tokens, client secrets), no key of the keyring.
+        let opaque = try Regex("(?:^|[^A-Za-z0-9_-])[acr][0-9a-f]{64}(?:$|[^A-Za-z0-9_-])")
+        let jws = try Regex("eyJ[A-Za-z0-9_-]*\\.eyJ[A-Za-z0-9_-]*\\.")
+        let key = tokenKey.stdout.trimmingCharacters(in: .whitespacesAndNewlines)
+        for line in serving.output.text.split(separator: "\n") {
+            #expect(line.firstMatch(of: opaque) == nil && line.firstMatch(of: jws) == nil && !line.contains(key), "a secret in the log: \(line)")
+        }
     }
 }
