@@ -92,13 +92,11 @@ struct AppleCommand: AsyncParsableCommand {
                 """)
         static let settingGroups: [SettingGroup] = [.database, .logging]
         @Flag(help: "Only those not taken by Apple (yet) after an attempt: retrying or discarded.") var failed = false
-        @Option(help: "Only this user's (with --sub): the app's bundle ID.") var aud: String?
-        @Option(help: "Only this user's (with --aud): Apple's user identifier.") var sub: String?
+        @OptionGroup var user: UserFilter
         @Option(help: ListFlags.limitHelp) var limit: Int = 50
         @Flag(help: "One JSON object per line.") var json = false
 
         func validate() throws {
-            if (aud == nil) != (sub == nil) { throw ValidationError("give --aud and --sub together") }
             try ListFlags.checkLimit(limit)
         }
 
@@ -106,19 +104,10 @@ struct AppleCommand: AsyncParsableCommand {
             let database = try DatabaseSettings(settings)
             let logger = try makeLogger(settings)
             let jobs = try await Database.with(database, logger: logger) { database in
-                try await JobQueue(client: database.client, logger: logger).listAppleRevocations(failed: failed, aud: aud, sub: sub, limit: limit)
+                try await JobQueue(client: database.client, logger: logger).listAppleRevocations(failed: failed, aud: user.aud, sub: user.sub, limit: limit)
             }
             if json {
-                for job in jobs {
-                    print(JSONValue.object([
-                        "id": .number(Double(job.id)), "state": .string(job.state.rawValue), "attempt": .number(Double(job.attempt)),
-                        "aud": .string(job.aud), "sub": .string(job.sub), "client_id": .string(job.clientID), "token_type": .string(job.tokenType),
-                        "token_fingerprint": job.fingerprint.map(JSONValue.string) ?? .null,
-                        "created_at": .string(iso8601(job.createdAt)), "run_at": .string(iso8601(job.runAt)),
-                        "finished_at": job.finishedAt.map { .string(iso8601($0)) } ?? .null,
-                        "last_status": job.lastStatus.map { .number(Double($0)) } ?? .null, "last_error": job.lastError.map(JSONValue.string) ?? .null,
-                    ]).jsonText)
-                }
+                for job in jobs { print(job.json.jsonText) }
             } else if jobs.isEmpty {
                 print("no revocations match")
             } else {
@@ -174,14 +163,12 @@ struct AppleCommand: AsyncParsableCommand {
                   siwa-events apple calls --job 42
                 """)
         static let settingGroups: [SettingGroup] = [.database, .logging]
-        @Option(help: "Only this user's (with --sub): the app's bundle ID.") var aud: String?
-        @Option(help: "Only this user's (with --aud): Apple's user identifier.") var sub: String?
+        @OptionGroup var user: UserFilter
         @Option(help: "Only the calls of this revocation job.") var job: Int?
         @Option(help: ListFlags.limitHelp) var limit: Int = 50
         @Flag(help: "One JSON object per line.") var json = false
 
         func validate() throws {
-            if (aud == nil) != (sub == nil) { throw ValidationError("give --aud and --sub together") }
             try ListFlags.checkLimit(limit)
         }
 
@@ -189,21 +176,10 @@ struct AppleCommand: AsyncParsableCommand {
             let database = try DatabaseSettings(settings)
             let logger = try makeLogger(settings)
             let calls = try await Database.with(database, logger: logger) { database in
-                try await AppleTokenStore(client: database.client, logger: logger).calls(aud: aud, sub: sub, jobID: job, limit: limit)
+                try await AppleTokenStore(client: database.client, logger: logger).calls(aud: user.aud, sub: user.sub, jobID: job, limit: limit)
             }
             if json {
-                for call in calls {
-                    let record = call.record
-                    print(JSONValue.object([
-                        "id": .number(Double(call.id)), "at": .string(iso8601(call.at)), "endpoint": .string(record.endpoint.rawValue),
-                        "client_id": .string(record.clientID), "grant_type": record.grantType.map { .string($0.rawValue) } ?? .null,
-                        "token_type_hint": record.tokenTypeHint.map { .string($0.rawValue) } ?? .null,
-                        "token_fingerprint": .string(record.tokenFingerprint), "status": record.status.map { .number(Double($0)) } ?? .null,
-                        "error": record.error.map { .string($0.word ?? "unrecognised") } ?? .null,
-                        "aud": call.aud.map(JSONValue.string) ?? .null, "sub": call.sub.map(JSONValue.string) ?? .null,
-                        "job_id": call.jobID.map { .number(Double($0)) } ?? .null,
-                    ]).jsonText)
-                }
+                for call in calls { print(call.json.jsonText) }
             } else if calls.isEmpty {
                 print("no calls match")
             } else {
@@ -219,5 +195,15 @@ struct AppleCommand: AsyncParsableCommand {
                     }))
             }
         }
+    }
+}
+
+/// `--aud A --sub S`: one user's, both or neither.
+struct UserFilter: ParsableArguments {
+    @Option(help: "Only this user's (with --sub): the app's bundle ID.") var aud: String?
+    @Option(help: "Only this user's (with --aud): Apple's user identifier.") var sub: String?
+
+    func validate() throws {
+        if (aud == nil) != (sub == nil) { throw ValidationError("give --aud and --sub together") }
     }
 }

@@ -19,27 +19,6 @@ package struct HistoryController: Sendable {
         self.callbackURL = callbackURL.map(Self.shown)
     }
 
-    /// A revocation of a kept token at Apple, as the timeline shows it (never the token).
-    static func json(_ job: JobQueue.AppleRevocationSummary) -> JSONValue {
-        .object([
-            "id": .number(Double(job.id)), "state": .string(job.state.rawValue), "attempt": .number(Double(job.attempt)),
-            "client_id": .string(job.clientID), "token_type": .string(job.tokenType), "token_fingerprint": job.fingerprint.map(JSONValue.string) ?? .null,
-            "created_at": .string(iso8601(job.createdAt)), "finished_at": job.finishedAt.map { .string(iso8601($0)) } ?? .null,
-            "last_status": job.lastStatus.map { .number(Double($0)) } ?? .null, "last_error": job.lastError.map(JSONValue.string) ?? .null,
-        ])
-    }
-
-    /// A recorded call to Apple's auth endpoints: what was sent (a fingerprint) and the answer.
-    static func json(_ call: AppleTokenStore.Call) -> JSONValue {
-        .object([
-            "at": .string(iso8601(call.at)), "endpoint": .string(call.record.endpoint.rawValue), "client_id": .string(call.record.clientID),
-            "grant_type": call.record.grantType.map { .string($0.rawValue) } ?? .null,
-            "token_type_hint": call.record.tokenTypeHint.map { .string($0.rawValue) } ?? .null,
-            "token_fingerprint": .string(call.record.tokenFingerprint), "status": call.record.status.map { .number(Double($0)) } ?? .null,
-            "error": call.record.error.map { .string($0.word ?? "unrecognised") } ?? .null, "job_id": call.jobID.map { .number(Double($0)) } ?? .null,
-        ])
-    }
-
     /// A URL as the dashboard may show it: a password or token in it stays out.
     static func shown(_ url: URL) -> String {
         guard var parts = URLComponents(url: url, resolvingAgainstBaseURL: false) else { return "" }
@@ -168,7 +147,7 @@ package struct HistoryController: Sendable {
         let calls = try await AppleTokenStore(client: history.client, logger: context.logger).calls(aud: aud, sub: sub, limit: limit)
         return .json([
             "aud": .string(aud), "sub": .string(sub), "items": .array(entries.map { $0.json(email: email) }),
-            "apple_revocations": .array(revocations.map(Self.json)), "apple_calls": .array(calls.map(Self.json)),
+            "apple_revocations": .array(revocations.map(\.json)), "apple_calls": .array(calls.map(\.json)),
         ])
     }
 

@@ -132,6 +132,19 @@ package struct AppleTokenStore: Sendable {
         package var aud: String?
         package var sub: String?
         package var jobID: Int?
+
+        /// As the timeline and `apple calls --json` show it: a fingerprint, never a token.
+        package var json: JSONValue {
+            .object([
+                "id": .number(Double(id)), "at": .string(iso8601(at)), "endpoint": .string(record.endpoint.rawValue),
+                "client_id": .string(record.clientID), "grant_type": record.grantType.map { .string($0.rawValue) } ?? .null,
+                "token_type_hint": record.tokenTypeHint.map { .string($0.rawValue) } ?? .null,
+                "token_fingerprint": .string(record.tokenFingerprint), "status": record.status.map { .number(Double($0)) } ?? .null,
+                "error": record.error.map { .string($0.word ?? "unrecognised") } ?? .null,
+                "aud": aud.map(JSONValue.string) ?? .null, "sub": sub.map(JSONValue.string) ?? .null,
+                "job_id": jobID.map { .number(Double($0)) } ?? .null,
+            ])
+        }
     }
 
     /// The calls recorded for a user (`aud`/`sub`), or for a revocation job, newest first.

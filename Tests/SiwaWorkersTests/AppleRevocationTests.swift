@@ -2,6 +2,7 @@ import AsyncHTTPClient
 import Crypto
 import Foundation
 import Logging
+import NIOHTTP1
 import PostgresNIO
 import SiwaApple
 import SiwaAppleStandIn
@@ -122,6 +123,13 @@ struct AppleRevocationTests {
         #expect(try await DatabaseSearch.occurrences(of: token, in: h.client) == 0)
         #expect(try await DatabaseSearch.occurrences(of: ciphertext, in: h.client) == 0)
         #expect(!h.h.logs.all.contains { $0.contains(token) })
+        // The user's timeline shows the revocation and both calls, by fingerprint.
+        let reader = try await API.token(h.h, [.notificationsRead])
+        let timeline = try await API.call(h.h, .GET, "/v1/accounts/\(Harness.aud)/del-1/timeline", token: reader)
+        #expect(timeline.status == 200)
+        #expect(timeline.json?["apple_revocations"]?.arrayValue?.map { $0["state"] } == [.string("completed")], "\(timeline.body)")
+        #expect(timeline.json?["apple_calls"]?.arrayValue?.map { $0["status"] } == [.number(200), .number(503)], "\(timeline.body)")
+        #expect(!timeline.body.contains(token) && !timeline.body.contains(ciphertext))
 
         // Apple then sends consent-revoked for the user: applied, nothing more to revoke.
         try await h.post("consent-revoked", sub: "del-1", at: 9_000)

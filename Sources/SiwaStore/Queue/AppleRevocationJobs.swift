@@ -22,6 +22,17 @@ extension JobQueue {
         package var lastError: String?
         /// The fingerprint of the token the last recorded call sent.
         package var fingerprint: String?
+
+        /// As the timeline and `apple revocations --json` show it (never the token).
+        package var json: JSONValue {
+            .object([
+                "id": .number(Double(id)), "state": .string(state.rawValue), "attempt": .number(Double(attempt)), "aud": .string(aud),
+                "sub": .string(sub), "client_id": .string(clientID), "token_type": .string(tokenType),
+                "token_fingerprint": fingerprint.map(JSONValue.string) ?? .null, "created_at": .string(iso8601(createdAt)),
+                "run_at": .string(iso8601(runAt)), "finished_at": finishedAt.map { .string(iso8601($0)) } ?? .null,
+                "last_status": lastStatus.map { .number(Double($0)) } ?? .null, "last_error": lastError.map(JSONValue.string) ?? .null,
+            ])
+        }
     }
 
     /// Newest first; `failed`: only those retrying or discarded; `aud`/`sub`: one user's.
