@@ -93,16 +93,11 @@ package struct AppleTokenStore: Sendable {
         return count
     }
 
-    /// Deletes the users' stored tokens without revoking them (Apple has ended them already:
-    /// `account-delete`, `consent-revoked`), in the caller's transaction.
-    static func forget(users: [(aud: String, sub: String)], on connection: PostgresConnection, logger: Logger) async throws {
-        guard !users.isEmpty else { return }
-        try await connection.query(
-            """
-            DELETE FROM apple_tokens t
-            USING unnest(\(users.map(\.aud))::text[], \(users.map(\.sub))::text[]) AS u(aud, sub)
-            WHERE t.aud = u.aud AND t.sub = u.sub
-            """, logger: logger)
+    /// The body of a data-modifying CTE that deletes the kept tokens of the users `users` selects
+    /// (columns `aud`, `sub`) without revoking them (Apple has ended them: `account-delete`,
+    /// `consent-revoked`): the effect batch runs it inside its session revocation, one round trip.
+    static func forgetSQL(users: String) -> String {
+        "DELETE FROM apple_tokens t USING (\(users)) u WHERE t.aud = u.aud AND t.sub = u.sub"
     }
 
     // MARK: Calls

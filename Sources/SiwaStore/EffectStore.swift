@@ -179,22 +179,22 @@ package struct EffectStore: Sendable {
 
         let plan = EffectBatchPlan.plan(jobs.map(\.planned), accounts: states, eraseOnDelete: eraseOnDelete)
 
-        // SessionsRevoke: active sessions in scope, and those attributed to a later revoking event.
+        // SessionsRevoke: active sessions in scope, and those attributed to a later revoking event;
+        // unless they are to be revoked at Apple, the users' kept Apple tokens go.
         var revoked: [String: Int] = [:]
         if !plan.revocations.isEmpty {
-            for try await (jti, wasActive) in try await connection.execute(RevokeSessions(revocations: plan.revocations), logger: logger) where wasActive {
+            for try await (jti, wasActive) in try await connection.execute(
+                RevokeSessions(revocations: plan.revocations, forgetAppleTokens: appleTokens == .forget), logger: logger) where wasActive {
                 revoked[jti, default: 0] += 1
             }
         }
 
-        // Kept Apple tokens of the users Apple revoked or deleted: forgotten, or queued for /auth/revoke.
-        if !plan.revocations.isEmpty {
+        // Kept Apple tokens of the users Apple revoked or deleted: forgotten with their sessions'
+        // revocation (above), or queued for /auth/revoke.
+        if !plan.revocations.isEmpty, appleTokens == .revoke {
             var seen = Set<AccountKey>()
             let users = plan.revocations.map(\.user).filter { seen.insert($0).inserted }.map { (aud: $0.aud, sub: $0.sub) }
-            switch appleTokens {
-            case .forget: try await AppleTokenStore.forget(users: users, on: connection, logger: logger)
-            case .revoke: try await AppleTokenStore.enqueueRevocations(of: users, on: connection, logger: logger)
-            }
+            try await AppleTokenStore.enqueueRevocations(of: users, on: connection, logger: logger)
         }
 
         // Erasure: the address leaves every place we hold it.
@@ -279,8 +279,9 @@ package struct EffectStore: Sendable {
 
     /// Revokes the sessions each revoking event covers: active ones created at or before its cutoff,
     /// and those attributed to a later revoking event (the earliest revoking event is recorded).
+    /// With `forgetAppleTokens`, the users' kept Apple tokens are deleted in the same statement.
     struct RevokeSessions: PostgresPreparedStatement {
-        static let name = "siwa_sessions_revoke_v1"
+        static let name = "siwa_sessions_revoke_v2"
         static let sql = """
             WITH r AS (
                 SELECT r.aud, r.sub, r.reason, r.jti,
@@ -288,6 +289,8 @@ package struct EffectStore: Sendable {
                     timestamptz 'epoch' + r.event_ms * interval '1 millisecond' AS event_time
                 FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::int8[], $6::int8[])
                     AS r(aud, sub, reason, jti, cutoff_ms, event_ms)
+            ), forgotten AS (
+                \(AppleTokenStore.forgetSQL(users: "SELECT DISTINCT aud, sub FROM r WHERE $7::bool"))
             ), target AS (
                 SELECT s.id, s.revoked_at IS NULL AS was_active, r.reason, r.jti, r.event_time
                 FROM sessions s JOIN r ON s.aud = r.aud AND s.sub = r.sub
@@ -303,15 +306,17 @@ package struct EffectStore: Sendable {
             """
         typealias Row = (String, Bool)
         let revocations: [SessionRevocationOrder]
+        let forgetAppleTokens: Bool
 
         func makeBindings() -> PostgresBindings {
-            var bindings = PostgresBindings(capacity: 6)
+            var bindings = PostgresBindings(capacity: 7)
             bindings.append(revocations.map(\.user.aud))
             bindings.append(revocations.map(\.user.sub))
             bindings.append(revocations.map(\.reason))
             bindings.append(revocations.map(\.jti))
             bindings.append(NullableArray(revocations.map(\.cutoff)))
             bindings.append(revocations.map(\.eventTimeMillis))
+            bindings.append(forgetAppleTokens)
             return bindings
         }
 
