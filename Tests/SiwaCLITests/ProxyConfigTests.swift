@@ -60,7 +60,7 @@ struct ProxyConfigTests {
         let idle = shipped.firstMatch(of: /keepalive_timeout\s+(\d+)s;/).flatMap { Int($0.1) }
         #expect(idle.map { $0 < Self.siwaIdleTimeout } == true, "nginx.conf: upstream keepalive_timeout \(idle.map(String.init) ?? "not set")")
 
-        let work = try Workspace()
+        let work = try await Workspace.make()
         defer { work.remove() }
         let upstream = try await Upstream.start()
         defer { Task { await upstream.stop() } }
@@ -122,7 +122,7 @@ struct ProxyConfigTests {
         let idle = shipped.firstMatch(of: /keepalive\s+(\d+)m\b/).flatMap { Int($0.1) }
         #expect(idle.map { $0 * 60 < Self.siwaIdleTimeout } == true, "Caddyfile: transport keepalive \(idle.map { "\($0)m" } ?? "not set")")
 
-        let work = try Workspace()
+        let work = try await Workspace.make()
         defer { work.remove() }
         let upstream = try await Upstream.start()
         defer { Task { await upstream.stop() } }
@@ -252,21 +252,20 @@ struct ProxyConfigTests {
         var certificate: String { "\(directory)/siwa.example.com.pem" }
         var key: String { "\(directory)/siwa.example.com.key" }
 
-        init() throws {
-            directory = "/tmp/siwa-proxy-\(UUID().uuidString.prefix(6).lowercased())"
+        /// Makes the directory and a self-signed certificate for the shipped server name (openssl
+        /// req -x509 makes it its own CA); openssl is waited for off the cooperative pool.
+        static func make() async throws -> Workspace {
+            let directory = "/tmp/siwa-proxy-\(UUID().uuidString.prefix(6).lowercased())"
             try FileManager.default.createDirectory(atPath: directory, withIntermediateDirectories: true, attributes: [.posixPermissions: 0o755])
-            // Self-signed for the shipped server name (openssl req -x509 makes it its own CA).
-            let process = Process()
-            process.executableURL = URL(fileURLWithPath: "/usr/bin/env")
-            process.arguments = [
-                "openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", "\(directory)/siwa.example.com.key",
-                "-out", "\(directory)/siwa.example.com.pem", "-days", "2", "-subj", "/CN=siwa.example.com", "-addext", "subjectAltName=DNS:siwa.example.com",
-            ]
-            process.standardOutput = FileHandle.nullDevice
-            process.standardError = FileHandle.nullDevice
-            try process.run()
-            process.waitUntilExit()
-            try #require(process.terminationStatus == 0, "openssl could not make the test certificate")
+            let made = try await Subprocess.run(
+                "/usr/bin/env",
+                [
+                    "openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", "\(directory)/siwa.example.com.key",
+                    "-out", "\(directory)/siwa.example.com.pem", "-days", "2", "-subj", "/CN=siwa.example.com", "-addext",
+                    "subjectAltName=DNS:siwa.example.com",
+                ], environment: ProcessInfo.processInfo.environment)
+            try #require(made.status == 0 && !made.terminatedBySignal, "openssl could not make the test certificate: \(made.standardError)")
+            return Workspace(directory: directory)
         }
 
         func remove() { try? FileManager.default.removeItem(atPath: directory) }
