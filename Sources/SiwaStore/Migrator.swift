@@ -22,6 +22,7 @@ let embedded: [(file: String, bytes: [UInt8])] = [
     ("014_queue_gate.sql", PackageResources._14_queue_gate_sql),
     ("015_definer_hardening.sql", PackageResources._15_definer_hardening_sql),
     ("016_apple_tokens.sql", PackageResources._16_apple_tokens_sql),
+    ("017_transfers.sql", PackageResources._17_transfers_sql),
 ]
 
 /// A numbered SQL migration from `sql/` (built into the binary, so it runs from any directory).

@@ -1,0 +1,84 @@
+import Foundation
+import Logging
+import SiwaApple
+import SiwaDomain
+import SiwaStore
+
+/// Asks Apple for one user's transfer identifier for the target team: the sending side's one call.
+/// A refusal for that user is its `Result`; what stops every call (no access token, our
+/// credentials refused, no answer) is thrown, so a rerun resumes instead of failing each user.
+package protocol TransferSubSource: Sendable {
+    func transferSub(of sub: String) async throws -> Result<String, TransferFailure>
+}
+
+/// `transfers prepare`, the sending side: every known user of the transferred app gets their
+/// `transfer_sub` for the target team, a batch at a time. Resumable (what is computed is kept;
+/// a rerun asks only for the rest), per-user refusals kept for `--retry-failed`, never stopping
+/// the batch. The caller paces the calls (`pace` before each).
+package struct TransferPreparation: Sendable {
+    let store: TransferStore
+    let transfer: Transfer
+    let source: any TransferSubSource
+
+    package init(store: TransferStore, transfer: Transfer, source: any TransferSubSource) {
+        self.store = store
+        self.transfer = transfer
+        self.source = source
+    }
+
+    /// One batch of up to `limit` pending users; returns how many were asked for (0: none left).
+    @discardableResult
+    package func runOnce(limit: Int, pace: @Sendable () async throws -> Void = {}) async throws -> Int {
+        let subs = try await store.pendingSubs(of: transfer, limit: limit)
+        for sub in subs {
+            try await pace()
+            try await store.record(try await source.transferSub(of: sub), sub: sub, of: transfer)
+        }
+        return subs.count
+    }
+}
+
+/// Apple's `/auth/usermigrationinfo` as a `TransferSubSource`: the hour-long access token reused
+/// (`MigrationTokenCache`), every call recorded in `apple_auth_calls`.
+package struct AppleTransferSubs: TransferSubSource {
+    package struct Stopped: Error, CustomStringConvertible {
+        package var description: String
+    }
+
+    let client: AppleAuthClient
+    let tokens: MigrationTokenCache
+    let clientID: String
+    let target: String
+    let calls: AppleTokenStore
+
+    package init(client: AppleAuthClient, tokens: MigrationTokenCache, clientID: String, target: String, calls: AppleTokenStore) {
+        self.client = client
+        self.tokens = tokens
+        self.clientID = clientID
+        self.target = target
+        self.calls = calls
+    }
+
+    package func transferSub(of sub: String) async throws -> Result<String, TransferFailure> {
+        let lookup = await tokens.token(clientID: clientID)
+        if let call = lookup.call { try await calls.record(call.record, aud: nil, sub: nil) }
+        let token: AppleMigrationToken
+        switch lookup.result {
+        case .success(let value): token = value
+        case .failure(let failure): throw Stopped(description: "no migration access token from Apple: \(failure)")
+        }
+        let call = await client.transferSub(of: sub, target: target, clientID: clientID, accessToken: token.accessToken)
+        try await calls.record(call.record, aud: nil, sub: nil)
+        switch call.result {
+        case .success(let transferSub):
+            return .success(transferSub)
+        case .failure(.apple(let refusal)) where refusal == .invalidRequest:
+            return .failure(TransferFailure(word: refusal.word ?? "invalid_request"))
+        case .failure(.apple(let refusal)) where refusal == .invalidGrant || refusal == .invalidClient:
+            tokens.forget(clientID: clientID)
+            throw Stopped(description: "Apple refused the call (\(refusal)): check SIWA_APPLE_TEAM_ID, SIWA_APPLE_KEY_ID and the .p8; rerun to resume")
+        case .failure(let failure):
+            throw Stopped(description: "\(failure); rerun to resume")
+        }
+    }
+}

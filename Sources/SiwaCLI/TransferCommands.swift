@@ -1,0 +1,199 @@
+import ArgumentParser
+import Foundation
+import SiwaApp
+import SiwaApple
+import SiwaDomain
+import SiwaStore
+
+/// App transfers between developer teams (Apple's TN3159): the sending side's identifiers.
+struct TransfersCommand: AsyncParsableCommand {
+    static let configuration = CommandConfiguration(
+        commandName: "transfers", abstract: "Move an app's users to another developer team without losing one.",
+        subcommands: [Prepare.self, Export.self, Status.self])
+
+    /// `--client-id`, defaulting to the one configured bundle ID; the bundle ID it signs in to.
+    struct ClientChoice: ParsableArguments {
+        @Option(name: .customLong("client-id"), help: "The transferred app's client ID (default: the one SIWA_APPLE_BUNDLE_IDS names).")
+        var clientID: String?
+
+        func resolve(_ apple: AppleSettings) throws -> (clientID: String, aud: String) {
+            if let clientID {
+                guard let aud = apple.clientIDs[clientID] else {
+                    throw ValidationError("--client-id \(clientID) is not configured: choose one of \(apple.clientIDs.keys.sorted().joined(separator: ", "))")
+                }
+                return (clientID, aud)
+            }
+            guard apple.bundleIDs.count == 1, let only = apple.bundleIDs.first else {
+                throw ValidationError("--client-id is required: SIWA_APPLE_BUNDLE_IDS names \(apple.bundleIDs.count) apps (\(apple.bundleIDs.sorted().joined(separator: ", ")))")
+            }
+            return (only, only)
+        }
+    }
+
+    struct Prepare: SettingsCommand {
+        static let configuration = CommandConfiguration(
+            abstract: "Sending side: ask Apple for every known user's transfer_sub for the recipient team (resumable).",
+            discussion: """
+                Each known user of the app gets the identifier the recipient team exchanges for its own sub.
+                Stop it any time: a rerun asks only for the rest. A user Apple refuses (e.g. who revoked the
+                app) is kept with the error and skipped; --retry-failed asks again.
+                Examples:
+                  siwa-events transfers prepare --target ABCDE12345
+                  siwa-events transfers prepare --target ABCDE12345 --rate 20 --retry-failed
+                """)
+        static let settingGroups: [SettingGroup] = [.database, .apple, .appleCredentials, .logging]
+        @Option(help: "The recipient team's ID (10 characters, A-Z and 0-9).") var target: String
+        @OptionGroup var client: ClientChoice
+        @Option(help: "Calls to Apple per second at most.") var rate: Double = 10
+        @Flag(name: .customLong("retry-failed"), help: "Ask again for the users Apple refused before.") var retryFailed = false
+
+        func validate() throws {
+            guard ClientSecretPolicy.isAppleIdentifier(target) else {
+                throw ValidationError("--target must be the recipient's team ID: 10 characters, A-Z and 0-9 (got \"\(target)\")")
+            }
+            guard rate > 0, rate <= 1000 else { throw ValidationError("--rate must be between 0 and 1000 calls a second (got \(rate))") }
+        }
+
+        func run(_ settings: SettingSource) async throws {
+            let database = try DatabaseSettings(settings)
+            let apple = try AppleSettings(settings, receiving: false)
+            let (clientID, aud) = try client.resolve(apple)
+            guard let credentials = try AppleCredentials.configured(settings) else {
+                throw ConfigurationError(
+                    variable: Settings.appleTeamID.info.name,
+                    message: "is required: transfer identifiers are asked for with the team's credentials (SIWA_APPLE_TEAM_ID, SIWA_APPLE_KEY_ID, SIWA_APPLE_PRIVATE_KEY_FILE)")
+            }
+            guard target != credentials.policy.teamID else {
+                throw ValidationError("--target \(target) is this team (SIWA_APPLE_TEAM_ID): give the recipient team's ID")
+            }
+            let logger = try makeLogger(settings)
+            let appleClient = credentials.client()
+            try await Database.with(database, logger: logger) { database in
+                let store = TransferStore(client: database.client, logger: logger)
+                let transfer = try await store.start(.outgoing, clientID: clientID, aud: aud, teamID: target, transferredAt: nil, actor: cliActor)
+                let added = try await store.listUsers(of: transfer)
+                if retryFailed { try await store.retryFailed(of: transfer) }
+                let source = AppleTransferSubs(
+                    client: appleClient, tokens: MigrationTokenCache(client: appleClient), clientID: clientID, target: target,
+                    calls: AppleTokenStore(client: database.client, logger: logger))
+                let preparation = TransferPreparation(store: store, transfer: transfer, source: source)
+                let pacer = Pacer(perSecond: rate)
+                var progress = try await store.progress(of: transfer)
+                printError("transfer of \(clientID) to team \(target): \(progress.total) users (\(added) new), \(progress.pending) to ask for")
+                let meter = ProgressLine(total: progress.pending)
+                while try await preparation.runOnce(limit: 100, pace: { try await pacer.next() }) > 0 {
+                    progress = try await store.progress(of: transfer)
+                    meter.show(done: meter.total - progress.pending)
+                }
+                meter.finish()
+                progress = try await store.progress(of: transfer)
+                print("\(progress.computed) of \(progress.total) users have a transfer_sub for team \(target)")
+                for (word, count) in progress.failed.sorted(by: { $0.key < $1.key }) {
+                    print("\(count) refused by Apple: \(word) (kept; `transfers prepare --target \(target) --retry-failed` asks again)")
+                }
+            }
+        }
+    }
+
+    struct Export: SettingsCommand {
+        static let configuration = CommandConfiguration(
+            abstract: "Sending side: write the transfer_subs the recipient team needs (0600; no sub, no address).",
+            discussion: """
+                One JSON object per line, {"transfer_sub": "…"}, after a first line naming the app and the team.
+                Examples:
+                  siwa-events transfers export --target ABCDE12345 --output transfer.ndjson
+                """)
+        static let settingGroups: [SettingGroup] = [.database, .apple, .logging]
+        @Option(help: "The recipient team's ID.") var target: String
+        @OptionGroup var client: ClientChoice
+        @Option(help: "The file to write (replaced whole; readable by its owner only).") var output: String
+
+        func run(_ settings: SettingSource) async throws {
+            let database = try DatabaseSettings(settings)
+            let apple = try AppleSettings(settings, receiving: false)
+            let (clientID, _) = try client.resolve(apple)
+            let logger = try makeLogger(settings)
+            let (transfer, subs) = try await Database.with(database, logger: logger) { database in
+                let store = TransferStore(client: database.client, logger: logger)
+                guard let transfer = try await store.list().first(where: { $0.direction == .outgoing && $0.clientID == clientID && $0.teamID == target })
+                else { throw ValidationError("no transfer of \(clientID) to team \(target): run `transfers prepare --target \(target)` first") }
+                return (transfer, try await store.transferSubs(of: transfer))
+            }
+            let file: PrivateFile
+            do {
+                file = try PrivateFile(creating: output)
+            } catch {
+                printError("siwa-events: --output: \(error)")
+                throw ExitCode(1)
+            }
+            do {
+                let header: JSONValue = [
+                    "client_id": .string(transfer.clientID), "target": .string(transfer.teamID), "count": .number(Double(subs.count)),
+                ]
+                var text = header.jsonText + "\n"
+                for value in subs { text += JSONValue.object(["transfer_sub": .string(value)]).jsonText + "\n" }
+                file.handle.write(Data(text.utf8))
+                try file.commit()
+            } catch {
+                file.discard()
+                throw error
+            }
+            print("wrote \(subs.count) transfer_subs for team \(target) to \(output)")
+        }
+    }
+
+    struct Status: SettingsCommand {
+        static let configuration = CommandConfiguration(abstract: "Each recorded transfer: its users, identifiers and errors.")
+        static let settingGroups: [SettingGroup] = [.database, .logging]
+
+        func run(_ settings: SettingSource) async throws {
+            let database = try DatabaseSettings(settings)
+            let logger = try makeLogger(settings)
+            try await Database.with(database, logger: logger) { database in
+                let store = TransferStore(client: database.client, logger: logger)
+                let transfers = try await store.list()
+                if transfers.isEmpty { print("no transfers") }
+                for transfer in transfers {
+                    let progress = try await store.progress(of: transfer)
+                    let failed = progress.failed.sorted(by: { $0.key < $1.key }).map { "\($0.value) \($0.key)" }.joined(separator: ", ")
+                    print(
+                        "\(transfer.direction.rawValue) \(transfer.clientID) team \(transfer.teamID): \(progress.computed)/\(progress.total) transfer_subs"
+                            + (failed.isEmpty ? "" : ", refused: \(failed)") + ", \(progress.pending) pending")
+                }
+            }
+        }
+    }
+}
+
+/// Spaces calls `1/perSecond` apart (the CLI's rate limit).
+actor Pacer {
+    private let interval: Duration
+    private var next = ContinuousClock.now
+
+    init(perSecond: Double) { interval = .nanoseconds(Int64(1e9 / perSecond)) }
+
+    func next() async throws {
+        let now = ContinuousClock.now
+        if next > now { try await Task.sleep(until: next, clock: .continuous) }
+        next = max(next, now) + interval
+    }
+}
+
+/// A progress line on stderr when it is a terminal (rewritten in place), nothing otherwise.
+final class ProgressLine: Sendable {
+    let total: Int
+    private let terminal = isatty(STDERR_FILENO) == 1
+
+    init(total: Int) { self.total = total }
+
+    func show(done: Int) {
+        guard terminal, total > 0 else { return }
+        let width = 30
+        let filled = min(width, done * width / total)
+        FileHandle.standardError.write(Data("\r[\(String(repeating: "#", count: filled))\(String(repeating: ".", count: width - filled))] \(done)/\(total)".utf8))
+    }
+
+    func finish() {
+        if terminal && total > 0 { FileHandle.standardError.write(Data("\n".utf8)) }
+    }
+}
