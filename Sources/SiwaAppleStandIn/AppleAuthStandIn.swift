@@ -49,7 +49,7 @@ package final class AppleAuthStandIn: Service, Sendable {
         self.configuration = configuration
         self.secrets = ClientSecretCheck(teams: configuration.teams, clockSkew: configuration.clockSkew)
         self.ledger = Mutex(AuthLedger(limits: configuration.limits))
-        self.transfers = TransferSubs(seed: configuration.transferSeed ?? Array(configuration.signer.privateKey.derRepresentation))
+        self.transfers = TransferSubs(seed: configuration.transferSeed ?? Array(configuration.signer.privateKeyPEM.utf8))
         self.logger = logger
     }
 

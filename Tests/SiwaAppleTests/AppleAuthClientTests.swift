@@ -248,7 +248,7 @@ struct AppleAuthClientTests {
         let cache = MigrationTokenCache(
             client: AppleAuthClient(configuration: .init(baseURL: recorder.baseURL), minter: minter, now: { clock.now }), margin: 300,
             now: { clock.now })
-        try await withRecorder(recorder) {
+        try await withRecorder(recorder) { () async throws in
             for n in 1...3 { recorder.reply(.init(status: 200, body: #"{"access_token":"m\#(n)","token_type":"Bearer","expires_in":3600}"#)) }
             let first = await cache.token(clientID: "com.example.app")
             #expect(try first.result.get().accessToken == "m1" && first.call?.record.status == 200)
