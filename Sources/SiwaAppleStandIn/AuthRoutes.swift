@@ -129,9 +129,7 @@ extension AppleAuthStandIn {
     /// one not of this stand-in, not for the caller's team, or for a revoked user → `invalid_request`.
     private func userMigrationInfo(_ form: FormBody, authorization: String?, now: Date) throws(AppleAuthError) -> Response {
         guard let clientID = form["client_id"], form["client_secret"] != nil else { throw .invalidRequest }
-        guard let authorization, authorization.lowercased().hasPrefix("bearer "), case let bearer = authorization.dropFirst(7).trimmingCharacters(in: .whitespaces),
-            !bearer.isEmpty
-        else { throw .invalidClient }
+        guard let bearer = Self.bearerToken(authorization) else { throw .invalidClient }
         let team = try authenticate(form, clientID: clientID)
         try ledger.withLock { ledger throws(AppleAuthError) in try ledger.checkMigrationToken(bearer, clientID: clientID, teamID: team.teamID, now: now) }
         switch (form["sub"], form["target"], form["transfer_sub"]) {
@@ -153,6 +151,13 @@ extension AppleAuthStandIn {
         default:
             throw .invalidRequest
         }
+    }
+
+    /// The token of an `Authorization: Bearer <token>` header (the scheme in any case, RFC 6750); nil otherwise.
+    static func bearerToken(_ header: String?) -> String? {
+        guard let header, header.count > 7, header.prefix(7).lowercased() == "bearer " else { return nil }
+        let token = header.dropFirst(7).trimmingCharacters(in: .whitespaces)
+        return token.isEmpty ? nil : token
     }
 
     private func revoke(_ form: FormBody) throws(AppleAuthError) -> RevocationOutcome {

@@ -128,6 +128,8 @@ struct StandInCommand: AsyncParsableCommand {
                     let url = try await standIn.url
                     let lines = ["standin listening on \(url.absoluteString)"] + keyLines + [
                         "client IDs: \(Self.list(clientIDs).joined(separator: ", "))",
+                        "usermigrationinfo: \(migrationRate > 0 ? "at most \(migrationRate) requests/s" : "no rate limit")"
+                            + (recipientTeamID.map { ", recipient team \($0)" } ?? ", no recipient team (--recipient-team-id)"),
                         "id_tokens verify with: SIWA_APPLE_JWKS_URL=\(directory.appendingPathComponent("jwks.json").absoluteString)",
                         "a code: siwa-events standin code --url \(url.absoluteString) --client-id \(Self.list(clientIDs)[0]) --sub 001234.abcdef.0001",
                     ]

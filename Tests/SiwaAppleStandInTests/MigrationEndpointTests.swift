@@ -29,16 +29,23 @@ struct MigrationEndpointTests {
         }
     }
 
-    @Test("the Bearer: missing is invalid_client; unknown, expired (after 3600 s) or another team's is invalid_grant")
+    @Test("the Bearer (scheme in any case): missing is invalid_client; unknown, expired (after 3600 s) or another team's is invalid_grant")
     func bearer() async throws {
         try await StandIn.run { standIn in
             #expect(try await standIn.transferSub("001.a.1", target: Self.target, bearer: nil).appleError == .invalidClient)
             #expect(try await standIn.transferSub("001.a.1", target: Self.target, bearer: "m00").appleError == .invalidGrant)
+            // A secret minted at the stand-in's current time (the clock moves below).
+            func form() throws -> [(String, String)] {
+                [("sub", "001.a.1"), ("target", Self.target), ("client_id", StandIn.clientID), ("client_secret", try standIn.secret())]
+            }
+            for header in ["Basic dXNlcjpwYXNz", "Bearer ", "Bearer"] {
+                #expect(try await standIn.post("auth/usermigrationinfo", form: form(), authorization: header).appleError == .invalidClient, "\(header)")
+            }
             let bearer = try await standIn.bearer(standIn.secrets)
             let recipientBearer = try await standIn.bearer(standIn.recipient)
             #expect(try await standIn.transferSub("001.a.1", target: Self.target, bearer: recipientBearer).appleError == .invalidGrant)
             standIn.clock.advance(by: 3599)
-            #expect(try await standIn.transferSub("001.a.1", target: Self.target, bearer: bearer).status == 200)
+            #expect(try await standIn.post("auth/usermigrationinfo", form: form(), authorization: "bearer \(bearer)").status == 200)
             standIn.clock.advance(by: 1)
             #expect(try await standIn.transferSub("001.a.1", target: Self.target, bearer: bearer).appleError == .invalidGrant)
         }
