@@ -6,7 +6,8 @@ import NIOHTTP1
 import SiwaDomain
 import SiwaRuntime
 
-/// Apple's `/auth/token` and `/auth/revoke`: form-encoded POSTs with a minted client secret.
+/// Apple's `/auth/token`, `/auth/revoke` and `/auth/usermigrationinfo`: form-encoded POSTs with a
+/// minted client secret (and, for the last, the migration access token as a Bearer header).
 /// Every call returns, beside its result, a record of what was sent (`AppleAuthRecord`), because
 /// `/auth/revoke` answers 200 to anything. No redirect is followed; each call has one deadline.
 package struct AppleAuthClient: Sendable {
@@ -36,9 +37,12 @@ package struct AppleAuthClient: Sendable {
         /// No answer: connection, TLS, deadline.
         case transport(String)
         case clientSecret(String)
+        /// Refused before sending: the input cannot be a valid request (nothing was sent).
+        case invalidInput(String)
 
         package var description: String {
             switch self {
+            case .invalidInput(let why): why
             case .apple(let error): "\(error)"
             case .malformedAnswer(let status): "Apple answered \(status) with a body that is not the expected JSON"
             case .transport(let why): "no answer from Apple: \(why)"
@@ -85,14 +89,45 @@ package struct AppleAuthClient: Sendable {
         return Call(record: record, result: answer.map { _ in () })
     }
 
+    /// The access token for `/auth/usermigrationinfo` (an hour; `MigrationTokenCache` reuses it).
+    package func migrationAccessToken(clientID: String) async -> Call<AppleMigrationToken> {
+        let (record, answer) = await send(.migrationToken, clientID: clientID)
+        return Call(record: record, result: answer.flatMap { Self.parsed($0, AppleMigrationToken.parse) })
+    }
+
+    /// Sending team: the `transfer_sub` of our user `sub` for the recipient team `target`. A target
+    /// that is not a team ID, or is our own team, is refused unsent: Apple would answer the latter
+    /// with identifiers no team can use (nov/apple_id #21).
+    package func transferSub(of sub: String, target: String, clientID: String, accessToken: String) async -> Call<String> {
+        let request = AppleAuthRequest.transferSub(sub: sub, target: target)
+        let refusal: String? =
+            if sub.isEmpty { "the sub to transfer must not be empty" }
+            else if !ClientSecretPolicy.isAppleIdentifier(target) {
+                "the target must be the recipient's team ID: 10 characters, A-Z and 0-9 (got \"\(UntrustedText.bounded(target, limit: 32))\")"
+            } else if target == minter.policy.teamID { "the target \(target) is this team: a transfer_sub is for the recipient team's ID" }
+            else { nil }
+        if let refusal { return Call(record: request.record(clientID: clientID), result: .failure(.invalidInput(refusal))) }
+        let (record, answer) = await send(request, clientID: clientID, bearer: accessToken)
+        return Call(record: record, result: answer.flatMap { Self.parsed($0, AppleTransferSub.parse) })
+    }
+
+    /// Receiving team: the user behind a `transfer_sub` (their `sub` in our team, a relay email).
+    package func migratedUser(transferSub: String, clientID: String, accessToken: String) async -> Call<AppleMigratedUser> {
+        if transferSub.isEmpty {
+            return Call(record: AppleAuthRequest.migratedUser(transferSub: transferSub).record(clientID: clientID), result: .failure(.invalidInput("the transfer_sub must not be empty")))
+        }
+        let (record, answer) = await send(.migratedUser(transferSub: transferSub), clientID: clientID, bearer: accessToken)
+        return Call(record: record, result: answer.flatMap { Self.parsed($0, AppleMigratedUser.parse) })
+    }
+
+    private static func parsed<Value>(_ answer: Answer, _ parse: ([UInt8]) -> Value?) -> Result<Value, Failure> {
+        guard let value = parse(answer.body) else { return .failure(.malformedAnswer(status: answer.status)) }
+        return .success(value)
+    }
+
     private func tokenCall(_ request: AppleAuthRequest, clientID: String) async -> Call<AppleTokenGrant> {
         let (record, answer) = await send(request, clientID: clientID)
-        return Call(
-            record: record,
-            result: answer.flatMap { answer -> Result<AppleTokenGrant, Failure> in
-                guard let grant = AppleTokenGrant.parse(answer.body) else { return .failure(.malformedAnswer(status: answer.status)) }
-                return .success(grant)
-            })
+        return Call(record: record, result: answer.flatMap { Self.parsed($0, AppleTokenGrant.parse) })
     }
 
     private struct Answer: Sendable {
@@ -101,7 +136,8 @@ package struct AppleAuthClient: Sendable {
     }
 
     /// Sends `request`; a 2xx is an `Answer`, anything else a `Failure`, and the record says which.
-    private func send(_ request: AppleAuthRequest, clientID: String) async -> (AppleAuthRecord, Result<Answer, Failure>) {
+    /// `bearer` goes only to `/auth/usermigrationinfo`, the one endpoint that takes it.
+    private func send(_ request: AppleAuthRequest, clientID: String, bearer: String? = nil) async -> (AppleAuthRecord, Result<Answer, Failure>) {
         var record = request.record(clientID: clientID)
         let url = configuration.baseURL.absoluteString.trimmingSuffix("/") + request.endpoint.rawValue
         guard configuration.baseURL.scheme?.lowercased() == "https" || KeySetRedirect.isLoopback(configuration.baseURL) else {
@@ -117,6 +153,7 @@ package struct AppleAuthClient: Sendable {
         http.method = .POST
         http.headers.add(name: "Content-Type", value: "application/x-www-form-urlencoded")
         http.headers.add(name: "Accept", value: "application/json")
+        if request.endpoint == .userMigrationInfo, let bearer { http.headers.add(name: "Authorization", value: "Bearer \(bearer)") }
         http.body = .bytes(ByteBuffer(string: FormURLEncoding.encode(request.fields(clientID: clientID, clientSecret: secret.jwt))))
         let (outgoing, limit, timeout) = (http, configuration.maximumResponseSize, configuration.timeout)
         let answer: Answer

@@ -7,7 +7,8 @@ import ServiceLifecycle
 import SiwaDomain
 import Synchronization
 
-/// A local stand-in for Apple's auth endpoints (`/auth/token`, `/auth/revoke`), speaking Apple's
+/// A local stand-in for Apple's auth endpoints (`/auth/token`, `/auth/revoke`,
+/// `/auth/usermigrationinfo`), speaking Apple's
 /// wire format over real HTTP, so every path that talks to Apple runs offline: in tests, and for a
 /// user through `siwa-events standin serve`. Codes are issued here (`/standin/codes`, `issueCode`),
 /// as Apple issues them to a device at sign-in; `id_token`s are signed with the local key of
@@ -27,6 +28,9 @@ package final class AppleAuthStandIn: Service, Sendable {
         package var clockSkew: Int64 = 5
         /// The clock codes expire and client secrets are checked by (tests move it).
         package var now: @Sendable () -> Date = { Date() }
+        /// Keys the `transfer_sub`s (`TransferSubs`); nil: the signer's key, so the same `--keys`
+        /// directory gives the same `transfer_sub`s across restarts.
+        package var transferSeed: [UInt8]?
 
         package init(teams: [StandInTeam], signer: AppleStyleSigner) {
             self.teams = teams
@@ -37,6 +41,7 @@ package final class AppleAuthStandIn: Service, Sendable {
     let configuration: Configuration
     let secrets: ClientSecretCheck
     let ledger: Mutex<AuthLedger>
+    let transfers: TransferSubs
     let logger: Logger
     private let listening = ListeningPort()
 
@@ -44,6 +49,7 @@ package final class AppleAuthStandIn: Service, Sendable {
         self.configuration = configuration
         self.secrets = ClientSecretCheck(teams: configuration.teams, clockSkew: configuration.clockSkew)
         self.ledger = Mutex(AuthLedger(limits: configuration.limits))
+        self.transfers = TransferSubs(seed: configuration.transferSeed ?? Array(configuration.signer.privateKeyPEM.utf8))
         self.logger = logger
     }
 
@@ -75,6 +81,11 @@ package final class AppleAuthStandIn: Service, Sendable {
     /// A code for `authorization`, as Apple hands one to a device at sign-in.
     package func issueCode(_ authorization: AuthLedger.Authorization) -> String {
         ledger.withLock { $0.issueCode(authorization, now: configuration.now()) }
+    }
+
+    /// Marks a user for app transfers: a private-relay address, or the app revoked.
+    package func markUser(_ user: AuthLedger.MigrationUser) {
+        ledger.withLock { $0.markUser(user) }
     }
 
     /// Every revocation request kept, oldest first.

@@ -2,7 +2,8 @@ import Foundation
 import SiwaDomain
 
 /// What the stand-in has issued and been sent: authorization codes, grants (one per code exchange,
-/// with its refresh token and access tokens), the revocation records and the failure switch.
+/// with its refresh token and access tokens), migration access tokens, the users marked for app
+/// transfers, the revocation records, the failure switch and the migration rate limit.
 /// Values only, `now` passed in; every table is bounded (the oldest entries go first), so no
 /// stream of requests can make it grow without end.
 package struct AuthLedger: Sendable {
@@ -15,6 +16,9 @@ package struct AuthLedger: Sendable {
         package var codeLifetime: TimeInterval = 300
         /// An access token's `expires_in` (Apple's: an hour).
         package var accessTokenLifetime = 3600
+        /// Requests per second `/auth/usermigrationinfo` takes before answering 429 (0: no limit;
+        /// TN3159 documents none). A token bucket holding one second's worth, driven by `now`.
+        package var migrationPerSecond: Double = 0
 
         package init() {}
     }
@@ -50,6 +54,28 @@ package struct AuthLedger: Sendable {
         package var refreshToken: String?
     }
 
+    /// A user as `/standin/users` marked them for app transfers (unmarked: neither).
+    package struct MigrationUser: Sendable, Equatable {
+        package var sub: String
+        /// The recipient gets a new relay address for this user.
+        package var isPrivateEmail: Bool
+        /// The user stopped using Sign in with Apple for the app: Apple answers `invalid_request`.
+        package var revoked: Bool
+
+        package init(sub: String, isPrivateEmail: Bool = false, revoked: Bool = false) {
+            self.sub = sub
+            self.isPrivateEmail = isPrivateEmail
+            self.revoked = revoked
+        }
+    }
+
+    /// A `client_credentials` access token: for one client of one team, until `expiresAt`.
+    private struct MigrationAccess {
+        var clientID: String
+        var teamID: String
+        var expiresAt: Date
+    }
+
     private struct Code {
         var authorization: Authorization
         var expiresAt: Date
@@ -66,6 +92,10 @@ package struct AuthLedger: Sendable {
     private var grants: BoundedTable<Grant>
     /// Access token → the refresh token of its grant.
     private var accessTokens: BoundedTable<String>
+    private var migrationAccess: BoundedTable<MigrationAccess>
+    private var users: BoundedTable<MigrationUser>
+    /// The migration rate limit's bucket: requests it still admits, as of when.
+    private var bucket: (tokens: Double, at: Date)?
     package private(set) var revocations: [RevocationRecord] = []
     private var failures: [StandInEndpoint: (status: Int, remaining: Int)] = [:]
 
@@ -74,6 +104,42 @@ package struct AuthLedger: Sendable {
         codes = BoundedTable(limit: limits.maximumEntries)
         grants = BoundedTable(limit: limits.maximumEntries)
         accessTokens = BoundedTable(limit: limits.maximumEntries)
+        migrationAccess = BoundedTable(limit: limits.maximumEntries)
+        users = BoundedTable(limit: limits.maximumEntries)
+    }
+
+    /// `grant_type=client_credentials` for an authenticated client of `teamID`: a token for an `accessTokenLifetime`.
+    package mutating func issueMigrationToken(clientID: String, teamID: String, now: Date) -> String {
+        let token = Self.token(prefix: "m")
+        migrationAccess.insert(token, MigrationAccess(clientID: clientID, teamID: teamID, expiresAt: now.addingTimeInterval(TimeInterval(limits.accessTokenLifetime))))
+        return token
+    }
+
+    /// Whether `token` is a live migration token of this client and team (else `invalid_grant`).
+    package func checkMigrationToken(_ token: String, clientID: String, teamID: String, now: Date) throws(AppleAuthError) {
+        guard let access = migrationAccess[token], access.clientID == clientID, access.teamID == teamID, now < access.expiresAt else {
+            throw .invalidGrant
+        }
+    }
+
+    package mutating func markUser(_ user: MigrationUser) { users.insert(user.sub, user) }
+
+    /// How `sub` was marked; unmarked users are neither private-relay nor revoked.
+    package func user(_ sub: String) -> MigrationUser { users[sub] ?? MigrationUser(sub: sub) }
+
+    /// Takes one request from the migration rate limit: false when none is left at `now`.
+    package mutating func admitMigrationRequest(now: Date) -> Bool {
+        let rate = limits.migrationPerSecond
+        guard rate > 0 else { return true }
+        let capacity = max(1, rate)
+        var (tokens, at) = bucket ?? (capacity, now)
+        tokens = min(capacity, tokens + max(0, now.timeIntervalSince(at)) * rate)
+        guard tokens >= 1 else {
+            bucket = (tokens, max(at, now))
+            return false
+        }
+        bucket = (tokens - 1, max(at, now))
+        return true
     }
 
     /// A new code for `authorization`, valid `codeLifetime` from `now`, for one exchange.
@@ -146,4 +212,5 @@ package struct AuthLedger: Sendable {
 package enum StandInEndpoint: String, Sendable, CaseIterable {
     case token
     case revoke
+    case userMigrationInfo = "usermigrationinfo"
 }

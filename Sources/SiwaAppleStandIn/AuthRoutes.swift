@@ -6,7 +6,8 @@ import NIOCore
 import SiwaDomain
 import Synchronization
 
-/// Apple's endpoints: `POST /auth/token` (code exchange, refresh) and `POST /auth/revoke`.
+/// Apple's endpoints: `POST /auth/token` (code exchange, refresh, migration token), `POST /auth/revoke`
+/// and `POST /auth/usermigrationinfo` (TN3159).
 extension AppleAuthStandIn {
     func addAuthRoutes(to router: Router<BasicRequestContext>) {
         router.post("/auth/token") { request, _ -> Response in
@@ -14,6 +15,17 @@ extension AppleAuthStandIn {
             guard let form = await self.readForm(request) else { return AppleAnswer.error(.invalidRequest) }
             do throws(AppleAuthError) {
                 return try self.token(form)
+            } catch {
+                return AppleAnswer.error(error)
+            }
+        }
+        router.post("/auth/usermigrationinfo") { request, _ -> Response in
+            if let status = self.ledger.withLock({ $0.takeFailure(.userMigrationInfo) }) { return Response(status: .init(code: status)) }
+            let now = self.configuration.now()
+            guard self.ledger.withLock({ $0.admitMigrationRequest(now: now) }) else { return Response(status: .tooManyRequests) }
+            guard let form = await self.readForm(request) else { return AppleAnswer.error(.invalidRequest) }
+            do throws(AppleAuthError) {
+                return try self.userMigrationInfo(form, authorization: request.headers[.authorization], now: now)
             } catch {
                 return AppleAnswer.error(error)
             }
@@ -49,10 +61,12 @@ extension AppleAuthStandIn {
     }
 
     /// Checks the client secret as Apple does; every refusal is `invalid_client`, its reason logged.
-    func authenticate(_ form: FormBody, clientID: String) throws(AppleAuthError) {
+    /// The team whose key signed it is the caller.
+    @discardableResult
+    func authenticate(_ form: FormBody, clientID: String) throws(AppleAuthError) -> StandInTeam {
         guard let secret = form["client_secret"] else { throw .invalidRequest }
         do throws(ClientSecretRejection) {
-            try secrets.check(secret, clientID: clientID, now: configuration.now())
+            return try secrets.check(secret, clientID: clientID, now: configuration.now())
         } catch {
             logger.notice("client secret refused", metadata: ["client_id": "\(clientID)", "reason": "\(error.rawValue)"])
             throw .invalidClient
@@ -76,6 +90,14 @@ extension AppleAuthStandIn {
             guard let refreshToken = form["refresh_token"] else { throw .invalidRequest }
             try authenticate(form, clientID: clientID)
             issued = try ledger.withLock { ledger throws(AppleAuthError) in try ledger.refresh(token: refreshToken, clientID: clientID) }
+        case "client_credentials":
+            guard let scope = form["scope"] else { throw .invalidRequest }
+            let team = try authenticate(form, clientID: clientID)
+            guard scope == AppleAuthScope.userMigration.rawValue else { throw .invalidScope }
+            let token = ledger.withLock { $0.issueMigrationToken(clientID: clientID, teamID: team.teamID, now: now) }
+            return AppleAnswer.json([
+                "access_token": .string(token), "token_type": "Bearer", "expires_in": .number(Double(configuration.limits.accessTokenLifetime)),
+            ])
         default:
             throw .unsupportedGrantType
         }
@@ -96,6 +118,46 @@ extension AppleAuthStandIn {
         ]
         if let refreshToken = issued.refreshToken { answer["refresh_token"] = .string(refreshToken) }
         return AppleAnswer.json(.object(answer))
+    }
+
+    /// `/auth/usermigrationinfo`, after the rate limit. Refusals, as the stand-in chooses them where
+    /// Apple does not say: no `Authorization: Bearer` → `invalid_client` (the caller did not
+    /// authenticate); a Bearer that is unknown, expired, or another client's or team's →
+    /// `invalid_grant` (fetch a new token). Then, for `sub` + `target`: a target that is not a team
+    /// ID, or is the caller's own team (Apple answers that with useless identifiers, nov/apple_id
+    /// #21; the stand-in refuses), or a user marked revoked → `invalid_request`; for `transfer_sub`:
+    /// one not of this stand-in, not for the caller's team, or for a revoked user → `invalid_request`.
+    private func userMigrationInfo(_ form: FormBody, authorization: String?, now: Date) throws(AppleAuthError) -> Response {
+        guard let clientID = form["client_id"], form["client_secret"] != nil else { throw .invalidRequest }
+        guard let bearer = Self.bearerToken(authorization) else { throw .invalidClient }
+        let team = try authenticate(form, clientID: clientID)
+        try ledger.withLock { ledger throws(AppleAuthError) in try ledger.checkMigrationToken(bearer, clientID: clientID, teamID: team.teamID, now: now) }
+        switch (form["sub"], form["target"], form["transfer_sub"]) {
+        case (let sub?, let target?, nil):
+            guard sub.utf8.count <= TransferSubs.maximumSubLength, ClientSecretPolicy.isAppleIdentifier(target), target != team.teamID,
+                !ledger.withLock({ $0.user(sub).revoked })
+            else { throw .invalidRequest }
+            return AppleAnswer.json(["transfer_sub": .string(transfers.seal(.init(sender: team.teamID, target: target, sub: sub)))])
+        case (nil, nil, let transferSub?):
+            guard let transfer = transfers.open(transferSub), transfer.target == team.teamID else { throw .invalidRequest }
+            let user = ledger.withLock { $0.user(transfer.sub) }
+            guard !user.revoked else { throw .invalidRequest }
+            var answer: [String: JSONValue] = ["sub": .string(transfers.recipientSub(transfer))]
+            if user.isPrivateEmail {
+                answer["email"] = .string(transfers.relayEmail(transfer))
+                answer["is_private_email"] = .bool(true)
+            }
+            return AppleAnswer.json(.object(answer))
+        default:
+            throw .invalidRequest
+        }
+    }
+
+    /// The token of an `Authorization: Bearer <token>` header (the scheme in any case, RFC 6750); nil otherwise.
+    static func bearerToken(_ header: String?) -> String? {
+        guard let header, header.count > 7, header.prefix(7).lowercased() == "bearer " else { return nil }
+        let token = header.dropFirst(7).trimmingCharacters(in: .whitespaces)
+        return token.isEmpty ? nil : token
     }
 
     private func revoke(_ form: FormBody) throws(AppleAuthError) -> RevocationOutcome {

@@ -3,7 +3,8 @@ import Foundation
 import SiwaDomain
 
 /// A developer team as the stand-in knows it: its ID, its Sign in with Apple keys by key ID (Apple
-/// allows two at once, for rotation) and the client IDs (bundle IDs, Services IDs) it owns.
+/// allows two at once, for rotation) and the client IDs (bundle IDs, Services IDs) it owns. Two
+/// teams may list the same client ID: the sender and the recipient of an app transfer.
 package struct StandInTeam: Sendable {
     package var teamID: String
     package var keys: [String: P256.Signing.PublicKey]
@@ -52,10 +53,12 @@ package struct ClientSecretCheck: Sendable {
     /// The team whose key signed `secret` for `clientID`, or why it is refused.
     @discardableResult
     package func check(_ secret: String, clientID: String, now: Date) throws(ClientSecretRejection) -> StandInTeam {
-        guard let team = teams.first(where: { $0.clientIDs.contains(clientID) }) else { throw .unknownClient }
+        let owners = teams.filter { $0.clientIDs.contains(clientID) }
+        guard !owners.isEmpty else { throw .unknownClient }
         guard let jws = try? CompactJWS(secret) else { throw .malformed }
         guard jws.algorithm == "ES256" else { throw .wrongAlgorithm }
-        guard let kid = jws.kid, let key = team.keys[kid] else { throw .unknownKey }
+        // An app being transferred belongs to both teams: the key that signed says which one calls.
+        guard let kid = jws.kid, let team = owners.first(where: { $0.keys[kid] != nil }), let key = team.keys[kid] else { throw .unknownKey }
         guard jws.signature.count == 64, let signature = try? P256.Signing.ECDSASignature(rawRepresentation: jws.signature),
             key.isValidSignature(signature, for: SHA256.hash(data: Data(jws.signingInput.utf8)))
         else { throw .badSignature }

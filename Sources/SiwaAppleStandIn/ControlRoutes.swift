@@ -6,7 +6,8 @@ import SiwaDomain
 
 /// The stand-in's own endpoints, for tests and for a user trying it: `POST /standin/codes` (a code,
 /// as Apple gives a device at sign-in), `GET /standin/revocations` (what `/auth/revoke` was sent),
-/// `POST /standin/failures` (the failure switch). Bodies are JSON or a form.
+/// `POST /standin/failures` (the failure switch), `POST /standin/users` (a user's app-transfer
+/// marks: `{sub, is_private_email?, revoked?}`). Bodies are JSON or a form.
 extension AppleAuthStandIn {
     func addControlRoutes(to router: Router<BasicRequestContext>) {
         router.post("/standin/codes") { request, _ -> Response in
@@ -15,6 +16,20 @@ extension AppleAuthStandIn {
                 let authorization = try Self.authorization(fields, clientIDs: Set(self.configuration.teams.flatMap(\.clientIDs)))
                 let code = self.issueCode(authorization)
                 return AppleAnswer.json(["code": .string(code), "expires_in": .number(self.configuration.limits.codeLifetime)])
+            } catch {
+                return error.response
+            }
+        }
+        router.post("/standin/users") { request, _ -> Response in
+            do throws(ControlError) {
+                let fields = try await self.readFields(request)
+                guard let sub = fields["sub"]?.stringValue, !sub.isEmpty, sub.utf8.count <= TransferSubs.maximumSubLength else {
+                    throw ControlError("sub is required: the user's Apple ID in the sending team, at most \(TransferSubs.maximumSubLength) bytes")
+                }
+                let user = AuthLedger.MigrationUser(
+                    sub: sub, isPrivateEmail: try Self.flag(fields, "is_private_email") ?? false, revoked: try Self.flag(fields, "revoked") ?? false)
+                self.markUser(user)
+                return AppleAnswer.json(["sub": .string(sub), "is_private_email": .bool(user.isPrivateEmail), "revoked": .bool(user.revoked)])
             } catch {
                 return error.response
             }
@@ -67,19 +82,23 @@ extension AppleAuthStandIn {
             throw ControlError("client_id must be one of the stand-in's client IDs: \(clientIDs.sorted().joined(separator: ", "))")
         }
         guard let sub = try text("sub") else { throw ControlError("sub is required: the user's Apple ID, e.g. 001234.abcdef.0001") }
-        let isPrivateEmail: Bool?
-        switch fields["is_private_email"] {
-        case nil, .null?: isPrivateEmail = nil
-        case .bool(let flag)?: isPrivateEmail = flag
-        case .string("true")?: isPrivateEmail = true
-        case .string("false")?: isPrivateEmail = false
-        default: throw ControlError("is_private_email must be true or false")
-        }
+        let isPrivateEmail = try flag(fields, "is_private_email")
         let email = try text("email")
         if isPrivateEmail != nil && email == nil { throw ControlError("is_private_email needs email (the relay address)") }
         return AuthLedger.Authorization(
             clientID: clientID, sub: sub, email: email, isPrivateEmail: isPrivateEmail, nonce: try text("nonce"),
             redirectURI: try text("redirect_uri"))
+    }
+
+    /// A true/false field (a JSON boolean or, from a form, the word); nil when absent.
+    private static func flag(_ fields: [String: JSONValue], _ name: String) throws(ControlError) -> Bool? {
+        switch fields[name] {
+        case nil, .null?: nil
+        case .bool(let flag)?: flag
+        case .string("true")?: true
+        case .string("false")?: false
+        default: throw ControlError("\(name) must be true or false")
+        }
     }
 
     private static func integer(_ value: JSONValue?) -> Int? {

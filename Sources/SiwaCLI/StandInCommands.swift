@@ -14,7 +14,7 @@ import UnixSignals
 /// `standin`: Apple's auth endpoints on this machine, beside the key-set stand-in of `keys`/`send`.
 struct StandInCommand: AsyncParsableCommand {
     static let configuration = CommandConfiguration(
-        commandName: "standin", abstract: "A local stand-in for Apple's auth endpoints (/auth/token, /auth/revoke).",
+        commandName: "standin", abstract: "A local stand-in for Apple's auth endpoints (/auth/token, /auth/revoke, /auth/usermigrationinfo).",
         subcommands: [Serve.self, Code.self, Revocations.self])
 
     struct Serve: AsyncParsableCommand {
@@ -26,10 +26,18 @@ struct StandInCommand: AsyncParsableCommand {
                 DIR/AuthKey_<KEY-ID>.p8, or made there (P-256, as Apple's .p8) when missing: client secrets
                 must be signed with it. Every revocation request is kept: GET /standin/revocations.
 
+                App transfer (/auth/usermigrationinfo): --recipient-team-id adds the team an app moves to,
+                owning the same --client-ids, with its own --recipient-key-id keys. transfer_subs are
+                derived from the key in --keys: the same directory gives the same ones. Mark users with
+                POST /standin/users {"sub": "...", "is_private_email": true, "revoked": false}.
+
                 Examples:
                   siwa-events keys generate --dir siwa-keys
                   siwa-events standin serve --keys siwa-keys --port 8090 \\
                     --team-id TEAMID1234 --key-id KEYID12345 --client-ids com.example.app
+                  siwa-events standin serve --keys siwa-keys --port 8090 \\
+                    --team-id TEAMID1234 --key-id KEYID12345 --client-ids com.example.app \\
+                    --recipient-team-id TEAMB23456 --recipient-key-id KEYB234567 --migration-rate 10
                 """)
         @Option(help: "Directory written by `keys generate` (the team's .p8 keys are kept there too).") var keys: String
         @Option(help: "Address to listen on.") var host = "127.0.0.1"
@@ -39,6 +47,12 @@ struct StandInCommand: AsyncParsableCommand {
         var keyIDs: [String] = []
         @Option(name: .customLong("client-ids"), help: "Comma-separated client IDs of the team: bundle IDs and Services IDs.")
         var clientIDs: String
+        @Option(name: .customLong("recipient-team-id"), help: "A second team, the recipient of an app transfer: it owns the same --client-ids.")
+        var recipientTeamID: String?
+        @Option(name: .customLong("recipient-key-id"), help: "A Sign in with Apple key ID of the recipient team (repeatable).")
+        var recipientKeyIDs: [String] = []
+        @Option(name: .customLong("migration-rate"), help: "Requests per second /auth/usermigrationinfo takes before answering 429 (0: no limit).")
+        var migrationRate: Double = 0
 
         func validate() throws {
             if host.isEmpty { throw ValidationError("--host must be an address such as 127.0.0.1") }
@@ -51,6 +65,23 @@ struct StandInCommand: AsyncParsableCommand {
                 throw ValidationError("--key-id must be a key ID as Apple shows it: up to 10 characters A-Z and 0-9 (got \"\(keyID)\")")
             }
             if Set(keyIDs).count != keyIDs.count { throw ValidationError("--key-id: each key once (got \(keyIDs.joined(separator: ", ")))") }
+            if let recipientTeamID {
+                if !ClientSecretPolicy.isAppleIdentifier(recipientTeamID) || recipientTeamID == teamID {
+                    throw ValidationError("--recipient-team-id must be another team's ID: 10 characters A-Z and 0-9 (got \"\(recipientTeamID)\")")
+                }
+                if recipientKeyIDs.isEmpty { throw ValidationError("--recipient-team-id needs --recipient-key-id: the recipient team's key ID, e.g. KEYB234567") }
+            } else if !recipientKeyIDs.isEmpty {
+                throw ValidationError("--recipient-key-id needs --recipient-team-id (the team the key belongs to)")
+            }
+            for keyID in recipientKeyIDs where !Self.isAppleID(keyID) {
+                throw ValidationError("--recipient-key-id must be a key ID as Apple shows it: up to 10 characters A-Z and 0-9 (got \"\(keyID)\")")
+            }
+            if Set(keyIDs + recipientKeyIDs).count != keyIDs.count + recipientKeyIDs.count {
+                throw ValidationError("--key-id and --recipient-key-id: each key once, in one team (got \((keyIDs + recipientKeyIDs).joined(separator: ", ")))")
+            }
+            if !migrationRate.isFinite || migrationRate < 0 {
+                throw ValidationError("--migration-rate must be requests per second, 0 or more (0: no limit), not \(migrationRate)")
+            }
             let clients = Self.list(clientIDs)
             if clients.isEmpty || clients.contains(where: { $0.isEmpty || $0.contains(where: \.isWhitespace) }) {
                 throw ValidationError("--client-ids must be comma-separated client IDs without spaces, e.g. com.example.app,com.example.web (got \"\(clientIDs)\")")
@@ -68,18 +99,26 @@ struct StandInCommand: AsyncParsableCommand {
         func run() async throws {
             let signer = try localSigner(keys)
             let directory = URL(fileURLWithPath: keys).standardizedFileURL
-            var teamKeys: [String: P256.Signing.PublicKey] = [:]
             var keyLines: [String] = []
-            for keyID in keyIDs {
-                let (key, file, made) = try Self.teamKey(keyID, in: directory)
-                teamKeys[keyID] = key.publicKey
-                keyLines.append("team key \(keyID): \(file) (\(made ? "made now" : "read"))")
+            func teamKeys(_ ids: [String], label: String) throws -> [String: P256.Signing.PublicKey] {
+                var keys: [String: P256.Signing.PublicKey] = [:]
+                for keyID in ids {
+                    let (key, file, made) = try Self.teamKey(keyID, in: directory)
+                    keys[keyID] = key.publicKey
+                    keyLines.append("\(label) \(keyID): \(file) (\(made ? "made now" : "read"))")
+                }
+                return keys
+            }
+            let clients = Set(Self.list(clientIDs))
+            var teams = [StandInTeam(teamID: teamID, keys: try teamKeys(keyIDs, label: "team key"), clientIDs: clients)]
+            if let recipientTeamID {
+                teams.append(StandInTeam(teamID: recipientTeamID, keys: try teamKeys(recipientKeyIDs, label: "recipient team \(recipientTeamID) key"), clientIDs: clients))
             }
             LoggingSystem.bootstrap { label in LineLogHandler(label: label, level: .info) }
             let logger = Logger(label: "siwa-events-standin")
-            var configuration = AppleAuthStandIn.Configuration(
-                teams: [StandInTeam(teamID: teamID, keys: teamKeys, clientIDs: Set(Self.list(clientIDs)))], signer: signer)
+            var configuration = AppleAuthStandIn.Configuration(teams: teams, signer: signer)
             (configuration.host, configuration.port) = (host, port)
+            configuration.limits.migrationPerSecond = migrationRate
             let standIn = AppleAuthStandIn(configuration, logger: logger)
             let group = ServiceGroup(
                 configuration: .init(services: [standIn], gracefulShutdownSignals: [.sigterm, .sigint], logger: logger))
@@ -89,6 +128,8 @@ struct StandInCommand: AsyncParsableCommand {
                     let url = try await standIn.url
                     let lines = ["standin listening on \(url.absoluteString)"] + keyLines + [
                         "client IDs: \(Self.list(clientIDs).joined(separator: ", "))",
+                        "usermigrationinfo: \(migrationRate > 0 ? "at most \(migrationRate) requests/s" : "no rate limit")"
+                            + (recipientTeamID.map { ", recipient team \($0)" } ?? ", no recipient team (--recipient-team-id)"),
                         "id_tokens verify with: SIWA_APPLE_JWKS_URL=\(directory.appendingPathComponent("jwks.json").absoluteString)",
                         "a code: siwa-events standin code --url \(url.absoluteString) --client-id \(Self.list(clientIDs)[0]) --sub 001234.abcdef.0001",
                     ]

@@ -173,6 +173,8 @@ struct KeysCommand: AsyncParsableCommand {
                   siwa-events keys id-token --keys siwa-keys --aud com.example.app \\
                     --sub 001.a.1 --email x7k2q@privaterelay.appleid.com --private \\
                     --nonce "$NONCE"
+                  siwa-events keys id-token --keys siwa-keys --aud com.example.app \\
+                    --sub 001234.0a1b2c.0001 --transfer-sub st1.abc
                 """)
         @Option(help: "Directory written by `keys generate`.") var keys: String
         @Option(help: "Client ID to put in aud: a bundle ID, or a Services ID for a web sign-in.") var aud: String
@@ -180,8 +182,13 @@ struct KeysCommand: AsyncParsableCommand {
         @Option(help: "The user's address (a relay address for a hidden email).") var email: String?
         @Flag(help: "Mark the address as a private relay address.") var `private` = false
         @Option(help: "The raw nonce the app generated: the token carries its SHA-256 hex, as Apple's do.") var nonce: String?
+        @Option(name: .customLong("transfer-sub"), help: "A migrated user's transfer_sub claim, as Apple adds it for 60 days after an app transfer.")
+        var transferSub: String?
 
         func validate() throws {
+            if let transferSub, transferSub.isEmpty || transferSub.utf8.count > AppleTransferSub.maximumLength {
+                throw ValidationError("--transfer-sub must be 1 to \(AppleTransferSub.maximumLength) bytes (the sending team's transfer_sub)")
+            }
             if aud.isEmpty { throw ValidationError("--aud must be a client ID like com.example.app") }
             if sub.isEmpty { throw ValidationError("--sub must not be empty (Apple's user id, e.g. 001234.abcdef.0001)") }
             if `private` && email == nil { throw ValidationError("--private needs --email (the relay address)") }
@@ -191,7 +198,7 @@ struct KeysCommand: AsyncParsableCommand {
         func run() throws {
             print(try localSigner(keys).identityToken(
                 aud: aud, sub: sub, email: email, isPrivateEmail: email == nil ? nil : `private`,
-                nonce: nonce.map(IdentityTokenVerifier.nonceHash)))
+                nonce: nonce.map(IdentityTokenVerifier.nonceHash), transferSub: transferSub))
         }
     }
 }

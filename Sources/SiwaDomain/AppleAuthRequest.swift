@@ -4,11 +4,20 @@ import Foundation
 package enum AppleAuthEndpoint: String, Sendable, Hashable {
     case token = "/auth/token"
     case revoke = "/auth/revoke"
+    /// App transfer (TN3159): a `transfer_sub` for a user, or a transferred user's new `sub`.
+    case userMigrationInfo = "/auth/usermigrationinfo"
 }
 
 package enum AppleGrantType: String, Sendable, Hashable {
     case authorizationCode = "authorization_code"
     case refreshToken = "refresh_token"
+    /// The migration access token (TN3159), with `scope=user.migration`.
+    case clientCredentials = "client_credentials"
+}
+
+/// The `scope` of a `client_credentials` grant: Apple knows one.
+package enum AppleAuthScope: String, Sendable, Hashable {
+    case userMigration = "user.migration"
 }
 
 /// Which token `/auth/revoke` is given (its `token_type_hint`).
@@ -18,16 +27,25 @@ package enum AppleTokenKind: String, Sendable, Hashable {
 }
 
 /// One call to Apple's auth endpoints: where it goes and the exact form fields it sends.
+/// The migration calls also need the access token of `.migrationToken` as a Bearer header,
+/// which the caller adds: it is never a form field nor part of the record.
 package enum AppleAuthRequest: Sendable, CustomStringConvertible, CustomReflectable {
     /// Sign-in completion; `redirectURI` only when the authorization request had one (web).
     case exchange(code: String, redirectURI: String?)
     case refresh(refreshToken: String)
     case revoke(token: String, hint: AppleTokenKind)
+    /// The access token for `/auth/usermigrationinfo` (client_credentials, scope user.migration).
+    case migrationToken
+    /// Sending team: the `transfer_sub` of our user `sub` for the recipient team `target`.
+    case transferSub(sub: String, target: String)
+    /// Receiving team: the user (new `sub`, relay email) behind a `transfer_sub`.
+    case migratedUser(transferSub: String)
 
     package var endpoint: AppleAuthEndpoint {
         switch self {
-        case .exchange, .refresh: .token
+        case .exchange, .refresh, .migrationToken: .token
         case .revoke: .revoke
+        case .transferSub, .migratedUser: .userMigrationInfo
         }
     }
 
@@ -35,46 +53,61 @@ package enum AppleAuthRequest: Sendable, CustomStringConvertible, CustomReflecta
         switch self {
         case .exchange: .authorizationCode
         case .refresh: .refreshToken
-        case .revoke: nil
+        case .migrationToken: .clientCredentials
+        case .revoke, .transferSub, .migratedUser: nil
         }
     }
 
-    /// The code or token the call carries.
+    /// The code, token or user identifier the call carries, fingerprinted in its record
+    /// (`.migrationToken` carries none: the empty string's fingerprint, e3b0c44298fc).
     private var credential: String {
         switch self {
         case .exchange(let code, _): code
         case .refresh(let token), .revoke(let token, _): token
+        case .migrationToken: ""
+        case .transferSub(let sub, _): sub
+        case .migratedUser(let transferSub): transferSub
         }
     }
 
-    /// The form fields, in Apple's documented order.
+    /// The form fields, in Apple's documented order (TN3107 for sign-in, TN3159 for migration).
     package func fields(clientID: String, clientSecret: String) -> [(name: String, value: String)] {
-        var fields: [(name: String, value: String)] = [(name: "client_id", value: clientID), (name: "client_secret", value: clientSecret)]
+        let client: [(name: String, value: String)] = [(name: "client_id", value: clientID), (name: "client_secret", value: clientSecret)]
         switch self {
         case .exchange(let code, let redirectURI):
-            fields.append((name: "code", value: code))
-            fields.append((name: "grant_type", value: AppleGrantType.authorizationCode.rawValue))
+            var fields = client + [(name: "code", value: code), (name: "grant_type", value: AppleGrantType.authorizationCode.rawValue)]
             if let redirectURI { fields.append((name: "redirect_uri", value: redirectURI)) }
+            return fields
         case .refresh(let token):
-            fields.append((name: "grant_type", value: AppleGrantType.refreshToken.rawValue))
-            fields.append((name: "refresh_token", value: token))
+            return client + [(name: "grant_type", value: AppleGrantType.refreshToken.rawValue), (name: "refresh_token", value: token)]
         case .revoke(let token, let hint):
-            fields.append((name: "token", value: token))
-            fields.append((name: "token_type_hint", value: hint.rawValue))
+            return client + [(name: "token", value: token), (name: "token_type_hint", value: hint.rawValue)]
+        case .migrationToken:
+            return [
+                (name: "grant_type", value: AppleGrantType.clientCredentials.rawValue), (name: "scope", value: AppleAuthScope.userMigration.rawValue),
+            ] + client
+        case .transferSub(let sub, let target):
+            return [(name: "sub", value: sub), (name: "target", value: target)] + client
+        case .migratedUser(let transferSub):
+            return [(name: "transfer_sub", value: transferSub)] + client
         }
-        return fields
     }
 
     /// What is safe to keep about this call, before its answer is known.
     package func record(clientID: String) -> AppleAuthRecord {
-        var hint: AppleTokenKind?
-        if case .revoke(_, let kind) = self { hint = kind }
-        return AppleAuthRecord(
-            endpoint: endpoint, clientID: clientID, grantType: grantType, tokenTypeHint: hint,
+        var record = AppleAuthRecord(
+            endpoint: endpoint, clientID: clientID, grantType: grantType, tokenTypeHint: nil,
             tokenFingerprint: AppleAuthRecord.fingerprint(credential))
+        switch self {
+        case .revoke(_, let kind): record.tokenTypeHint = kind
+        case .migrationToken: record.scope = .userMigration
+        case .transferSub(_, let target): record.target = target
+        case .exchange, .refresh, .migratedUser: break
+        }
+        return record
     }
 
-    /// Never shows the code or token.
+    /// Never shows the code, token or user identifier.
     package var description: String { record(clientID: "…").description }
     package var customMirror: Mirror { Mirror(self, children: [:]) }
 }
@@ -86,7 +119,13 @@ package struct AppleAuthRecord: Sendable, Hashable, CustomStringConvertible {
     package var clientID: String
     package var grantType: AppleGrantType?
     package var tokenTypeHint: AppleTokenKind?
+    /// The fingerprint of the code or token sent; for `/auth/usermigrationinfo`, of the `sub`
+    /// (with a `target`) or of the `transfer_sub` (without).
     package var tokenFingerprint: String
+    /// `scope` of a `client_credentials` grant.
+    package var scope: AppleAuthScope?
+    /// The recipient team of a `transfer_sub` request (a team ID: not secret).
+    package var target: String?
     /// Apple's HTTP status (nil: no answer arrived).
     package var status: Int?
     /// What a refusal meant (nil: a 2xx, or no answer).
@@ -94,7 +133,7 @@ package struct AppleAuthRecord: Sendable, Hashable, CustomStringConvertible {
 
     package init(
         endpoint: AppleAuthEndpoint, clientID: String, grantType: AppleGrantType?, tokenTypeHint: AppleTokenKind?, tokenFingerprint: String,
-        status: Int? = nil, error: AppleAuthError? = nil
+        status: Int? = nil, error: AppleAuthError? = nil, scope: AppleAuthScope? = nil, target: String? = nil
     ) {
         self.endpoint = endpoint
         self.clientID = clientID
@@ -103,6 +142,8 @@ package struct AppleAuthRecord: Sendable, Hashable, CustomStringConvertible {
         self.tokenFingerprint = tokenFingerprint
         self.status = status
         self.error = error
+        self.scope = scope
+        self.target = target
     }
 
     /// The first 12 hex digits of the token's SHA-256: tells tokens apart, reveals none.
@@ -114,7 +155,13 @@ package struct AppleAuthRecord: Sendable, Hashable, CustomStringConvertible {
         var parts = ["\(endpoint.rawValue)", "client_id=\(clientID)"]
         if let grantType { parts.append("grant_type=\(grantType.rawValue)") }
         if let tokenTypeHint { parts.append("token_type_hint=\(tokenTypeHint.rawValue)") }
-        parts.append("token=sha256:\(tokenFingerprint)")
+        if let scope { parts.append("scope=\(scope.rawValue)") }
+        if let target { parts.append("target=\(UntrustedText.bounded(target, limit: 32))") }
+        switch (endpoint, grantType) {
+        case (.userMigrationInfo, _): parts.append("\(target == nil ? "transfer_sub" : "sub")=sha256:\(tokenFingerprint)")
+        case (_, .clientCredentials?): break  // sends no code or token
+        default: parts.append("token=sha256:\(tokenFingerprint)")
+        }
         parts.append("status=\(status.map(String.init) ?? "none")")
         if let word = error?.word { parts.append("error=\(word)") }
         return parts.joined(separator: " ")

@@ -82,7 +82,7 @@ package struct AppleStyleSigner: Sendable {
     /// A signed identity token (id_token) as Apple returns it to an app at sign-in.
     package func identityToken(
         aud: String, sub: String, email: String? = nil, isPrivateEmail: Bool? = nil, nonce: String? = nil, realUserStatus: Int? = 2,
-        issuedAt: Date = Date()
+        issuedAt: Date = Date(), transferSub: String? = nil
     ) throws -> String {
         let iat = issuedAt.timeIntervalSince1970.rounded(.down)
         var claims: [String: JSONValue] = [
@@ -93,6 +93,7 @@ package struct AppleStyleSigner: Sendable {
         if let isPrivateEmail { claims["is_private_email"] = .bool(isPrivateEmail) }
         if let nonce { claims["nonce"] = .string(nonce) }
         if let realUserStatus { claims["real_user_status"] = .number(Double(realUserStatus)) }
+        if let transferSub { claims["transfer_sub"] = .string(transferSub) }
         return try sign(header: .object(["kid": .string(kid), "alg": .string("RS256")]), claims: .object(claims))
     }
 

@@ -13,6 +13,9 @@ package struct VerifiedIdentity: Sendable, Equatable {
     package var realUserStatus: Int?
     package var issuedAt: Int64
     package var expiresAt: Int64?
+    /// A user whose app moved between teams, for 60 days after (TN3159): the `transfer_sub` the
+    /// sending team exported, to match with. Nil when absent, not a string, empty or over 256 bytes.
+    package var transferSub: String? = nil
 }
 
 /// The checks for identity tokens, which the backend hands us when a user signs in: the same
@@ -65,7 +68,8 @@ package struct IdentityTokenVerifier: Sendable {
             clientID: checked.aud, sub: sub, email: claims["email"]?.stringValue.flatMap { $0.isEmpty ? nil : $0 },
             isPrivateEmail: Self.flag(claims["is_private_email"]),
             realUserStatus: claims["real_user_status"]?.numberValue.flatMap { $0 == $0.rounded() && abs($0) < 1000 ? Int($0) : nil },
-            issuedAt: checked.issuedAt, expiresAt: checked.expiresAt)
+            issuedAt: checked.issuedAt, expiresAt: checked.expiresAt,
+            transferSub: claims["transfer_sub"]?.stringValue.flatMap { $0.isEmpty || $0.utf8.count > AppleTransferSub.maximumLength ? nil : $0 })
     }
 
     /// What Apple embeds for the raw nonce an app chose: its SHA-256 as lowercase hex.

@@ -71,6 +71,8 @@ package struct AppleSignIn: Sendable {
             return APIError(.badGateway, code: "apple_error", message: "Apple's /auth/token answered \(status) with a body that is not its token JSON")
         case .clientSecret(let why):
             return APIError(.badGateway, code: "apple_error", message: "no client secret could be made for Apple (\(why)): check SIWA_APPLE_PRIVATE_KEY_FILE")
+        case .invalidInput(let why):
+            return APIError(.badGateway, code: "apple_error", message: "the call to Apple was not sent: \(why)")
         }
     }
 }

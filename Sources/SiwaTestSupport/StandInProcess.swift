@@ -15,13 +15,16 @@ package struct StandInProcess {
     package static let teamID = "TEAMID1234"
     package static let keyID = "KEYID12345"
 
-    package static func start(in directory: String, keys: String = "keys", clientIDs: String = "com.example.app") async throws -> StandInProcess {
+    /// `arguments` are added to `serve`'s (e.g. a recipient team).
+    package static func start(
+        in directory: String, keys: String = "keys", clientIDs: String = "com.example.app", arguments: [String] = []
+    ) async throws -> StandInProcess {
         if !FileManager.default.fileExists(atPath: "\(directory)/\(keys)/jwks.json") {
             #expect(try await TestBinary.run(["keys", "generate", "--dir", keys], directory: directory).status == 0)
         }
         let (process, output) = try ChildOutput.start(
             TestBinary.url.path,
-            ["standin", "serve", "--keys", keys, "--port", "0", "--team-id", teamID, "--key-id", keyID, "--client-ids", clientIDs],
+            ["standin", "serve", "--keys", keys, "--port", "0", "--team-id", teamID, "--key-id", keyID, "--client-ids", clientIDs] + arguments,
             environment: ProcessInfo.processInfo.environment, workingDirectory: directory)
         guard await output.wait(forLineWith: ["a code: siwa-events standin code"], within: .seconds(60)),
             let line = output.text.split(separator: "\n").first(where: { $0.hasPrefix("standin listening on http://127.0.0.1:") })

@@ -18,8 +18,9 @@ final class MovableClock: Sendable {
     func advance(by seconds: TimeInterval) { value.withLock { $0 = $0.addingTimeInterval(seconds) } }
 }
 
-/// A running stand-in on a loopback port: one team with one key and two client IDs, the clock at a
-/// fixed time, and what a test needs to talk to it.
+/// A running stand-in on a loopback port: one team with one key and two client IDs, a recipient
+/// team (for app transfers) owning `clientID` too, the clock at a fixed time, and what a test
+/// needs to talk to it.
 struct StandIn {
     static let clientID = "com.example.app"
     /// A second client ID of the same team (a secret minted for one is not the other's).
@@ -33,19 +34,27 @@ struct StandIn {
     let url: URL
     let clock: MovableClock
     let secrets: TestClientSecrets
+    /// The recipient team's key: an app transfer's target.
+    let recipient: TestClientSecrets
 
-    static func run<T>(limits: AuthLedger.Limits = AuthLedger.Limits(), maximumBodySize: Int = 16 * 1024, _ body: (StandIn) async throws -> T) async throws -> T {
+    static func run<T>(
+        limits: AuthLedger.Limits = AuthLedger.Limits(), maximumBodySize: Int = 16 * 1024, transferSeed: [UInt8]? = nil,
+        _ body: (StandIn) async throws -> T
+    ) async throws -> T {
         let clock = MovableClock(start)
         let secrets = TestClientSecrets()
+        let recipient = TestClientSecrets(teamID: "TEAMB00002", keyID: "KEYB000002")
         var configuration = AppleAuthStandIn.Configuration(
-            teams: [team(secrets)], signer: signer)
+            teams: [team(secrets), StandInTeam(teamID: recipient.teamID, keys: [recipient.keyID: recipient.key.publicKey], clientIDs: [clientID])],
+            signer: signer)
+        configuration.transferSeed = transferSeed
         configuration.limits = limits
         configuration.maximumBodySize = maximumBodySize
         configuration.now = { clock.now }
         let service = AppleAuthStandIn(configuration, logger: Logger(label: "standin", factory: { _ in SwiftLogNoOpLogHandler() }))
         let task = Task { try await service.run() }
         do {
-            let result = try await body(StandIn(service: service, task: task, url: try await service.url, clock: clock, secrets: secrets))
+            let result = try await body(StandIn(service: service, task: task, url: try await service.url, clock: clock, secrets: secrets, recipient: recipient))
             task.cancel()
             _ = await task.result
             return result
@@ -84,15 +93,16 @@ struct StandIn {
         }
     }
 
-    /// POSTs `form` (name, value pairs, in order) form-encoded to `path`.
-    func post(_ path: String, form: [(String, String)]) async throws -> Answer {
-        try await post(path, body: Self.encode(form), contentType: "application/x-www-form-urlencoded")
+    /// POSTs `form` (name, value pairs, in order) form-encoded to `path`, with `authorization` if given.
+    func post(_ path: String, form: [(String, String)], authorization: String? = nil) async throws -> Answer {
+        try await post(path, body: Self.encode(form), contentType: "application/x-www-form-urlencoded", authorization: authorization)
     }
 
-    func post(_ path: String, body: String, contentType: String?) async throws -> Answer {
+    func post(_ path: String, body: String, contentType: String?, authorization: String? = nil) async throws -> Answer {
         var request = HTTPClientRequest(url: url.appendingPathComponent(path).absoluteString)
         request.method = .POST
         if let contentType { request.headers.add(name: "Content-Type", value: contentType) }
+        if let authorization { request.headers.add(name: "Authorization", value: authorization) }
         request.body = .bytes(ByteBuffer(string: body))
         return try await send(request)
     }
@@ -127,6 +137,40 @@ struct StandIn {
         var form = [("client_id", clientID), ("client_secret", try secret ?? self.secret(for: clientID)), ("token", token)]
         if let hint { form.append(("token_type_hint", hint)) }
         return try await post("auth/revoke", form: form)
+    }
+
+    /// A good client secret of `team` (the sender's by default) for `clientID`.
+    func secret(of team: TestClientSecrets, for clientID: String = StandIn.clientID) throws -> String {
+        try team.secret(clientID: clientID, issuedAt: clock.now.addingTimeInterval(-60))
+    }
+
+    /// `grant_type=client_credentials` for `team`, with `scope` (TN3159's unless given).
+    func migrationToken(_ team: TestClientSecrets, scope: String = "user.migration", clientID: String = StandIn.clientID) async throws -> Answer {
+        try await post(
+            "auth/token",
+            form: [("grant_type", "client_credentials"), ("scope", scope), ("client_id", clientID), ("client_secret", try secret(of: team, for: clientID))])
+    }
+
+    /// A live migration access token of `team` (fails the test when none is issued).
+    func bearer(_ team: TestClientSecrets) async throws -> String {
+        let answer = try await migrationToken(team)
+        return try #require(answer.json?["access_token"]?.stringValue, "\(answer.status) \(answer.body)")
+    }
+
+    /// The sending side: `sub` for `target`, as `team` (the sender's by default) with `bearer`.
+    func transferSub(_ sub: String, target: String, as team: TestClientSecrets? = nil, bearer: String?) async throws -> Answer {
+        let team = team ?? secrets
+        return try await post(
+            "auth/usermigrationinfo", form: [("sub", sub), ("target", target), ("client_id", StandIn.clientID), ("client_secret", try secret(of: team))],
+            authorization: bearer.map { "Bearer \($0)" })
+    }
+
+    /// The receiving side: the user behind `transferSub`, as `team` (the recipient's by default) with `bearer`.
+    func migratedUser(_ transferSub: String, as team: TestClientSecrets? = nil, bearer: String?) async throws -> Answer {
+        let team = team ?? recipient
+        return try await post(
+            "auth/usermigrationinfo", form: [("transfer_sub", transferSub), ("client_id", StandIn.clientID), ("client_secret", try secret(of: team))],
+            authorization: bearer.map { "Bearer \($0)" })
     }
 
     static func encode(_ form: [(String, String)]) -> String {

@@ -146,7 +146,7 @@ struct TokenEndpointTests {
         }
     }
 
-    @Test("An unknown grant type is unsupported_grant_type", arguments: ["password", "client_credentials", "AUTHORIZATION_CODE"])
+    @Test("An unknown grant type is unsupported_grant_type", arguments: ["password", "urn:ietf:params:oauth:grant-type:jwt-bearer", "AUTHORIZATION_CODE"])
     func unknownGrant(_ grantType: String) async throws {
         try await StandIn.run { standIn in
             let answer = try await standIn.post(

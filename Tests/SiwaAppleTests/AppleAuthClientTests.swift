@@ -15,6 +15,7 @@ final class AuthRecorder: Sendable {
     struct Request: Sendable {
         var path: String
         var contentType: String?
+        var authorization: String?
         var body: String
         var fields: [String: String] { Dictionary(FormURLEncoding.decode(body)?.map { ($0.name, $0.value) } ?? [], uniquingKeysWith: { $1 }) }
         var fieldNames: [String] { FormURLEncoding.decode(body)?.map(\.name) ?? [] }
@@ -43,11 +44,12 @@ final class AuthRecorder: Sendable {
     static func start() async throws -> AuthRecorder {
         let shared = Shared()
         let router = Router()
-        for path in ["/auth/token", "/auth/revoke", "/landing"] {
+        for path in ["/auth/token", "/auth/revoke", "/auth/usermigrationinfo", "/landing"] {
             router.post(RouterPath(path)) { request, _ -> Response in
                 let body = try await request.body.collect(upTo: 1 << 20)
                 let reply = shared.state.withLock { state in
-                    state.requests.append(Request(path: path, contentType: request.headers[.contentType], body: String(buffer: body)))
+                    state.requests.append(Request(
+                        path: path, contentType: request.headers[.contentType], authorization: request.headers[.authorization], body: String(buffer: body)))
                     return state.replies.isEmpty ? Reply(status: 200) : state.replies.removeFirst()
                 }
                 var headers: HTTPFields = [.contentType: "application/json;charset=UTF-8"]
@@ -68,7 +70,15 @@ final class AuthRecorder: Sendable {
     }
 }
 
-@Suite("Apple's /auth/token and /auth/revoke over real HTTP")
+/// A clock moved by hand: the token cache's reuse is decided by it, never by waiting.
+final class StepClock: Sendable {
+    private let value: Mutex<Date>
+    init(_ start: Date) { value = Mutex(start) }
+    var now: Date { value.withLock { $0 } }
+    func advance(by seconds: TimeInterval) { value.withLock { $0 = $0.addingTimeInterval(seconds) } }
+}
+
+@Suite("Apple's /auth/token, /auth/revoke and /auth/usermigrationinfo over real HTTP")
 struct AppleAuthClientTests {
     /// Shaped to need every escape: `+`, `/`, `=`, `&`, and the `.` `-` `_` Apple's tokens contain.
     static let awkward = "c0de.a+b/c=d&e-f_g"
@@ -84,8 +94,12 @@ struct AppleAuthClientTests {
         let now = self.now
         let client = AppleAuthClient(
             configuration: .init(baseURL: recorder.baseURL, timeout: timeout, maximumResponseSize: maximumResponseSize), minter: minter, now: { now })
+        try await withRecorder(recorder) { try await body(client, recorder, key.publicKey) }
+    }
+
+    func withRecorder(_ recorder: AuthRecorder, _ body: () async throws -> Void) async throws {
         do {
-            try await body(client, recorder, key.publicKey)
+            try await body()
         } catch {
             await recorder.stop()
             throw error
@@ -159,6 +173,93 @@ struct AppleAuthClientTests {
                 endpoint: .revoke, clientID: "com.example.app", grantType: nil, tokenTypeHint: .refreshToken,
                 tokenFingerprint: AppleAuthRecord.fingerprint(Self.awkward), status: 200))
             #expect(!"\(call.record)".contains("c0de"))
+        }
+    }
+
+    @Test("the migration token: client_credentials and scope user.migration to /auth/token, no Authorization header")
+    func migrationToken() async throws {
+        try await withClient { client, recorder, key in
+            recorder.reply(.init(status: 200, body: #"{"access_token":"m.secret","token_type":"Bearer","expires_in":3600}"#))
+            let call = await client.migrationAccessToken(clientID: "com.example.app")
+            #expect(try call.result.get() == AppleMigrationToken(accessToken: "m.secret", expiresIn: 3600))
+            let sent = try #require(recorder.requests.first)
+            #expect(sent.path == "/auth/token" && sent.authorization == nil && sent.contentType == "application/x-www-form-urlencoded")
+            #expect(sent.fieldNames == ["grant_type", "scope", "client_id", "client_secret"])
+            #expect(sent.fields["grant_type"] == "client_credentials" && sent.fields["scope"] == "user.migration")
+            try expectClientSecret(sent.fields["client_secret"], clientID: "com.example.app", key: key)
+            #expect(call.record.grantType == .clientCredentials && call.record.scope == .userMigration && call.record.status == 200)
+            #expect(!"\(call.record)".contains("m.secret"))
+        }
+    }
+
+    @Test("transferSub posts sub and target with the Bearer to /auth/usermigrationinfo and reads transfer_sub")
+    func transferSub() async throws {
+        try await withClient { client, recorder, key in
+            recorder.reply(.init(status: 200, body: #"{"transfer_sub":"000111.t.2222"}"#))
+            let call = await client.transferSub(of: Self.awkward, target: "TEAMB23456", clientID: "com.example.app", accessToken: "m.a+b")
+            #expect(try call.result.get() == "000111.t.2222")
+            let sent = try #require(recorder.requests.first)
+            #expect(recorder.requests.count == 1 && sent.path == "/auth/usermigrationinfo" && sent.authorization == "Bearer m.a+b")
+            #expect(sent.fieldNames == ["sub", "target", "client_id", "client_secret"])
+            #expect(sent.fields["sub"] == Self.awkward && sent.fields["target"] == "TEAMB23456" && sent.fields["client_id"] == "com.example.app")
+            try expectClientSecret(sent.fields["client_secret"], clientID: "com.example.app", key: key)
+            #expect(call.record == AppleAuthRecord(
+                endpoint: .userMigrationInfo, clientID: "com.example.app", grantType: nil, tokenTypeHint: nil,
+                tokenFingerprint: AppleAuthRecord.fingerprint(Self.awkward), status: 200, target: "TEAMB23456"))
+        }
+    }
+
+    @Test("transferSub refuses, unsent, a target that is not a team ID, our own team, or an empty sub")
+    func transferSubBadInput() async throws {
+        try await withClient { client, recorder, _ in
+            for (sub, target, why) in [("001.a.1", "teamb23456", "10 characters"), ("001.a.1", "TEAM123456", "is this team"), ("", "TEAMB23456", "sub")] {
+                let call = await client.transferSub(of: sub, target: target, clientID: "com.example.app", accessToken: "m")
+                guard case .failure(.invalidInput(let message)) = call.result else { Issue.record("\(call.result)"); continue }
+                #expect(message.contains(why), "\(message)")
+                #expect(call.record.status == nil)
+            }
+            #expect(recorder.requests.isEmpty)
+        }
+    }
+
+    @Test("migratedUser posts transfer_sub with the Bearer and reads sub, email, is_private_email; a 400 is Apple's word")
+    func migratedUser() async throws {
+        try await withClient { client, recorder, _ in
+            recorder.reply(
+                .init(status: 200, body: #"{"sub":"001234.n.0001","email":"r@privaterelay.appleid.com","is_private_email":true}"#),
+                .init(status: 400, body: #"{"error":"invalid_request"}"#))
+            let call = await client.migratedUser(transferSub: "000111.t.2222", clientID: "com.example.app", accessToken: "m.1")
+            #expect(try call.result.get() == AppleMigratedUser(sub: "001234.n.0001", email: "r@privaterelay.appleid.com", isPrivateEmail: true))
+            let sent = try #require(recorder.requests.first)
+            #expect(sent.path == "/auth/usermigrationinfo" && sent.authorization == "Bearer m.1")
+            #expect(sent.fieldNames == ["transfer_sub", "client_id", "client_secret"] && sent.fields["transfer_sub"] == "000111.t.2222")
+            #expect(call.record.tokenFingerprint == AppleAuthRecord.fingerprint("000111.t.2222") && call.record.target == nil)
+            let revoked = await client.migratedUser(transferSub: "000111.t.3333", clientID: "com.example.app", accessToken: "m.1")
+            #expect(throws: AppleAuthClient.Failure.apple(.invalidRequest)) { try revoked.result.get() }
+            #expect(revoked.record.error == .invalidRequest)
+        }
+    }
+
+    @Test("the token cache asks once, reuses the token until an hour less the margin, then asks again; forget drops it")
+    func tokenCache() async throws {
+        let recorder = try await AuthRecorder.start()
+        let minter = ClientSecretMinter(policy: try ClientSecretPolicy(teamID: "TEAM123456"), key: try .init(keyID: "KEY1234567", privateKey: .init()))
+        let clock = StepClock(now)
+        let cache = MigrationTokenCache(
+            client: AppleAuthClient(configuration: .init(baseURL: recorder.baseURL), minter: minter, now: { clock.now }), margin: 300,
+            now: { clock.now })
+        try await withRecorder(recorder) { () async throws in
+            for n in 1...3 { recorder.reply(.init(status: 200, body: #"{"access_token":"m\#(n)","token_type":"Bearer","expires_in":3600}"#)) }
+            let first = await cache.token(clientID: "com.example.app")
+            #expect(try first.result.get().accessToken == "m1" && first.call?.record.status == 200)
+            clock.advance(by: 3299)
+            let reused = await cache.token(clientID: "com.example.app")
+            #expect(try reused.result.get().accessToken == "m1" && reused.call == nil)
+            clock.advance(by: 1)
+            #expect(try await cache.token(clientID: "com.example.app").result.get().accessToken == "m2")
+            cache.forget(clientID: "com.example.app")
+            #expect(try await cache.token(clientID: "com.example.app").result.get().accessToken == "m3")
+            #expect(recorder.requests.count == 3)
         }
     }
 

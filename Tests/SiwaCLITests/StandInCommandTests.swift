@@ -58,6 +58,42 @@ struct StandInCommandTests {
         #expect(await server.waitForExit() == 0, "\(output.text)")
     }
 
+    @Test("standin serve with a recipient team: the same --keys directory gives the same transfer_sub after a restart; keys id-token carries it")
+    func transfer() async throws {
+        let directory = try TestBinary.makeDirectory("standin-transfer")
+        defer { try? FileManager.default.removeItem(atPath: directory) }
+        let recipientArguments = ["--recipient-team-id", "TEAMB23456", "--recipient-key-id", "KEYB234567", "--migration-rate", "100"]
+        func key(_ keyID: String) throws -> P256.Signing.PrivateKey {
+            try P256.Signing.PrivateKey(pemRepresentation: String(contentsOfFile: "\(directory)/keys/AuthKey_\(keyID).p8", encoding: .utf8))
+        }
+        /// One migration call on a fresh stand-in process: the token, then `form` with its Bearer.
+        func migrationCall(_ team: String, _ keyID: String, _ form: String) async throws -> (status: Int, body: String) {
+            let standIn = try await StandInProcess.start(in: directory, arguments: recipientArguments)
+            defer { standIn.process.signal(SIGKILL) }
+            #expect(standIn.output.text.contains("recipient team TEAMB23456 key KEYB234567"), "\(standIn.output.text)")
+            let secret = try TestClientSecrets(teamID: team, keyID: keyID, key: try key(keyID))
+                .secret(clientID: "com.example.app", issuedAt: Date().addingTimeInterval(-60))
+            let token = try await Self.post(
+                "\(standIn.base)/auth/token", "grant_type=client_credentials&scope=user.migration&client_id=com.example.app&client_secret=\(secret)")
+            let bearer = try #require(JSONValue.parse(Data(token.body.utf8))?["access_token"]?.stringValue, "\(token.status) \(token.body)")
+            return try await Self.post("\(standIn.base)/auth/usermigrationinfo", "\(form)&client_id=com.example.app&client_secret=\(secret)", bearer: bearer)
+        }
+        let sent = try await migrationCall("TEAMID1234", "KEYID12345", "sub=001.cli.1&target=TEAMB23456")
+        let transferSub = try #require(JSONValue.parse(Data(sent.body.utf8))?["transfer_sub"]?.stringValue, "\(sent.status) \(sent.body)")
+        let again = try await migrationCall("TEAMID1234", "KEYID12345", "sub=001.cli.1&target=TEAMB23456")
+        #expect(JSONValue.parse(Data(again.body.utf8))?["transfer_sub"]?.stringValue == transferSub, "\(again.body)")
+        let received = try await migrationCall("TEAMB23456", "KEYB234567", "transfer_sub=\(transferSub)")
+        #expect(received.status == 200 && JSONValue.parse(Data(received.body.utf8))?["sub"]?.stringValue?.count == 44, "\(received.body)")
+
+        let minted = try await TestBinary.run(
+            ["keys", "id-token", "--keys", "keys", "--aud", "com.example.app", "--sub", "001.new.1", "--transfer-sub", transferSub], directory: directory)
+        #expect(minted.status == 0, "\(minted.stderr)")
+        let keys = try AppleKeySet.parse(Data(contentsOf: URL(fileURLWithPath: "\(directory)/keys/jwks.json")))
+        let identity = try IdentityTokenVerifier(clientIDs: ["com.example.app"]).verify(
+            minted.stdout.trimmingCharacters(in: .whitespacesAndNewlines), keys: keys, nonce: nil, now: Date())
+        #expect(identity.transferSub == transferSub)
+    }
+
     @Test("Each bad standin flag is refused (exit 64) with a message naming the flag", arguments: [
         (["serve", "--keys", "keys", "--team-id", "team/../x", "--key-id", "KEYID12345", "--client-ids", "a"], "--team-id"),
         (["serve", "--keys", "keys", "--team-id", "TEAMID1234", "--key-id", "../KEY", "--client-ids", "a"], "--key-id"),
@@ -65,6 +101,16 @@ struct StandInCommandTests {
         (["serve", "--keys", "keys", "--team-id", "TEAMID1234", "--key-id", "KEYID12345", "--client-ids", "a,,b"], "--client-ids"),
         (["serve", "--keys", "keys", "--team-id", "TEAMID1234", "--key-id", "KEYID12345", "--client-ids", "a", "--port", "70000"], "--port"),
         (["serve", "--keys", "nowhere", "--team-id", "TEAMID1234", "--key-id", "KEYID12345", "--client-ids", "a"], "--keys"),
+        (["serve", "--keys", "keys", "--team-id", "TEAMID1234", "--key-id", "KEYID12345", "--client-ids", "a", "--recipient-team-id", "TEAMID1234",
+          "--recipient-key-id", "KEYB234567"], "--recipient-team-id"),
+        (["serve", "--keys", "keys", "--team-id", "TEAMID1234", "--key-id", "KEYID12345", "--client-ids", "a", "--recipient-team-id", "TEAMB23456"],
+         "--recipient-key-id"),
+        (["serve", "--keys", "keys", "--team-id", "TEAMID1234", "--key-id", "KEYID12345", "--client-ids", "a", "--recipient-key-id", "KEYB234567"],
+         "--recipient-team-id"),
+        (["serve", "--keys", "keys", "--team-id", "TEAMID1234", "--key-id", "KEYID12345", "--client-ids", "a", "--recipient-team-id", "TEAMB23456",
+          "--recipient-key-id", "KEYID12345"], "--recipient-key-id"),
+        (["serve", "--keys", "keys", "--team-id", "TEAMID1234", "--key-id", "KEYID12345", "--client-ids", "a", "--migration-rate", "-1"],
+         "--migration-rate"),
         (["code", "--url", "127.0.0.1:8090", "--client-id", "a", "--sub", "1"], "--url"),
         (["code", "--url", "http://127.0.0.1:8090", "--client-id", "a", "--sub", "1", "--private"], "--private"),
         (["revocations", "--url", "ftp://x"], "--url"),
@@ -77,10 +123,11 @@ struct StandInCommandTests {
         #expect(!FileManager.default.fileExists(atPath: "\(directory)/keys"), "nothing is written for a refused command")
     }
 
-    private static func post(_ url: String, _ form: String) async throws -> (status: Int, body: String) {
+    private static func post(_ url: String, _ form: String, bearer: String? = nil) async throws -> (status: Int, body: String) {
         var request = HTTPClientRequest(url: url)
         request.method = .POST
         request.headers.add(name: "Content-Type", value: "application/x-www-form-urlencoded")
+        if let bearer { request.headers.add(name: "Authorization", value: "Bearer \(bearer)") }
         request.body = .bytes(ByteBuffer(string: form))
         let response = try await HTTPClient.shared.execute(request, timeout: .seconds(30))
         return (Int(response.status.code), String(buffer: try await response.body.collect(upTo: 1 << 20)))

@@ -91,6 +91,73 @@ struct AppleAuthWireTests {
         }
     }
 
+    @Test("the migration calls send TN3159's fields in its order, to their endpoints")
+    func migrationFields() {
+        func sent(_ request: AppleAuthRequest) -> [String] { request.fields(clientID: "c", clientSecret: "s").map { "\($0.name)=\($0.value)" } }
+        #expect(sent(.migrationToken) == ["grant_type=client_credentials", "scope=user.migration", "client_id=c", "client_secret=s"])
+        #expect(sent(.transferSub(sub: "001.a.1", target: "TEAMB23456")) == ["sub=001.a.1", "target=TEAMB23456", "client_id=c", "client_secret=s"])
+        #expect(sent(.migratedUser(transferSub: "t.x")) == ["transfer_sub=t.x", "client_id=c", "client_secret=s"])
+        #expect(AppleAuthRequest.migrationToken.endpoint == .token && AppleAuthRequest.migrationToken.grantType == .clientCredentials)
+        #expect(AppleAuthRequest.transferSub(sub: "s", target: "T").endpoint == .userMigrationInfo)
+        #expect(AppleAuthRequest.migratedUser(transferSub: "t").endpoint == .userMigrationInfo)
+        #expect(AppleAuthEndpoint.userMigrationInfo.rawValue == "/auth/usermigrationinfo")
+    }
+
+    @Test("a migration call's record fingerprints the sub or transfer_sub, names scope and target, and shows neither identifier")
+    func migrationRecords() {
+        let token = AppleAuthRequest.migrationToken.record(clientID: "com.example.app")
+        #expect(token.endpoint == .token && token.grantType == .clientCredentials && token.scope == .userMigration && token.target == nil)
+        #expect(token.tokenFingerprint == "e3b0c44298fc")  // SHA-256 of "": the call sends no code or token
+        #expect("\(token)" == "/auth/token client_id=com.example.app grant_type=client_credentials scope=user.migration status=none")
+
+        let sender = AppleAuthRequest.transferSub(sub: "001234.secretsub.0001", target: "TEAMB23456").record(clientID: "com.example.app")
+        #expect(sender.endpoint == .userMigrationInfo && sender.grantType == nil && sender.target == "TEAMB23456")
+        #expect(sender.tokenFingerprint == AppleAuthRecord.fingerprint("001234.secretsub.0001"))
+        #expect("\(sender)" == "/auth/usermigrationinfo client_id=com.example.app target=TEAMB23456 sub=sha256:\(sender.tokenFingerprint) status=none")
+
+        let recipient = AppleAuthRequest.migratedUser(transferSub: "000111.secrettransfer.9").record(clientID: "com.example.app")
+        #expect(recipient.target == nil && recipient.tokenFingerprint == AppleAuthRecord.fingerprint("000111.secrettransfer.9"))
+        #expect("\(recipient)".contains(" transfer_sub=sha256:\(recipient.tokenFingerprint) "))
+        for shown in [
+            "\(sender)", "\(recipient)", "\(AppleAuthRequest.transferSub(sub: "001234.secretsub.0001", target: "TEAMB23456"))",
+            dumped(AppleAuthRequest.migratedUser(transferSub: "000111.secrettransfer.9")),
+        ] {
+            #expect(!shown.contains("secret"), "\(shown)")
+        }
+    }
+
+    @Test("the migration token parses; printing it shows no token; it is usable until expires_in minus the margin")
+    func migrationToken() throws {
+        let token = try #require(AppleMigrationToken.parse(Array(#"{"access_token":"a.secret","token_type":"Bearer","expires_in":3600}"#.utf8)))
+        #expect(token == AppleMigrationToken(accessToken: "a.secret", expiresIn: 3600))
+        for body in ["{}", #"{"access_token":"","expires_in":3600}"#, #"{"access_token":"a","expires_in":"3600"}"#, #"{"access_token":"a"}"#] {
+            #expect(AppleMigrationToken.parse(Array(body.utf8)) == nil, "\(body)")
+        }
+        for shown in ["\(token)", String(reflecting: token), dumped(token)] { #expect(!shown.contains("secret"), "\(shown)") }
+        let issued = Date(timeIntervalSince1970: 1_800_000_000)
+        #expect(token.isUsable(issuedAt: issued, now: issued, margin: 300))
+        #expect(token.isUsable(issuedAt: issued, now: issued.addingTimeInterval(3299), margin: 300))
+        #expect(!token.isUsable(issuedAt: issued, now: issued.addingTimeInterval(3300), margin: 300))
+        #expect(!token.isUsable(issuedAt: issued, now: issued.addingTimeInterval(-1), margin: 300))  // a clock set back: fetch anew
+    }
+
+    @Test("transfer_sub and migrated-user answers parse; a user prints without sub or email")
+    func migrationAnswers() throws {
+        #expect(AppleTransferSub.parse(Array(#"{"transfer_sub":"000111.abc.2222"}"#.utf8)) == "000111.abc.2222")
+        for body in ["{}", #"{"transfer_sub":""}"#, #"{"transfer_sub":7}"#, #"{"transfer_sub":"\#(String(repeating: "x", count: 257))"}"#] {
+            #expect(AppleTransferSub.parse(Array(body.utf8)) == nil, "\(body)")
+        }
+        let relay = try #require(AppleMigratedUser.parse(Array(
+            #"{"sub":"001234.newsub.0001","email":"k3j4@privaterelay.appleid.com","is_private_email":true}"#.utf8)))
+        #expect(relay == AppleMigratedUser(sub: "001234.newsub.0001", email: "k3j4@privaterelay.appleid.com", isPrivateEmail: true))
+        #expect(AppleMigratedUser.parse(Array(#"{"sub":"s","is_private_email":"false"}"#.utf8)) == AppleMigratedUser(sub: "s", isPrivateEmail: false))
+        #expect(AppleMigratedUser.parse(Array(#"{"sub":"s","email":7}"#.utf8)) == AppleMigratedUser(sub: "s"))
+        #expect(AppleMigratedUser.parse(Array(#"{"email":"a@b.c"}"#.utf8)) == nil && AppleMigratedUser.parse(Array(#"{"sub":""}"#.utf8)) == nil)
+        for shown in ["\(relay)", String(reflecting: relay), dumped(relay)] {
+            #expect(!shown.contains("privaterelay") && !shown.contains("newsub"), "\(shown)")
+        }
+    }
+
     private func dumped(_ value: Any) -> String {
         var text = ""
         dump(value, to: &text)
