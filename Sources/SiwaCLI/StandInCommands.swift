@@ -37,7 +37,8 @@ struct StandInCommand: AsyncParsableCommand {
                     --team-id TEAMID1234 --key-id KEYID12345 --client-ids com.example.app
                   siwa-events standin serve --keys siwa-keys --port 8090 \\
                     --team-id TEAMID1234 --key-id KEYID12345 --client-ids com.example.app \\
-                    --recipient-team-id TEAMB23456 --recipient-key-id KEYB234567 --migration-rate 10
+                    --recipient-team-id TEAMB23456 --recipient-key-id KEYB234567 \\
+                    --migration-rate 10
                 """)
         @Option(help: "Directory written by `keys generate` (the team's .p8 keys are kept there too).") var keys: String
         @Option(help: "Address to listen on.") var host = "127.0.0.1"
