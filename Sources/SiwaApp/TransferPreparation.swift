@@ -59,7 +59,31 @@ package struct AppleTransferSubs: TransferSubSource {
         self.calls = calls
     }
 
+    /// How often a user's call is tried again after Apple's 429, a second apart, before the run stops.
+    static let rateLimitRetries = 5
+
     package func transferSub(of sub: String) async throws -> Result<String, TransferFailure> {
+        for _ in 0..<Self.rateLimitRetries {
+            let call = try await ask(sub)
+            switch call.result {
+            case .success(let transferSub):
+                return .success(transferSub)
+            case .failure(.apple(let refusal)) where refusal == .invalidRequest:
+                return .failure(TransferFailure(word: refusal.word ?? "invalid_request"))
+            case .failure(.apple(let refusal)) where refusal == .invalidGrant || refusal == .invalidClient:
+                tokens.forget(clientID: clientID)
+                throw Stopped(description: "Apple refused the call (\(refusal)): check SIWA_APPLE_TEAM_ID, SIWA_APPLE_KEY_ID and the .p8; rerun to resume")
+            case .failure(.apple(.unrecognised(429))):
+                try await Task.sleep(for: .seconds(1))
+            case .failure(let failure):
+                throw Stopped(description: "\(failure); rerun to resume")
+            }
+        }
+        throw Stopped(description: "Apple kept limiting the rate (HTTP 429): rerun with a lower --rate to resume")
+    }
+
+    /// One call for `sub` with the current access token, both calls recorded.
+    private func ask(_ sub: String) async throws -> AppleAuthClient.Call<String> {
         let lookup = await tokens.token(clientID: clientID)
         if let call = lookup.call { try await calls.record(call.record, aud: nil, sub: nil) }
         let token: AppleMigrationToken
@@ -69,16 +93,6 @@ package struct AppleTransferSubs: TransferSubSource {
         }
         let call = await client.transferSub(of: sub, target: target, clientID: clientID, accessToken: token.accessToken)
         try await calls.record(call.record, aud: nil, sub: nil)
-        switch call.result {
-        case .success(let transferSub):
-            return .success(transferSub)
-        case .failure(.apple(let refusal)) where refusal == .invalidRequest:
-            return .failure(TransferFailure(word: refusal.word ?? "invalid_request"))
-        case .failure(.apple(let refusal)) where refusal == .invalidGrant || refusal == .invalidClient:
-            tokens.forget(clientID: clientID)
-            throw Stopped(description: "Apple refused the call (\(refusal)): check SIWA_APPLE_TEAM_ID, SIWA_APPLE_KEY_ID and the .p8; rerun to resume")
-        case .failure(let failure):
-            throw Stopped(description: "\(failure); rerun to resume")
-        }
+        return call
     }
 }

@@ -81,15 +81,24 @@ struct TransfersCommand: AsyncParsableCommand {
                 var progress = try await store.progress(of: transfer)
                 printError("transfer of \(clientID) to team \(target): \(progress.total) users (\(added) new), \(progress.pending) to ask for")
                 let meter = ProgressLine(total: progress.pending)
-                while try await preparation.runOnce(limit: 100, pace: { try await pacer.next() }) > 0 {
-                    progress = try await store.progress(of: transfer)
-                    meter.show(done: meter.total - progress.pending)
+                var stopped: AppleTransferSubs.Stopped?
+                do {
+                    while try await preparation.runOnce(limit: 100, pace: { try await pacer.next() }) > 0 {
+                        progress = try await store.progress(of: transfer)
+                        meter.show(done: meter.total - progress.pending)
+                    }
+                } catch let error as AppleTransferSubs.Stopped {
+                    stopped = error
                 }
                 meter.finish()
                 progress = try await store.progress(of: transfer)
                 print("\(progress.computed) of \(progress.total) users have a transfer_sub for team \(target)")
                 for (word, count) in progress.failed.sorted(by: { $0.key < $1.key }) {
                     print("\(count) refused by Apple: \(word) (kept; `transfers prepare --target \(target) --retry-failed` asks again)")
+                }
+                if let stopped {
+                    printError("siwa-events: stopped with \(progress.pending) users left: \(stopped)")
+                    throw ExitCode(1)
                 }
             }
         }
@@ -143,7 +152,12 @@ struct TransfersCommand: AsyncParsableCommand {
     }
 
     struct Status: SettingsCommand {
-        static let configuration = CommandConfiguration(abstract: "Each recorded transfer: its users, identifiers and errors.")
+        static let configuration = CommandConfiguration(
+            abstract: "Each recorded transfer: its users, identifiers and errors.",
+            discussion: """
+                Examples:
+                  siwa-events transfers status
+                """)
         static let settingGroups: [SettingGroup] = [.database, .logging]
 
         func run(_ settings: SettingSource) async throws {

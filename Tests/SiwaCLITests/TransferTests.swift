@@ -1,0 +1,114 @@
+import AsyncHTTPClient
+import Crypto
+import NIOCore
+import NIOHTTP1
+import Foundation
+import PostgresNIO
+import SiwaDomain
+import SiwaEmbeddedPostgres
+import SiwaTestSupport
+import Testing
+
+/// The sending side of an app transfer through the real binary, against `standin serve` with a
+/// recipient team: `transfers prepare` (resumable, rate-limited, per-user refusals kept) and
+/// `transfers export` (transfer_subs only).
+@Suite("Transfers: the sending side")
+struct TransferTests {
+    static let recipient = "TEAMB23456"
+
+    @Test("prepare asks for every user's transfer_sub once: stopped by Apple it resumes, it waits out Apple's 429s, a revoked user is kept as refused; export holds transfer_subs only")
+    func prepareAndExport() async throws {
+        let directory = try TestBinary.makeDirectory("transfers")
+        defer { try? FileManager.default.removeItem(atPath: directory) }
+        let standIn = try await StandInProcess.start(
+            in: directory, arguments: ["--recipient-team-id", Self.recipient, "--recipient-key-id", "KEYB234567", "--migration-rate", "5"])
+        defer { standIn.process.signal(SIGKILL) }
+
+        let database = try await TestCluster.shared.makeDatabase()
+        let socketDirectory = ((database.unixSocketPath ?? "") as NSString).deletingLastPathComponent
+        let databaseURL = "postgres://\(database.username)@/\(database.database ?? "")?host=\(socketDirectory)"
+        #expect(try await TestBinary.run(["migrate"], environment: ["DATABASE_URL": databaseURL], directory: directory).status == 0)
+        let client = PostgresClient(configuration: database)
+        let running = Task { await client.run() }
+        defer { running.cancel() }
+        let subs = (0..<30).map { String(format: "001%03d.%@.0001", $0, UUID().uuidString.replacingOccurrences(of: "-", with: "").lowercased()) }
+        for sub in subs {
+            try await client.query("INSERT INTO accounts (aud, sub, email) VALUES ('com.example.app', \(sub), \("r\(UUID().uuidString.prefix(8).lowercased())@privaterelay.appleid.com"))")
+        }
+        try await client.query("INSERT INTO accounts (aud, sub) VALUES ('com.example.other', '001999.other.0001')")  // another app: not transferred
+        // One user stopped using Apple ID with the app: Apple refuses their transfer_sub.
+        var mark = HTTPClientRequest(url: "\(standIn.base)/standin/users")
+        mark.method = .POST
+        mark.headers.add(name: "Content-Type", value: "application/json")
+        mark.body = .bytes(ByteBuffer(string: JSONValue.object(["sub": .string(subs[7]), "revoked": .bool(true)]).jsonText))
+        #expect(try await HTTPClient.shared.execute(mark, timeout: .seconds(30)).status.code == 200)
+
+        let environment = [
+            "DATABASE_URL": databaseURL, "SIWA_APPLE_BUNDLE_IDS": "com.example.app", "SIWA_APPLE_TEAM_ID": StandInProcess.teamID,
+            "SIWA_APPLE_KEY_ID": StandInProcess.keyID, "SIWA_APPLE_PRIVATE_KEY_FILE": StandInProcess.keyFile(in: directory),
+            "SIWA_APPLE_TOKEN_KEYS": AppleTokenCipher.generateKey(), "SIWA_APPLE_AUTH_URL": standIn.base,
+        ]
+        let own = try await TestBinary.run(["transfers", "prepare", "--target", StandInProcess.teamID], environment: environment, directory: directory)
+        #expect(own.status == 64 && own.stderr.contains("is this team (SIWA_APPLE_TEAM_ID)"), "\(own.status) \(own.stderr)")
+
+        // Apple fails the first call: the run stops, saying how to resume, having kept nothing.
+        var failure = HTTPClientRequest(url: "\(standIn.base)/standin/failures")
+        failure.method = .POST
+        failure.headers.add(name: "Content-Type", value: "application/json")
+        failure.body = .bytes(ByteBuffer(string: #"{"endpoint": "usermigrationinfo", "status": 503, "count": 1}"#))
+        #expect(try await HTTPClient.shared.execute(failure, timeout: .seconds(30)).status.code == 204)
+        let stopped = try await TestBinary.run(["transfers", "prepare", "--target", Self.recipient], environment: environment, directory: directory)
+        #expect(stopped.status == 1 && stopped.stderr.contains("rerun to resume") && stopped.stderr.contains("30 users left"), "\(stopped.stdout) \(stopped.stderr)")
+        #expect(try await Self.computed(client) == 0)
+
+        // Faster than the stand-in's 5 a second: Apple's 429s are waited out, a second at a time.
+        let resumed = try await TestBinary.run(
+            ["transfers", "prepare", "--target", Self.recipient, "--rate", "1000"], environment: environment, directory: directory)
+        #expect(resumed.status == 0, "\(resumed.stdout) \(resumed.stderr)")
+        #expect(resumed.stdout.contains("29 of 30 users have a transfer_sub for team \(Self.recipient)"), "\(resumed.stdout)")
+        #expect(resumed.stdout.contains("1 refused by Apple: invalid_request"), "\(resumed.stdout)")
+        #expect(try await Self.count(client, "SELECT count(*) FROM apple_auth_calls WHERE endpoint = '/auth/usermigrationinfo' AND status = 429") > 0)
+        #expect(try await Self.computed(client) == 29)
+        #expect(try await Self.count(client, "SELECT count(DISTINCT transfer_sub) FROM transfer_subs") == 29)
+        #expect(try await Self.count(client, "SELECT count(*) FROM transfer_subs WHERE attempts > 1") == 0, "a user was asked twice")
+        #expect(try await Self.count(client, "SELECT count(*) FROM transfer_subs WHERE sub = '001999.other.0001'") == 0)
+
+        // Export: the header and one transfer_sub a line; no sub, no address; readable by its owner only.
+        let file = "\(directory)/transfer.ndjson"
+        let exported = try await TestBinary.run(
+            ["transfers", "export", "--target", Self.recipient, "--output", file], environment: environment, directory: directory)
+        #expect(exported.status == 0 && exported.stdout.contains("wrote 29 transfer_subs"), "\(exported.stdout) \(exported.stderr)")
+        let text = try String(contentsOfFile: file, encoding: .utf8)
+        let lines = text.split(separator: "\n").compactMap { JSONValue.parse(Data($0.utf8)) }
+        #expect(lines.count == 30)
+        #expect(lines.first?["target"] == .string(Self.recipient) && lines.first?["count"] == .number(29))
+        #expect(Set(lines.dropFirst().compactMap { $0["transfer_sub"]?.stringValue }).count == 29)
+        for sub in subs { #expect(!text.contains(sub), "the export holds a sub") }
+        #expect(!text.contains("privaterelay"))
+        let mode = try FileManager.default.attributesOfItem(atPath: file)[.posixPermissions] as? Int
+        #expect(mode == 0o600)
+        let status = try await TestBinary.run(["transfers", "status"], environment: ["DATABASE_URL": databaseURL], directory: directory)
+        #expect(status.stdout.contains("outgoing com.example.app team \(Self.recipient): 29/30 transfer_subs, refused: 1 invalid_request, 0 pending"), "\(status.stdout)")
+        // Users known since are asked for on the next run; the others are not asked again.
+        for index in 30..<33 {
+            try await client.query("INSERT INTO accounts (aud, sub) VALUES ('com.example.app', \("001\(index).later.0001"))")
+        }
+        let later = try await TestBinary.run(["transfers", "prepare", "--target", Self.recipient, "--rate", "4"], environment: environment, directory: directory)
+        #expect(later.stdout.contains("32 of 33 users have a transfer_sub"), "\(later.stdout) \(later.stderr)")
+        #expect(try await Self.count(client, "SELECT count(*) FROM transfer_subs WHERE attempts > 1") == 0, "a user was asked twice")
+        // Every call to Apple is on record, none with a user's sub in clear.
+        #expect(try await Self.count(client, "SELECT count(*) FROM apple_auth_calls WHERE endpoint = '/auth/usermigrationinfo'") >= 33)
+        #expect(try await DatabaseSearch.occurrences(of: subs[3], in: client) == 2)  // accounts.sub and transfer_subs.sub only
+        standIn.process.signal(SIGTERM)
+        _ = await standIn.process.waitForExit()
+    }
+
+    static func computed(_ client: PostgresClient) async throws -> Int {
+        try await count(client, "SELECT count(*) FROM transfer_subs WHERE transfer_sub IS NOT NULL")
+    }
+
+    static func count(_ client: PostgresClient, _ sql: String) async throws -> Int {
+        for try await (n,) in try await client.query(PostgresQuery(unsafeSQL: sql)).decode((Int,).self) { return n }
+        return 0
+    }
+}
