@@ -9,7 +9,7 @@ import SiwaStore
 struct TransfersCommand: AsyncParsableCommand {
     static let configuration = CommandConfiguration(
         commandName: "transfers", abstract: "Move an app's users to another developer team without losing one.",
-        subcommands: [Prepare.self, Export.self, Status.self])
+        subcommands: [Start.self, Prepare.self, Export.self, Status.self])
 
     /// `--client-id`, defaulting to the one configured bundle ID; the bundle ID it signs in to.
     struct ClientChoice: ParsableArguments {
@@ -27,6 +27,59 @@ struct TransfersCommand: AsyncParsableCommand {
                 throw ValidationError("--client-id is required: SIWA_APPLE_BUNDLE_IDS names \(apple.bundleIDs.count) apps (\(apple.bundleIDs.sorted().joined(separator: ", ")))")
             }
             return (only, only)
+        }
+    }
+
+    struct Start: SettingsCommand {
+        static let configuration = CommandConfiguration(
+            abstract: "Record an app transfer and its date: Apple's 60-day window starts there.",
+            discussion: """
+                The sending team names the recipient (--target), the receiving team the sender (--from).
+                Examples:
+                  siwa-events transfers start --target ABCDE12345 --date 2026-11-20
+                  siwa-events transfers start --from FGHIJ67890 --date 2026-11-20
+                """)
+        static let settingGroups: [SettingGroup] = [.database, .apple, .logging]
+        @Option(help: "Sending side: the recipient team's ID.") var target: String?
+        @Option(help: "Receiving side: the sending team's ID.") var from: String?
+        @Option(help: "The day Apple completed the transfer (YYYY-MM-DD, UTC).") var date: String
+        @OptionGroup var client: ClientChoice
+
+        func validate() throws {
+            guard (target == nil) != (from == nil) else { throw ValidationError("give --target (sending side) or --from (receiving side), not both") }
+            let team = target ?? from ?? ""
+            guard ClientSecretPolicy.isAppleIdentifier(team) else {
+                throw ValidationError("\(target == nil ? "--from" : "--target") must be a team ID: 10 characters, A-Z and 0-9 (got \"\(team)\")")
+            }
+            guard Self.day(date) != nil else { throw ValidationError("--date must be a day like 2026-11-20 (got \"\(date)\")") }
+        }
+
+        static func day(_ text: String) -> Date? {
+            guard text.count == 10 else { return nil }
+            return try? Date(text + "T00:00:00Z", strategy: .iso8601)
+        }
+
+        func run(_ settings: SettingSource) async throws {
+            let database = try DatabaseSettings(settings)
+            let apple = try AppleSettings(settings, receiving: false)
+            let (clientID, aud) = try client.resolve(apple)
+            let logger = try makeLogger(settings)
+            let transferredAt = Self.day(date)!
+            let transfer = try await Database.with(database, logger: logger) { database in
+                try await TransferStore(client: database.client, logger: logger).start(
+                    target == nil ? .incoming : .outgoing, clientID: clientID, aud: aud, teamID: target ?? from ?? "", transferredAt: transferredAt,
+                    actor: cliActor)
+            }
+            let window = TransferWindow(transferredAt: transfer.transferredAt)
+            print("\(transfer.direction.rawValue) transfer of \(clientID) \(target == nil ? "from" : "to") team \(transfer.teamID) on \(date): " + Self.describe(window, at: Date()))
+        }
+
+        /// "N days left (until …)" or that the window has closed.
+        static func describe(_ window: TransferWindow, at now: Date) -> String {
+            let closes = iso8601(window.closesAt)
+            return window.isOpen(at: now)
+                ? "\(window.daysLeft(at: now)) days left to exchange identifiers (until \(closes))"
+                : "the 60-day window closed at \(closes): Apple no longer exchanges identifiers for it"
         }
     }
 
@@ -172,7 +225,8 @@ struct TransfersCommand: AsyncParsableCommand {
                     let failed = progress.failed.sorted(by: { $0.key < $1.key }).map { "\($0.value) \($0.key)" }.joined(separator: ", ")
                     print(
                         "\(transfer.direction.rawValue) \(transfer.clientID) team \(transfer.teamID): \(progress.computed)/\(progress.total) transfer_subs"
-                            + (failed.isEmpty ? "" : ", refused: \(failed)") + ", \(progress.pending) pending")
+                            + (failed.isEmpty ? "" : ", refused: \(failed)") + ", \(progress.pending) pending; "
+                            + Start.describe(TransferWindow(transferredAt: transfer.transferredAt), at: Date()))
                 }
             }
         }

@@ -89,6 +89,23 @@ struct TransferTests {
         #expect(mode == 0o600)
         let status = try await TestBinary.run(["transfers", "status"], environment: ["DATABASE_URL": databaseURL], directory: directory)
         #expect(status.stdout.contains("outgoing com.example.app team \(Self.recipient): 29/30 transfer_subs, refused: 1 invalid_request, 0 pending"), "\(status.stdout)")
+        // The transfer's date: the window's days left, or that it closed.
+        func day(_ daysAgo: Int) -> String { String(iso8601(Date().addingTimeInterval(-Double(daysAgo) * 86_400)).prefix(10)) }
+        let recent = try await TestBinary.run(
+            ["transfers", "start", "--target", Self.recipient, "--date", day(10)], environment: environment, directory: directory)
+        #expect(recent.status == 0 && recent.stdout.contains("days left to exchange identifiers"), "\(recent.stdout) \(recent.stderr)")
+        let old = try await TestBinary.run(
+            ["transfers", "start", "--target", Self.recipient, "--date", day(70)], environment: environment, directory: directory)
+        #expect(old.stdout.contains("the 60-day window closed"), "\(old.stdout) \(old.stderr)")
+        let closed = try await TestBinary.run(["transfers", "status"], environment: ["DATABASE_URL": databaseURL], directory: directory)
+        #expect(closed.stdout.contains("29/30 transfer_subs") && closed.stdout.contains("the 60-day window closed"), "\(closed.stdout)")
+        let badDate = try await TestBinary.run(
+            ["transfers", "start", "--target", Self.recipient, "--date", "20 Nov"], environment: environment, directory: directory)
+        #expect(badDate.status == 64 && badDate.stderr.contains("--date must be a day like 2026-11-20"), "\(badDate.stderr)")
+        let both = try await TestBinary.run(
+            ["transfers", "start", "--target", Self.recipient, "--from", Self.recipient, "--date", day(1)], environment: environment, directory: directory)
+        #expect(both.status == 64 && both.stderr.contains("give --target (sending side) or --from (receiving side)"), "\(both.stderr)")
+
         // Users known since are asked for on the next run; the others are not asked again.
         for index in 30..<33 {
             try await client.query("INSERT INTO accounts (aud, sub) VALUES ('com.example.app', \("001\(index).later.0001"))")
