@@ -42,3 +42,30 @@ ALTER TABLE apple_auth_calls ADD CONSTRAINT apple_auth_calls_shape CHECK (
     CASE endpoint WHEN '/auth/token' THEN grant_type IS NOT NULL AND token_type_hint IS NULL
                   WHEN '/auth/revoke' THEN grant_type IS NULL AND token_type_hint IS NOT NULL
                   ELSE grant_type IS NULL AND token_type_hint IS NULL END);
+
+-- Receiving side: each transfer_sub to exchange at Apple, and what it became: the user's sub in
+-- this team (and, when this database holds the sender's users too, the account it re-keyed).
+CREATE TABLE transfer_imports (
+    transfer_id   bigint NOT NULL REFERENCES transfers (id) ON DELETE CASCADE,
+    transfer_sub  text NOT NULL CHECK (length(transfer_sub) BETWEEN 1 AND 512),
+    new_sub       text,
+    old_sub       text,
+    error         text,
+    attempts      integer NOT NULL DEFAULT 0 CHECK (attempts >= 0),
+    updated_at    timestamptz NOT NULL DEFAULT now(),
+    PRIMARY KEY (transfer_id, transfer_sub),
+    CONSTRAINT transfer_imports_one_outcome CHECK (new_sub IS NULL OR error IS NULL)
+);
+CREATE INDEX transfer_imports_pending ON transfer_imports (transfer_id, transfer_sub) WHERE new_sub IS NULL AND error IS NULL;
+CREATE INDEX transfer_subs_by_value ON transfer_subs (transfer_sub) WHERE transfer_sub IS NOT NULL;
+
+-- A user re-keyed by a transfer: their sub before it, kept as history.
+CREATE TABLE account_sub_changes (
+    aud          text NOT NULL,
+    old_sub      text NOT NULL,
+    new_sub      text NOT NULL,
+    transfer_id  bigint REFERENCES transfers (id) ON DELETE SET NULL,
+    changed_at   timestamptz NOT NULL DEFAULT now(),
+    PRIMARY KEY (aud, old_sub)
+);
+CREATE INDEX account_sub_changes_new ON account_sub_changes (aud, new_sub);

@@ -38,9 +38,46 @@ package struct TransferPreparation: Sendable {
     }
 }
 
-/// Apple's `/auth/usermigrationinfo` as a `TransferSubSource`: the hour-long access token reused
-/// (`MigrationTokenCache`), every call recorded in `apple_auth_calls`.
-package struct AppleTransferSubs: TransferSubSource {
+/// Asks Apple who a `transfer_sub` is in this team: the receiving side's one call, with the same
+/// split as `TransferSubSource` (a refusal for that user is its `Result`; what stops every call
+/// is thrown).
+package protocol MigratedUserSource: Sendable {
+    func migratedUser(_ transferSub: String) async throws -> Result<MigratedUser, TransferFailure>
+}
+
+/// `transfers exchange`, the receiving side: each imported `transfer_sub` becomes the user's sub
+/// in this team, re-keying the account this database holds for them (or creating one), a user
+/// per transaction. Resumable and idempotent: an exchanged user is never asked for again.
+package struct TransferExchange: Sendable {
+    let store: TransferStore
+    let transfer: Transfer
+    let source: any MigratedUserSource
+
+    package init(store: TransferStore, transfer: Transfer, source: any MigratedUserSource) {
+        self.store = store
+        self.transfer = transfer
+        self.source = source
+    }
+
+    /// One batch of up to `limit` pending transfer_subs; returns how many were asked for (0: none left).
+    @discardableResult
+    package func runOnce(limit: Int, pace: @Sendable () async throws -> Void = {}) async throws -> Int {
+        let pending = try await store.pendingImports(of: transfer, limit: limit)
+        for transferSub in pending {
+            try await pace()
+            switch try await source.migratedUser(transferSub) {
+            case .success(let user): try await store.rekey(transferSub: transferSub, to: user, of: transfer)
+            case .failure(let failure): try await store.recordRefusal(failure, transferSub: transferSub, of: transfer)
+            }
+        }
+        return pending.count
+    }
+}
+
+/// Apple's `/auth/usermigrationinfo`, both ways: the hour-long access token reused
+/// (`MigrationTokenCache`), every call recorded in `apple_auth_calls`, Apple's 429 waited out a
+/// second at a time (`rateLimitRetries` times) before the run stops.
+package struct AppleMigrationCalls: TransferSubSource, MigratedUserSource {
     package struct Stopped: Error, CustomStringConvertible {
         package var description: String
     }
@@ -48,10 +85,13 @@ package struct AppleTransferSubs: TransferSubSource {
     let client: AppleAuthClient
     let tokens: MigrationTokenCache
     let clientID: String
-    let target: String
+    /// Sending side: the recipient team.
+    let target: String?
     let calls: AppleTokenStore
 
-    package init(client: AppleAuthClient, tokens: MigrationTokenCache, clientID: String, target: String, calls: AppleTokenStore) {
+    static let rateLimitRetries = 5
+
+    package init(client: AppleAuthClient, tokens: MigrationTokenCache, clientID: String, target: String?, calls: AppleTokenStore) {
         self.client = client
         self.tokens = tokens
         self.clientID = clientID
@@ -59,15 +99,29 @@ package struct AppleTransferSubs: TransferSubSource {
         self.calls = calls
     }
 
-    /// How often a user's call is tried again after Apple's 429, a second apart, before the run stops.
-    static let rateLimitRetries = 5
-
     package func transferSub(of sub: String) async throws -> Result<String, TransferFailure> {
+        try await call { token in await client.transferSub(of: sub, target: target ?? "", clientID: clientID, accessToken: token) }
+    }
+
+    package func migratedUser(_ transferSub: String) async throws -> Result<MigratedUser, TransferFailure> {
+        try await call { token in await client.migratedUser(transferSub: transferSub, clientID: clientID, accessToken: token) }
+            .map { MigratedUser(sub: $0.sub, email: $0.email, isPrivateEmail: $0.isPrivateEmail) }
+    }
+
+    private func call<Value>(_ send: (String) async -> AppleAuthClient.Call<Value>) async throws -> Result<Value, TransferFailure> {
         for _ in 0..<Self.rateLimitRetries {
-            let call = try await ask(sub)
+            let lookup = await tokens.token(clientID: clientID)
+            if let fetched = lookup.call { try await calls.record(fetched.record, aud: nil, sub: nil) }
+            let token: AppleMigrationToken
+            switch lookup.result {
+            case .success(let value): token = value
+            case .failure(let failure): throw Stopped(description: "no migration access token from Apple: \(failure)")
+            }
+            let call = await send(token.accessToken)
+            try await calls.record(call.record, aud: nil, sub: nil)
             switch call.result {
-            case .success(let transferSub):
-                return .success(transferSub)
+            case .success(let value):
+                return .success(value)
             case .failure(.apple(let refusal)) where refusal == .invalidRequest:
                 return .failure(TransferFailure(word: refusal.word ?? "invalid_request"))
             case .failure(.apple(let refusal)) where refusal == .invalidGrant || refusal == .invalidClient:
@@ -80,19 +134,5 @@ package struct AppleTransferSubs: TransferSubSource {
             }
         }
         throw Stopped(description: "Apple kept limiting the rate (HTTP 429): rerun with a lower --rate to resume")
-    }
-
-    /// One call for `sub` with the current access token, both calls recorded.
-    private func ask(_ sub: String) async throws -> AppleAuthClient.Call<String> {
-        let lookup = await tokens.token(clientID: clientID)
-        if let call = lookup.call { try await calls.record(call.record, aud: nil, sub: nil) }
-        let token: AppleMigrationToken
-        switch lookup.result {
-        case .success(let value): token = value
-        case .failure(let failure): throw Stopped(description: "no migration access token from Apple: \(failure)")
-        }
-        let call = await client.transferSub(of: sub, target: target, clientID: clientID, accessToken: token.accessToken)
-        try await calls.record(call.record, aud: nil, sub: nil)
-        return call
     }
 }

@@ -9,7 +9,7 @@ import SiwaStore
 struct TransfersCommand: AsyncParsableCommand {
     static let configuration = CommandConfiguration(
         commandName: "transfers", abstract: "Move an app's users to another developer team without losing one.",
-        subcommands: [Start.self, Prepare.self, Export.self, Status.self])
+        subcommands: [Start.self, Prepare.self, Export.self, Import.self, Exchange.self, Status.self])
 
     /// `--client-id`, defaulting to the one configured bundle ID; the bundle ID it signs in to.
     struct ClientChoice: ParsableArguments {
@@ -126,7 +126,7 @@ struct TransfersCommand: AsyncParsableCommand {
                 let transfer = try await store.start(.outgoing, clientID: clientID, aud: aud, teamID: target, transferredAt: nil, actor: cliActor)
                 let added = try await store.listUsers(of: transfer)
                 if retryFailed { try await store.retryFailed(of: transfer) }
-                let source = AppleTransferSubs(
+                let source = AppleMigrationCalls(
                     client: appleClient, tokens: MigrationTokenCache(client: appleClient), clientID: clientID, target: target,
                     calls: AppleTokenStore(client: database.client, logger: logger))
                 let preparation = TransferPreparation(store: store, transfer: transfer, source: source)
@@ -134,13 +134,13 @@ struct TransfersCommand: AsyncParsableCommand {
                 var progress = try await store.progress(of: transfer)
                 printError("transfer of \(clientID) to team \(target): \(progress.total) users (\(added) new), \(progress.pending) to ask for")
                 let meter = ProgressLine(total: progress.pending)
-                var stopped: AppleTransferSubs.Stopped?
+                var stopped: AppleMigrationCalls.Stopped?
                 do {
                     while try await preparation.runOnce(limit: 100, pace: { try await pacer.next() }) > 0 {
                         progress = try await store.progress(of: transfer)
                         meter.show(done: meter.total - progress.pending)
                     }
-                } catch let error as AppleTransferSubs.Stopped {
+                } catch let error as AppleMigrationCalls.Stopped {
                     stopped = error
                 }
                 meter.finish()
@@ -204,6 +204,132 @@ struct TransfersCommand: AsyncParsableCommand {
         }
     }
 
+    struct Import: SettingsCommand {
+        static let configuration = CommandConfiguration(
+            abstract: "Receiving side: take the sending team's export (transfer_subs) to exchange.",
+            discussion: """
+                Examples:
+                  siwa-events transfers import transfer.ndjson --from FGHIJ67890
+                """)
+        static let settingGroups: [SettingGroup] = [.database, .apple, .logging]
+        @Argument(help: "The file `transfers export` wrote on the sending side.") var file: String
+        @Option(help: "The sending team's ID.") var from: String
+        @OptionGroup var client: ClientChoice
+
+        static let maximumFileSize = 64 * 1024 * 1024
+
+        func validate() throws {
+            guard ClientSecretPolicy.isAppleIdentifier(from) else {
+                throw ValidationError("--from must be the sending team's ID: 10 characters, A-Z and 0-9 (got \"\(from)\")")
+            }
+        }
+
+        func run(_ settings: SettingSource) async throws {
+            let database = try DatabaseSettings(settings)
+            let apple = try AppleSettings(settings, receiving: false)
+            let (clientID, aud) = try client.resolve(apple)
+            let lines = try Self.read(file, clientID: clientID)
+            let logger = try makeLogger(settings)
+            let (transfer, added) = try await Database.with(database, logger: logger) { database in
+                let store = TransferStore(client: database.client, logger: logger)
+                let transfer = try await store.start(.incoming, clientID: clientID, aud: aud, teamID: from, transferredAt: nil, actor: cliActor)
+                return (transfer, try await store.importTransferSubs(lines, into: transfer))
+            }
+            print("imported \(lines.count) transfer_subs from team \(transfer.teamID) (\(added) new); `transfers exchange --from \(from)` exchanges them")
+        }
+
+        /// The export's transfer_subs, after its header; errors name the line.
+        static func read(_ path: String, clientID: String) throws -> [String] {
+            guard let handle = FileHandle(forReadingAtPath: path) else { throw ValidationError("cannot read \(path)") }
+            defer { try? handle.close() }
+            let data = (try? handle.read(upToCount: maximumFileSize + 1)) ?? Data()
+            guard data.count <= maximumFileSize else { throw ValidationError("\(path) is larger than \(maximumFileSize) bytes: not an export") }
+            let lines = String(decoding: data, as: UTF8.self).split(separator: "\n")
+            guard let header = lines.first.flatMap({ JSONValue.parse(Data($0.utf8)) }), let exported = header["client_id"]?.stringValue else {
+                throw ValidationError("\(path) does not start with the header `transfers export` writes")
+            }
+            guard exported == clientID else { throw ValidationError("\(path) is for client ID \(exported), not \(clientID): pass --client-id \(exported)") }
+            var values: [String] = []
+            for (index, line) in lines.dropFirst().enumerated() {
+                guard let value = JSONValue.parse(Data(line.utf8))?["transfer_sub"]?.stringValue, (1...512).contains(value.utf8.count) else {
+                    throw ValidationError("\(path) line \(index + 2) is not {\"transfer_sub\": \"…\"}")
+                }
+                values.append(value)
+            }
+            return values
+        }
+    }
+
+    struct Exchange: SettingsCommand {
+        static let configuration = CommandConfiguration(
+            abstract: "Receiving side: exchange each transfer_sub for the user's sub in this team, re-keying their account.",
+            discussion: """
+                When this database moved with the app, the sender's prepared identifiers are exchanged and
+                each account moves to its new sub (sessions, history, queued jobs; the old sub kept).
+                Resumable and idempotent.
+                Examples:
+                  siwa-events transfers exchange --from FGHIJ67890
+                """)
+        static let settingGroups: [SettingGroup] = [.database, .apple, .appleCredentials, .logging]
+        @Option(help: "The sending team's ID.") var from: String
+        @OptionGroup var client: ClientChoice
+        @Option(help: "Calls to Apple per second at most.") var rate: Double = 10
+        @Flag(name: .customLong("retry-failed"), help: "Ask again for the transfer_subs Apple refused before.") var retryFailed = false
+
+        func validate() throws {
+            guard ClientSecretPolicy.isAppleIdentifier(from) else {
+                throw ValidationError("--from must be the sending team's ID: 10 characters, A-Z and 0-9 (got \"\(from)\")")
+            }
+            guard rate > 0, rate <= 1000 else { throw ValidationError("--rate must be between 0 and 1000 calls a second (got \(rate))") }
+        }
+
+        func run(_ settings: SettingSource) async throws {
+            let database = try DatabaseSettings(settings)
+            let apple = try AppleSettings(settings, receiving: false)
+            let (clientID, aud) = try client.resolve(apple)
+            guard let credentials = try AppleCredentials.configured(settings) else {
+                throw ConfigurationError(
+                    variable: Settings.appleTeamID.info.name,
+                    message: "is required: transfer_subs are exchanged with the receiving team's credentials (SIWA_APPLE_TEAM_ID, SIWA_APPLE_KEY_ID, SIWA_APPLE_PRIVATE_KEY_FILE)")
+            }
+            let logger = try makeLogger(settings)
+            let appleClient = credentials.client()
+            try await Database.with(database, logger: logger) { database in
+                let store = TransferStore(client: database.client, logger: logger)
+                let transfer = try await store.start(.incoming, clientID: clientID, aud: aud, teamID: from, transferredAt: nil, actor: cliActor)
+                try await store.importPrepared(into: transfer, ourTeam: credentials.policy.teamID)
+                if retryFailed { try await store.retryRefusedImports(of: transfer) }
+                let exchange = TransferExchange(
+                    store: store, transfer: transfer,
+                    source: AppleMigrationCalls(
+                        client: appleClient, tokens: MigrationTokenCache(client: appleClient), clientID: clientID, target: nil,
+                        calls: AppleTokenStore(client: database.client, logger: logger)))
+                let pacer = Pacer(perSecond: rate)
+                var progress = try await store.importProgress(of: transfer)
+                let meter = ProgressLine(total: progress.pending)
+                var stopped: AppleMigrationCalls.Stopped?
+                do {
+                    while try await exchange.runOnce(limit: 100, pace: { try await pacer.next() }) > 0 {
+                        progress = try await store.importProgress(of: transfer)
+                        meter.show(done: meter.total - progress.pending)
+                    }
+                } catch let error as AppleMigrationCalls.Stopped {
+                    stopped = error
+                }
+                meter.finish()
+                progress = try await store.importProgress(of: transfer)
+                print("\(progress.exchanged) of \(progress.total) transfer_subs exchanged (\(progress.rekeyed) accounts re-keyed)")
+                for (word, count) in progress.failed.sorted(by: { $0.key < $1.key }) {
+                    print("\(count) refused by Apple: \(word) (kept; `transfers exchange --from \(from) --retry-failed` asks again)")
+                }
+                if let stopped {
+                    printError("siwa-events: stopped with \(progress.pending) transfer_subs left: \(stopped)")
+                    throw ExitCode(1)
+                }
+            }
+        }
+    }
+
     struct Status: SettingsCommand {
         static let configuration = CommandConfiguration(
             abstract: "Each recorded transfer: its users, identifiers and errors.",
@@ -220,7 +346,15 @@ struct TransfersCommand: AsyncParsableCommand {
                 let store = TransferStore(client: database.client, logger: logger)
                 let transfers = try await store.list()
                 if transfers.isEmpty { print("no transfers") }
-                for transfer in transfers {
+                for transfer in transfers where transfer.direction == .incoming {
+                    let progress = try await store.importProgress(of: transfer)
+                    let failed = progress.failed.sorted(by: { $0.key < $1.key }).map { "\($0.value) \($0.key)" }.joined(separator: ", ")
+                    print(
+                        "incoming \(transfer.clientID) from team \(transfer.teamID): \(progress.exchanged)/\(progress.total) exchanged, \(progress.rekeyed) re-keyed"
+                            + (failed.isEmpty ? "" : ", refused: \(failed)") + ", \(progress.pending) pending; "
+                            + Start.describe(TransferWindow(transferredAt: transfer.transferredAt), at: Date()))
+                }
+                for transfer in transfers where transfer.direction == .outgoing {
                     let progress = try await store.progress(of: transfer)
                     let failed = progress.failed.sorted(by: { $0.key < $1.key }).map { "\($0.value) \($0.key)" }.joined(separator: ", ")
                     print(

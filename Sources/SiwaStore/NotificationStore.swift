@@ -283,6 +283,11 @@ package struct NotificationStore: Sendable {
             """
     }
 
+    /// Moves a user's notifications to their new `sub` (an app transfer), in the caller's transaction.
+    static func rekey(aud: String, from old: String, to new: String, on connection: PostgresConnection, logger: Logger) async throws {
+        try await connection.query("UPDATE notifications SET sub = \(new) WHERE aud = \(aud) AND sub = \(old)", logger: logger)
+    }
+
     /// Erases the users' email address from their notifications that may carry it (email events,
     /// and unknown or missing types): the raw token is redacted (its base64 holds the address) and
     /// the decoded events replaced.

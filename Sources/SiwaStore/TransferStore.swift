@@ -175,6 +175,191 @@ package struct TransferStore: Sendable {
     }
 }
 
+/// Where the receiving side's exchanges stand.
+package struct TransferImportProgress: Sendable, Equatable {
+    package var total = 0
+    package var exchanged = 0
+    /// Of those exchanged, accounts of this database moved to their new sub.
+    package var rekeyed = 0
+    package var failed: [String: Int] = [:]
+    package var pending: Int { total - exchanged - failed.values.reduce(0, +) }
+
+    package init() {}
+}
+
+/// A user as Apple names them in this team after the transfer.
+package struct MigratedUser: Sendable, Equatable {
+    package var sub: String
+    package var email: String?
+    package var isPrivateEmail: Bool?
+
+    package init(sub: String, email: String?, isPrivateEmail: Bool?) {
+        self.sub = sub
+        self.email = email
+        self.isPrivateEmail = isPrivateEmail
+    }
+}
+
+extension TransferStore {
+    // MARK: Receiving side
+
+    /// Adds `transferSubs` (an export's lines) to exchange; returns how many were new.
+    @discardableResult
+    package func importTransferSubs(_ transferSubs: [String], into transfer: Transfer) async throws -> Int {
+        var added = 0
+        for try await (n,) in try await client.bounded.query(
+            """
+            WITH added AS (
+                INSERT INTO transfer_imports (transfer_id, transfer_sub)
+                SELECT \(transfer.id), v FROM unnest(\(transferSubs)::text[]) AS v
+                ON CONFLICT DO NOTHING
+                RETURNING 1
+            )
+            SELECT count(*)::bigint FROM added
+            """, logger: logger
+        ).decode((Int,).self) {
+            added = n
+        }
+        return added
+    }
+
+    /// When this database moved with the app: the sender's identifiers for our team, prepared
+    /// here before the move, become the transfer_subs to exchange. Returns how many were new.
+    @discardableResult
+    package func importPrepared(into transfer: Transfer, ourTeam: String) async throws -> Int {
+        var added = 0
+        for try await (n,) in try await client.bounded.query(
+            """
+            WITH added AS (
+                INSERT INTO transfer_imports (transfer_id, transfer_sub)
+                SELECT \(transfer.id), s.transfer_sub FROM transfer_subs s JOIN transfers t ON t.id = s.transfer_id
+                WHERE t.direction = 'outgoing' AND t.client_id = \(transfer.clientID) AND t.team_id = \(ourTeam) AND s.transfer_sub IS NOT NULL
+                ON CONFLICT DO NOTHING
+                RETURNING 1
+            )
+            SELECT count(*)::bigint FROM added
+            """, logger: logger
+        ).decode((Int,).self) {
+            added = n
+        }
+        return added
+    }
+
+    package func pendingImports(of transfer: Transfer, limit: Int) async throws -> [String] {
+        var values: [String] = []
+        for try await (value,) in try await client.bounded.query(
+            """
+            SELECT transfer_sub FROM transfer_imports WHERE transfer_id = \(transfer.id) AND new_sub IS NULL AND error IS NULL
+            ORDER BY transfer_sub LIMIT \(limit)
+            """, logger: logger
+        ).decode((String,).self) {
+            values.append(value)
+        }
+        return values
+    }
+
+    /// Apple refused `transferSub` (e.g. the user revoked the app): kept with the word.
+    package func recordRefusal(_ failure: TransferFailure, transferSub: String, of transfer: Transfer) async throws {
+        try await client.bounded.query(
+            """
+            UPDATE transfer_imports SET error = \(failure.word), attempts = attempts + 1, updated_at = now()
+            WHERE transfer_id = \(transfer.id) AND transfer_sub = \(transferSub)
+            """, logger: logger)
+    }
+
+    /// Apple named `user` for `transferSub`: in one transaction, the account this database holds
+    /// under the user's old sub (found through the sender's prepared identifiers) moves to the new
+    /// sub with its sessions, notifications and queued jobs, the old sub kept in
+    /// `account_sub_changes`; its kept Apple tokens (the old team's) are dropped. Without an old
+    /// account, one is created under the new sub. Returns whether an account was re-keyed.
+    @discardableResult
+    package func rekey(transferSub: String, to user: MigratedUser, of transfer: Transfer) async throws -> Bool {
+        let logger = self.logger
+        let aud = transfer.aud
+        return try await client.bounded.transaction(logger: logger) { connection in
+            var old: String?
+            for try await (sub,) in try await connection.query(
+                """
+                SELECT s.sub FROM transfer_subs s JOIN transfers t ON t.id = s.transfer_id
+                JOIN accounts a ON a.aud = t.aud AND a.sub = s.sub
+                WHERE s.transfer_sub = \(transferSub) AND t.direction = 'outgoing' AND t.client_id = \(transfer.clientID)
+                  AND s.sub <> \(user.sub)
+                LIMIT 1
+                FOR UPDATE OF a
+                """, logger: logger
+            ).decode((String,).self) {
+                old = sub
+            }
+            if let old {
+                try await connection.query("DELETE FROM apple_tokens WHERE aud = \(aud) AND sub = \(old)", logger: logger)
+                try await connection.query(
+                    """
+                    UPDATE accounts SET sub = \(user.sub),
+                        email = CASE WHEN \(user.email)::text IS NOT NULL AND erased_at IS NULL THEN \(user.email) ELSE email END,
+                        is_private_email = coalesce(\(user.isPrivateEmail), is_private_email), updated_at = now()
+                    WHERE aud = \(aud) AND sub = \(old)
+                    """, logger: logger)
+                try await connection.query("UPDATE sessions SET sub = \(user.sub) WHERE aud = \(aud) AND sub = \(old)", logger: logger)
+                try await connection.query("UPDATE jobs SET sub = \(user.sub) WHERE aud = \(aud) AND sub = \(old)", logger: logger)
+                try await NotificationStore.rekey(aud: aud, from: old, to: user.sub, on: connection, logger: logger)
+                try await connection.query(
+                    """
+                    INSERT INTO account_sub_changes (aud, old_sub, new_sub, transfer_id) VALUES (\(aud), \(old), \(user.sub), \(transfer.id))
+                    ON CONFLICT (aud, old_sub) DO NOTHING
+                    """, logger: logger)
+            } else {
+                try await connection.query(
+                    """
+                    INSERT INTO accounts (aud, sub, email, is_private_email) VALUES (\(aud), \(user.sub), \(user.email), \(user.isPrivateEmail))
+                    ON CONFLICT (aud, sub) DO NOTHING
+                    """, logger: logger)
+            }
+            try await connection.query(
+                """
+                UPDATE transfer_imports SET new_sub = \(user.sub), old_sub = \(old), error = NULL, attempts = attempts + 1, updated_at = now()
+                WHERE transfer_id = \(transfer.id) AND transfer_sub = \(transferSub)
+                """, logger: logger)
+            return old != nil
+        }
+    }
+
+    package func importProgress(of transfer: Transfer) async throws -> TransferImportProgress {
+        var progress = TransferImportProgress()
+        for try await (error, exchanged, rekeyed, n) in try await client.bounded.query(
+            """
+            SELECT error, new_sub IS NOT NULL, old_sub IS NOT NULL, count(*)::bigint FROM transfer_imports
+            WHERE transfer_id = \(transfer.id) GROUP BY 1, 2, 3
+            """, logger: logger
+        ).decode((String?, Bool, Bool, Int).self) {
+            progress.total += n
+            if exchanged {
+                progress.exchanged += n
+                if rekeyed { progress.rekeyed += n }
+            } else if let error {
+                progress.failed[error, default: 0] += n
+            }
+        }
+        return progress
+    }
+
+    /// Puts the refused transfer_subs back to pending; returns how many.
+    @discardableResult
+    package func retryRefusedImports(of transfer: Transfer) async throws -> Int {
+        var count = 0
+        for try await (n,) in try await client.bounded.query(
+            """
+            WITH retried AS (
+                UPDATE transfer_imports SET error = NULL, updated_at = now() WHERE transfer_id = \(transfer.id) AND error IS NOT NULL RETURNING 1
+            )
+            SELECT count(*)::bigint FROM retried
+            """, logger: logger
+        ).decode((Int,).self) {
+            count = n
+        }
+        return count
+    }
+}
+
 /// Why Apple gave no transfer identifier for a user: its error word, or no answer at all.
 package struct TransferFailure: Error, Sendable, Equatable {
     /// Apple's word (`invalid_request`: e.g. the user revoked the app), `http_<status>`, or `no_answer`.

@@ -116,6 +116,62 @@ struct TransferTests {
         // Every call to Apple is on record, none with a user's sub in clear.
         #expect(try await Self.count(client, "SELECT count(*) FROM apple_auth_calls WHERE endpoint = '/auth/usermigrationinfo'") >= 33)
         #expect(try await DatabaseSearch.occurrences(of: subs[3], in: client) == 2)  // accounts.sub and transfer_subs.sub only
+
+        // The receiving side, on this database (it moved with the app): each prepared transfer_sub
+        // exchanged with the recipient team's credentials, each account re-keyed with its history.
+        for sub in subs {
+            try await client.query("INSERT INTO sessions (aud, sub) VALUES ('com.example.app', \(sub))")
+            try await client.query(
+                """
+                INSERT INTO notifications (jti, aud, sub, type, raw_type, event_time, status, kid, issued_at, raw_jws, header, claims)
+                VALUES (\("jti-" + sub), 'com.example.app', \(sub), 'consent-revoked', 'consent-revoked', now(), 'applied', 'k', now(), 'x', '{}', '{}')
+                """)
+        }
+        mark = HTTPClientRequest(url: "\(standIn.base)/standin/users")
+        mark.method = .POST
+        mark.headers.add(name: "Content-Type", value: "application/json")
+        mark.body = .bytes(ByteBuffer(string: JSONValue.object(["sub": .string(subs[8]), "revoked": .bool(true)]).jsonText))
+        #expect(try await HTTPClient.shared.execute(mark, timeout: .seconds(30)).status.code == 200)
+        let recipient = environment.merging([
+            "SIWA_APPLE_TEAM_ID": Self.recipient, "SIWA_APPLE_KEY_ID": "KEYB234567", "SIWA_APPLE_PRIVATE_KEY_FILE": "\(directory)/keys/AuthKey_KEYB234567.p8",
+        ]) { $1 }
+        let exchanged = try await TestBinary.run(
+            ["transfers", "exchange", "--from", StandInProcess.teamID, "--rate", "1000"], environment: recipient, directory: directory)
+        #expect(exchanged.status == 0, "\(exchanged.stdout) \(exchanged.stderr)")
+        #expect(exchanged.stdout.contains("31 of 32 transfer_subs exchanged (31 accounts re-keyed)"), "\(exchanged.stdout)")
+        #expect(exchanged.stdout.contains("1 refused by Apple: invalid_request"), "\(exchanged.stdout)")
+        let moved = Array(subs[0..<7] + subs[9...])
+        #expect(try await Self.count(client, "SELECT count(*) FROM accounts WHERE sub = ANY('{\(moved.joined(separator: ","))}')") == 0)
+        #expect(try await Self.count(client, "SELECT count(*) FROM account_sub_changes") == 31)
+        #expect(try await Self.count(client, "SELECT count(*) FROM accounts a JOIN account_sub_changes c ON c.aud = a.aud AND c.new_sub = a.sub") == 31)
+        #expect(try await Self.count(client, "SELECT count(*) FROM sessions s JOIN account_sub_changes c ON c.aud = s.aud AND c.new_sub = s.sub") == 28)
+        #expect(try await Self.count(client, "SELECT count(*) FROM notifications n JOIN account_sub_changes c ON c.aud = n.aud AND c.new_sub = n.sub") == 28)
+        // The two users Apple refused (revoked the app) keep their accounts, sessions and history as they were.
+        #expect(try await Self.count(client, "SELECT count(*) FROM sessions WHERE sub IN ('\(subs[7])', '\(subs[8])')") == 2)
+        #expect(try await Self.count(client, "SELECT count(*) FROM accounts WHERE aud = 'com.example.app'") == 33)
+        // Run again: nothing left to ask for, nothing moved twice.
+        let again = try await TestBinary.run(["transfers", "exchange", "--from", StandInProcess.teamID], environment: recipient, directory: directory)
+        #expect(again.stdout.contains("31 of 32 transfer_subs exchanged"), "\(again.stdout) \(again.stderr)")
+        #expect(try await Self.count(client, "SELECT count(*) FROM transfer_imports WHERE attempts > 1") == 0)
+
+        // The receiving side on a database of its own: the export imported, each user created under their new sub.
+        let other = try await TestCluster.shared.makeDatabase()
+        let otherURL = "postgres://\(other.username)@/\(other.database ?? "")?host=\(socketDirectory)"
+        #expect(try await TestBinary.run(["migrate"], environment: ["DATABASE_URL": otherURL], directory: directory).status == 0)
+        var receiving = recipient
+        receiving["DATABASE_URL"] = otherURL
+        let imported = try await TestBinary.run(["transfers", "import", file, "--from", StandInProcess.teamID], environment: receiving, directory: directory)
+        #expect(imported.status == 0 && imported.stdout.contains("imported 29 transfer_subs"), "\(imported.stdout) \(imported.stderr)")
+        let created = try await TestBinary.run(
+            ["transfers", "exchange", "--from", StandInProcess.teamID, "--rate", "1000"], environment: receiving, directory: directory)
+        #expect(created.stdout.contains("28 of 29 transfer_subs exchanged (0 accounts re-keyed)"), "\(created.stdout) \(created.stderr)")
+        let otherClient = PostgresClient(configuration: other)
+        let otherRunning = Task { await otherClient.run() }
+        defer { otherRunning.cancel() }
+        #expect(try await Self.count(otherClient, "SELECT count(*) FROM accounts") == 28)
+        let bad = try await TestBinary.run(["transfers", "import", "\(directory)/missing.ndjson", "--from", StandInProcess.teamID], environment: receiving, directory: directory)
+        #expect(bad.status != 0 && bad.stderr.contains("cannot read"), "\(bad.stderr)")
+
         standIn.process.signal(SIGTERM)
         _ = await standIn.process.waitForExit()
     }
