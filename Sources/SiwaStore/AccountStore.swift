@@ -95,6 +95,11 @@ package struct AccountStore: Sendable {
         let issuedMillis = identity.map { $0.issuedAt * 1000 }
         do {
             return try await client.bounded.transaction(logger: logger) { connection in
+                // During an app transfer's window: the user's account under their old sub moves first.
+                if let identity, let transferSub = identity.transferSub {
+                    _ = try await TransferStore.rekeyOnSignIn(
+                        aud: aud, clientID: identity.clientID, transferSub: transferSub, newSub: sub, on: connection, logger: logger)
+                }
                 try await connection.query(
                     """
                     INSERT INTO accounts AS a (aud, sub, email, is_private_email, real_user_status, address_event_time)

@@ -268,46 +268,16 @@ extension TransferStore {
     }
 
     /// Apple named `user` for `transferSub`: in one transaction, the account this database holds
-    /// under the user's old sub (found through the sender's prepared identifiers) moves to the new
-    /// sub with its sessions, notifications and queued jobs, the old sub kept in
-    /// `account_sub_changes`; its kept Apple tokens (the old team's) are dropped. Without an old
-    /// account, one is created under the new sub. Returns whether an account was re-keyed.
+    /// under the user's old sub is re-keyed (`rekeyAccount`); without one, an account is created
+    /// under the new sub. Returns whether an account was re-keyed.
     @discardableResult
     package func rekey(transferSub: String, to user: MigratedUser, of transfer: Transfer) async throws -> Bool {
         let logger = self.logger
         let aud = transfer.aud
         return try await client.bounded.transaction(logger: logger) { connection in
-            var old: String?
-            for try await (sub,) in try await connection.query(
-                """
-                SELECT s.sub FROM transfer_subs s JOIN transfers t ON t.id = s.transfer_id
-                JOIN accounts a ON a.aud = t.aud AND a.sub = s.sub
-                WHERE s.transfer_sub = \(transferSub) AND t.direction = 'outgoing' AND t.client_id = \(transfer.clientID)
-                  AND s.sub <> \(user.sub)
-                LIMIT 1
-                FOR UPDATE OF a
-                """, logger: logger
-            ).decode((String,).self) {
-                old = sub
-            }
-            if let old {
-                try await connection.query("DELETE FROM apple_tokens WHERE aud = \(aud) AND sub = \(old)", logger: logger)
-                try await connection.query(
-                    """
-                    UPDATE accounts SET sub = \(user.sub),
-                        email = CASE WHEN \(user.email)::text IS NOT NULL AND erased_at IS NULL THEN \(user.email) ELSE email END,
-                        is_private_email = coalesce(\(user.isPrivateEmail), is_private_email), updated_at = now()
-                    WHERE aud = \(aud) AND sub = \(old)
-                    """, logger: logger)
-                try await connection.query("UPDATE sessions SET sub = \(user.sub) WHERE aud = \(aud) AND sub = \(old)", logger: logger)
-                try await connection.query("UPDATE jobs SET sub = \(user.sub) WHERE aud = \(aud) AND sub = \(old)", logger: logger)
-                try await NotificationStore.rekey(aud: aud, from: old, to: user.sub, on: connection, logger: logger)
-                try await connection.query(
-                    """
-                    INSERT INTO account_sub_changes (aud, old_sub, new_sub, transfer_id) VALUES (\(aud), \(old), \(user.sub), \(transfer.id))
-                    ON CONFLICT (aud, old_sub) DO NOTHING
-                    """, logger: logger)
-            } else {
+            let old = try await Self.rekeyAccount(
+                aud: aud, clientID: transfer.clientID, transferSub: transferSub, to: user, transferID: transfer.id, on: connection, logger: logger)
+            if old == nil {
                 try await connection.query(
                     """
                     INSERT INTO accounts (aud, sub, email, is_private_email) VALUES (\(aud), \(user.sub), \(user.email), \(user.isPrivateEmail))
@@ -321,6 +291,65 @@ extension TransferStore {
                 """, logger: logger)
             return old != nil
         }
+    }
+
+    /// A sign-in during the window whose identity token carries `transfer_sub`: the user's account
+    /// is re-keyed now if the exchange has not reached it yet (and its import, if any, marked done),
+    /// in the caller's transaction. Returns the old sub re-keyed, or nil (nothing to move).
+    static func rekeyOnSignIn(
+        aud: String, clientID: String, transferSub: String, newSub: String, on connection: PostgresConnection, logger: Logger
+    ) async throws -> String? {
+        let user = MigratedUser(sub: newSub, email: nil, isPrivateEmail: nil)
+        guard let old = try await rekeyAccount(aud: aud, clientID: clientID, transferSub: transferSub, to: user, transferID: nil, on: connection, logger: logger)
+        else { return nil }
+        try await connection.query(
+            """
+            UPDATE transfer_imports i SET new_sub = \(newSub), old_sub = \(old), error = NULL, updated_at = now()
+            FROM transfers t
+            WHERE t.id = i.transfer_id AND t.direction = 'incoming' AND t.client_id = \(clientID) AND i.transfer_sub = \(transferSub) AND i.new_sub IS NULL
+            """, logger: logger)
+        return old
+    }
+
+    /// Moves the account held under the old sub that `transferSub` names (through the sender's
+    /// prepared identifiers) to `user.sub`, with its sessions, notifications and queued jobs; the
+    /// old sub is kept in `account_sub_changes`, the old team's kept Apple tokens dropped. Nil when
+    /// there is no such account (or it was moved already), or an account under the new sub exists
+    /// already (two accounts are never merged).
+    private static func rekeyAccount(
+        aud: String, clientID: String, transferSub: String, to user: MigratedUser, transferID: Int?, on connection: PostgresConnection, logger: Logger
+    ) async throws -> String? {
+        var old: String?
+        for try await (sub,) in try await connection.query(
+            """
+            SELECT s.sub FROM transfer_subs s JOIN transfers t ON t.id = s.transfer_id
+            JOIN accounts a ON a.aud = t.aud AND a.sub = s.sub
+            WHERE s.transfer_sub = \(transferSub) AND t.direction = 'outgoing' AND t.client_id = \(clientID) AND t.aud = \(aud)
+              AND s.sub <> \(user.sub) AND NOT EXISTS (SELECT 1 FROM accounts n WHERE n.aud = t.aud AND n.sub = \(user.sub))
+            LIMIT 1
+            FOR UPDATE OF a
+            """, logger: logger
+        ).decode((String,).self) {
+            old = sub
+        }
+        guard let old else { return nil }
+        try await connection.query("DELETE FROM apple_tokens WHERE aud = \(aud) AND sub = \(old)", logger: logger)
+        try await connection.query(
+            """
+            UPDATE accounts SET sub = \(user.sub),
+                email = CASE WHEN \(user.email)::text IS NOT NULL AND erased_at IS NULL THEN \(user.email) ELSE email END,
+                is_private_email = coalesce(\(user.isPrivateEmail), is_private_email), updated_at = now()
+            WHERE aud = \(aud) AND sub = \(old)
+            """, logger: logger)
+        try await connection.query("UPDATE sessions SET sub = \(user.sub) WHERE aud = \(aud) AND sub = \(old)", logger: logger)
+        try await connection.query("UPDATE jobs SET sub = \(user.sub) WHERE aud = \(aud) AND sub = \(old)", logger: logger)
+        try await NotificationStore.rekey(aud: aud, from: old, to: user.sub, on: connection, logger: logger)
+        try await connection.query(
+            """
+            INSERT INTO account_sub_changes (aud, old_sub, new_sub, transfer_id) VALUES (\(aud), \(old), \(user.sub), \(transferID))
+            ON CONFLICT (aud, old_sub) DO NOTHING
+            """, logger: logger)
+        return old
     }
 
     package func importProgress(of transfer: Transfer) async throws -> TransferImportProgress {
