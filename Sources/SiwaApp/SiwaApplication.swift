@@ -38,6 +38,7 @@ package struct SiwaApplication: Sendable {
     let backend: BackendController?
     let history: HistoryController?
     let alertsAPI: AlertsController?
+    let transfersAPI: TransfersController?
     let databaseTimeout: Duration
     let metricsToken: String?
     let listeners: ListenerConnections
@@ -78,6 +79,7 @@ package struct SiwaApplication: Sendable {
         self.history = !config.receives ? nil : HistoryController(
             history: HistoryStore(client: client, logger: logger), rejections: rejectionStore, callbackURL: config.workers.callbacks?.url)
         self.alertsAPI = !config.receives ? nil : AlertsController(alerts: AlertStore(client: client, logger: logger))
+        self.transfersAPI = !config.receives ? nil : TransfersController(transfers: TransferStore(client: client, logger: logger), clock: clock)
         self.databaseTimeout = config.database.timeout
         self.metricsToken = config.http.metricsToken
         self.listeners = ListenerConnections(maximum: config.http.limits.maximumConnections)
@@ -130,6 +132,7 @@ package struct SiwaApplication: Sendable {
             backend.register(on: v1)
             history?.register(on: v1)
             alertsAPI?.register(on: v1)
+            transfersAPI?.register(on: v1)
             WebController().register(on: router)
         }
         OpenAPIController().register(on: router)
