@@ -130,20 +130,9 @@ struct TransfersCommand: AsyncParsableCommand {
                     client: appleClient, tokens: MigrationTokenCache(client: appleClient), clientID: clientID, target: target,
                     calls: AppleTokenStore(client: database.client, logger: logger))
                 let preparation = TransferPreparation(store: store, transfer: transfer, source: source)
-                let pacer = Pacer(perSecond: rate)
                 var progress = try await store.progress(of: transfer)
                 printError("transfer of \(clientID) to team \(target): \(progress.total) users (\(added) new), \(progress.pending) to ask for")
-                let meter = ProgressLine(total: progress.pending)
-                var stopped: AppleMigrationCalls.Stopped?
-                do {
-                    while try await preparation.runOnce(limit: 100, pace: { try await pacer.next() }) > 0 {
-                        progress = try await store.progress(of: transfer)
-                        meter.show(done: meter.total - progress.pending)
-                    }
-                } catch let error as AppleMigrationCalls.Stopped {
-                    stopped = error
-                }
-                meter.finish()
+                let stopped = try await TransfersCommand.drive(rate: rate, pending: progress.pending, batch: preparation.runOnce)
                 progress = try await store.progress(of: transfer)
                 print("\(progress.computed) of \(progress.total) users have a transfer_sub for team \(target)")
                 for (word, count) in progress.failed.sorted(by: { $0.key < $1.key }) {
@@ -304,20 +293,9 @@ struct TransfersCommand: AsyncParsableCommand {
                     source: AppleMigrationCalls(
                         client: appleClient, tokens: MigrationTokenCache(client: appleClient), clientID: clientID, target: nil,
                         calls: AppleTokenStore(client: database.client, logger: logger)))
-                let pacer = Pacer(perSecond: rate)
-                var progress = try await store.importProgress(of: transfer)
-                let meter = ProgressLine(total: progress.pending)
-                var stopped: AppleMigrationCalls.Stopped?
-                do {
-                    while try await exchange.runOnce(limit: 100, pace: { try await pacer.next() }) > 0 {
-                        progress = try await store.importProgress(of: transfer)
-                        meter.show(done: meter.total - progress.pending)
-                    }
-                } catch let error as AppleMigrationCalls.Stopped {
-                    stopped = error
-                }
-                meter.finish()
-                progress = try await store.importProgress(of: transfer)
+                let pending = try await store.importProgress(of: transfer).pending
+                let stopped = try await TransfersCommand.drive(rate: rate, pending: pending, batch: exchange.runOnce)
+                let progress = try await store.importProgress(of: transfer)
                 print("\(progress.exchanged) of \(progress.total) transfer_subs exchanged (\(progress.rekeyed) accounts re-keyed)")
                 for (word, count) in progress.failed.sorted(by: { $0.key < $1.key }) {
                     print("\(count) refused by Apple: \(word) (kept; `transfers exchange --from \(from) --retry-failed` asks again)")
@@ -364,6 +342,29 @@ struct TransfersCommand: AsyncParsableCommand {
                 }
             }
         }
+    }
+}
+
+extension TransfersCommand {
+    /// Runs `batch` (a runner's `runOnce`) a hundred at a time, its calls `1/rate` s apart, with a
+    /// progress line over the `pending` users, until none is left; returns why Apple stopped it
+    /// early (nil: done), for the caller to report after its summary.
+    static func drive(
+        rate: Double, pending: Int, batch: (Int, @escaping @Sendable () async throws -> Void) async throws -> Int
+    ) async throws -> AppleMigrationCalls.Stopped? {
+        let pacer = Pacer(perSecond: rate)
+        let meter = ProgressLine(total: pending)
+        defer { meter.finish() }
+        var done = 0
+        do {
+            while case let asked = try await batch(100, { try await pacer.next() }), asked > 0 {
+                done += asked
+                meter.show(done: done)
+            }
+        } catch let stopped as AppleMigrationCalls.Stopped {
+            return stopped
+        }
+        return nil
     }
 }
 
