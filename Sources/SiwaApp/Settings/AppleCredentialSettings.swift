@@ -73,8 +73,10 @@ extension Settings {
 /// (read from its `.p8` at start), where the endpoints are, and the keys that encrypt the refresh
 /// tokens kept. Nil when none is configured.
 package struct AppleCredentials: Sendable {
-    package var policy: ClientSecretPolicy
-    package var key: ClientSecretMinter.SigningKey
+    package let policy: ClientSecretPolicy
+    package let key: ClientSecretMinter.SigningKey
+    /// One per process: every client made from these credentials shares its cached secrets.
+    let minter: ClientSecretMinter
     package var authURL: URL
     package var tokenCipher: AppleTokenCipher
     /// Apple's own `account-delete`/`consent-revoked` also queue revocations.
@@ -136,13 +138,14 @@ package struct AppleCredentials: Sendable {
                 message: "is required with the Apple credentials: refresh tokens are kept encrypted under it; make a key with `siwa-events apple token-key`")
         }
         return AppleCredentials(
-            policy: policy, key: key, authURL: authURL, tokenCipher: cipher, revokeOnAppleEvents: revokeOnAppleEvents, validation: validation,
+            policy: policy, key: key, minter: ClientSecretMinter(policy: policy, key: key), authURL: authURL, tokenCipher: cipher,
+            revokeOnAppleEvents: revokeOnAppleEvents, validation: validation,
             revocationConcurrency: try source.value(Settings.appleRevocationConcurrency))
     }
 
-    /// A client for Apple's auth endpoints signing with these credentials.
+    /// A client for Apple's auth endpoints signing with these credentials (the secrets shared).
     package func client(timeout: Duration = .seconds(10)) -> AppleAuthClient {
         AppleAuthClient(
-            configuration: .init(baseURL: authURL, timeout: timeout), minter: ClientSecretMinter(policy: policy, key: key))
+            configuration: .init(baseURL: authURL, timeout: timeout), minter: minter)
     }
 }
