@@ -110,14 +110,15 @@ struct AlertsCommand: AsyncParsableCommand {
                   siwa-events alerts silence --kind queue_lag --for 30m --reason upgrade
                 """)
         static let settingGroups: [SettingGroup] = [.database, .logging]
-        @Option(help: "revocation_spike, jobs_discarded, queue_lag or bad_signatures.") var kind: String
+        @Option(help: ArgumentHelp("The alert kind: \(Self.kinds).")) var kind: String
         @Option(help: "Only this app (bundle ID); default every app.") var aud: String?
+        static let kinds = AlertKind.allCases.filter { $0 != .test }.map(\.rawValue).joined(separator: ", ")
         @Option(name: .customLong("for"), help: "How long, e.g. 2h.") var duration: String
         @Option(help: "Why (shown in `alerts silences`).") var reason: String?
 
         func validate() throws {
             guard let kind = AlertKind(rawValue: kind), kind != .test else {
-                throw ValidationError("--kind must be one of revocation_spike, jobs_discarded, queue_lag, bad_signatures (got \"\(kind)\")")
+                throw ValidationError("--kind must be one of \(Self.kinds) (got \"\(kind)\")")
             }
             guard let value = try? DurationSyntax.parse(duration), value > .zero, value <= .seconds(90 * 86_400) else {
                 throw ValidationError("--for must be a duration between 1s and 90d, like 2h (got \"\(duration)\")")

@@ -65,10 +65,15 @@ struct TransfersCommand: AsyncParsableCommand {
             let (clientID, aud) = try client.resolve(apple)
             let logger = try makeLogger(settings)
             let transferredAt = Self.day(date)!
+            // The sending side lists the app's users now, so its users left (and the deadline
+            // alert) count them before the first `prepare`.
             let transfer = try await Database.with(database, logger: logger) { database in
-                try await TransferStore(client: database.client, logger: logger).start(
+                let store = TransferStore(client: database.client, logger: logger)
+                let transfer = try await store.start(
                     target == nil ? .incoming : .outgoing, clientID: clientID, aud: aud, teamID: target ?? from ?? "", transferredAt: transferredAt,
                     actor: cliActor)
+                if transfer.direction == .outgoing { try await store.listUsers(of: transfer) }
+                return transfer
             }
             let window = TransferWindow(transferredAt: transfer.transferredAt)
             print("\(transfer.direction.rawValue) transfer of \(clientID) \(target == nil ? "from" : "to") team \(transfer.teamID) on \(date): " + Self.describe(window, at: Date()))

@@ -14,6 +14,9 @@ package enum AlertKind: String, Sendable, CaseIterable, Codable {
     /// Apple refused our client secret (`invalid_client`): calls to `/auth/token` and
     /// `/auth/revoke` all fail until the credentials are fixed.
     case appleCredentials = "apple_credentials"
+    /// An app transfer's 60-day window is running out with users not yet migrated
+    /// (`TransferDeadlineRule`).
+    case transferDeadline = "transfer_deadline"
     /// `siwa-events alerts test`: checks every sink, never fires by itself.
     case test
 }
@@ -329,6 +332,14 @@ package struct AlertMessage: Sendable, Equatable {
             subject = "\(episode.peak) deliveries with a bad signature in \(window)"
         case .appleCredentials:
             subject = "Apple refused our client secret (invalid_client) \(episode.peak) times in \(window): check SIWA_APPLE_TEAM_ID, SIWA_APPLE_KEY_ID and the .p8"
+        case .transferDeadline:
+            let transfer = "transfer of \(key.aud ?? "an app") \(key.type ?? "")"
+            subject = switch (state, episode.value) {
+            case (.resolved, 0): "\(transfer): every user migrated"
+            case (.resolved, let left): "\(transfer): Apple's 60-day window closed with \(left) users not migrated"
+            case (_, let left):
+                "\(transfer): \(left) users not migrated with \(Int(episode.threshold)) days or fewer left in Apple's 60-day window; `siwa-events transfers status`"
+            }
         case .test:
             subject = "test alert from siwa-events alerts test: this sink works"
         }

@@ -23,6 +23,7 @@ let embedded: [(file: String, bytes: [UInt8])] = [
     ("015_definer_hardening.sql", PackageResources._15_definer_hardening_sql),
     ("016_apple_tokens.sql", PackageResources._16_apple_tokens_sql),
     ("017_transfers.sql", PackageResources._17_transfers_sql),
+    ("018_transfer_deadline.sql", PackageResources._18_transfer_deadline_sql),
 ]
 
 /// A numbered SQL migration from `sql/` (built into the binary, so it runs from any directory).

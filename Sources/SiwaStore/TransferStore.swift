@@ -80,6 +80,27 @@ package struct TransferStore: Sendable {
         return transfers
     }
 
+    /// Every transfer whose window is open at `now`, with the users it still needs Apple for:
+    /// outgoing, transfer_subs not asked for; incoming, transfer_subs not exchanged. Refused users
+    /// are not counted: Apple refused them for good until someone asks again.
+    package func backlogs(now: Date) async throws -> [(transfer: Transfer, usersLeft: Int)] {
+        var result: [(transfer: Transfer, usersLeft: Int)] = []
+        for try await (id, direction, clientID, aud, teamID, transferredAt, left) in try await client.bounded.query(
+            """
+            SELECT t.id, t.direction, t.client_id, t.aud, t.team_id, t.transferred_at,
+                CASE t.direction
+                WHEN 'outgoing' THEN (SELECT count(*) FROM transfer_subs s WHERE s.transfer_id = t.id AND s.transfer_sub IS NULL AND s.error IS NULL)
+                ELSE (SELECT count(*) FROM transfer_imports i WHERE i.transfer_id = t.id AND i.new_sub IS NULL AND i.error IS NULL)
+                END
+            FROM transfers t WHERE t.transferred_at > \(now)::timestamptz - \(Int(TransferWindow.length)) * interval '1 second'
+            ORDER BY t.id
+            """, logger: logger
+        ).decode((Int, String, String, String, String, Date, Int).self) {
+            if let transfer = Self.transfer((id, direction, clientID, aud, teamID, transferredAt)) { result.append((transfer, left)) }
+        }
+        return result
+    }
+
     // MARK: Sending side
 
     /// Adds every known user of the transfer's app not listed yet; returns how many.

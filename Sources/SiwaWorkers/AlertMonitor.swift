@@ -7,11 +7,11 @@ import SiwaStore
 
 /// Evaluates the alerts every `SIWA_SPIKE_INTERVAL`: revocation spikes per app and type, one
 /// episode per app (the counts come from the rollup, the arithmetic from `SpikeRule`), jobs
-/// discarded, queue lag and bad signatures. One process evaluates at a time, whoever holds the
-/// `alerts` lease (a row, so no connection is held for it); it renews the lease each round and
-/// gives it up on shutdown, and another process takes over once it expires. Firing, updated and
-/// resolved alerts are logged here and queued for the sinks (lane `alerts`, delivered by
-/// a `Deliverer`).
+/// discarded, queue lag, bad signatures, Apple's refusals and app transfers' deadlines
+/// (`TransferDeadlineRule`). One process evaluates at a time, whoever holds the `alerts` lease
+/// (a row, so no connection is held for it); it renews the lease each round and gives it up on
+/// shutdown, and another process takes over once it expires. Firing, updated and resolved alerts
+/// are logged here and queued for the sinks (lane `alerts`, delivered by a `Deliverer`).
 package final class AlertMonitor: Service, Sendable {
     package struct Configuration: Sendable {
         package var spike = SpikeSettings()
@@ -21,6 +21,7 @@ package final class AlertMonitor: Service, Sendable {
         package var badSignatures = 20
         /// jobs_discarded fires at this many discards in the spike window (alert deliveries excepted).
         package var discardedJobs = 1
+        package var transferDeadline = TransferDeadlineSettings()
         package var sinks = AlertSinks()
 
         package init() {}
@@ -114,7 +115,8 @@ package final class AlertMonitor: Service, Sendable {
             if let aud = key.aud, let type = key.type, let observation = revocations[aud]?[type] { observations[key] = observation }
         }
         var steps: [(key: AlertKey, decision: AlertDecision)] = []
-        for key in Set(observations.keys).union(openByKey.keys.filter { $0.kind != .revocationSpike || $0.type != nil }).sorted(by: { $0.description < $1.description }) {
+        let oneSeries = openByKey.keys.filter { ($0.kind != .revocationSpike || $0.type != nil) && $0.kind != .transferDeadline }
+        for key in Set(observations.keys).union(oneSeries).sorted(by: { $0.description < $1.description }) {
             let record = openByKey[key]
             // A series with an open episode and nothing counted this round is quiet: not breaching.
             let observation = observations[key] ?? AlertObservation(value: 0, baseline: nil, threshold: record?.episode.threshold ?? 0, breaching: false)
@@ -126,6 +128,15 @@ package final class AlertMonitor: Service, Sendable {
             let legacy = Set(openByKey.keys.filter { $0.kind == .revocationSpike && $0.aud == aud }.compactMap(\.type))
             let series = (revocations[aud] ?? [:]).filter { !legacy.contains($0.key) }
             steps.append((key, AlertLifecycle.step(open: openByKey[key]?.episode, key: key, series: series, now: now, resolveAfter: settings.resolveAfter)))
+        }
+        var backlogs: [AlertKey: TransferBacklog] = [:]
+        for (transfer, left) in try await TransferStore(client: store.client, logger: logger).backlogs(now: now) {
+            let key = TransferDeadlineRule.key(aud: transfer.aud, outgoing: transfer.direction == .outgoing, team: transfer.teamID)
+            backlogs[key] = TransferBacklog(key: key, window: TransferWindow(transferredAt: transfer.transferredAt), usersLeft: left)
+        }
+        for key in Set(backlogs.keys).union(openByKey.keys.filter { $0.kind == .transferDeadline }).sorted(by: { $0.description < $1.description }) {
+            steps.append(
+                (key, TransferDeadlineRule.step(open: openByKey[key]?.episode, key: key, backlog: backlogs[key], now: now, settings: configuration.transferDeadline)))
         }
 
         var decisions: [AlertDecision] = []

@@ -408,4 +408,80 @@ struct AlertTests {
         #expect(resolved.allSatisfy { if case .resolve = $0 { true } else { false } })
         await e.stop()
     }
+
+    @Test("transfer_deadline: fires once at 14 days left while users remain, tells the sinks again at the last 3, resolves when every user migrated; no alert without users left")
+    func transferDeadline() async throws {
+        let webhook = try await CallbackEndpoint.start()
+        let sinks = AlertSinks(webhooks: [webhook.url], signer: try WebhookSigner(secrets: TestWebhooks.secret))
+        let e = try await EffectHarness.start { $0.alertSinks = sinks }
+        // The clock jumps days ahead: messages queued at real time must not count as queue lag.
+        var configuration = Self.monitor(e, sinks: sinks).configuration
+        configuration.queueLag = .seconds(365 * 86_400)
+        let monitor = AlertMonitor(configuration: configuration, store: AlertStore(client: e.client, logger: e.h.logs.logger()), logger: e.h.logs.logger(), identity: "test")
+        let transfers = TransferStore(client: e.client, logger: e.h.logs.logger())
+        for index in 0..<5 { try await e.client.query("INSERT INTO accounts (aud, sub) VALUES (\(Harness.aud), \("001.deadline.\(index)"))") }
+        // Transferred 44 days and a half ago: 15 days and a half left, 14 in half a day, 3 eleven days later.
+        let t0 = Date()
+        let outgoing = try await transfers.start(
+            .outgoing, clientID: Harness.aud, aud: Harness.aud, teamID: "TEAMB23456", transferredAt: t0.addingTimeInterval(-44.5 * 86_400), actor: "test")
+        #expect(try await transfers.listUsers(of: outgoing) == 5)
+        // Two transfers that need nothing: one whose only user Apple refused, one received with nothing imported.
+        try await e.client.query("INSERT INTO accounts (aud, sub) VALUES ('com.example.other', '001.refused.1')")
+        let refused = try await transfers.start(
+            .outgoing, clientID: "com.example.other", aud: "com.example.other", teamID: "TEAMC34567", transferredAt: t0.addingTimeInterval(-58 * 86_400),
+            actor: "test")
+        try await transfers.listUsers(of: refused)
+        try await transfers.record(.failure(TransferFailure(word: "invalid_request")), sub: "001.refused.1", of: refused)
+        _ = try await transfers.start(
+            .incoming, clientID: Harness.aud, aud: Harness.aud, teamID: "TEAMD45678", transferredAt: t0.addingTimeInterval(-58 * 86_400), actor: "test")
+
+        func transferDecisions(at now: Date) async throws -> [AlertDecision] {
+            try await monitor.evaluate(now: now).filter { decision in
+                switch decision {
+                case .fire(let episode), .update(let episode), .join(let episode, _), .resolve(let episode, _): episode.key.kind == .transferDeadline
+                case .none: false
+                }
+            }
+        }
+        #expect(try await transferDecisions(at: t0).isEmpty, "15 days left: not yet")
+        let fired = try await transferDecisions(at: t0.addingTimeInterval(43_200 + 60))
+        guard case .fire(let episode) = fired.first, fired.count == 1 else {
+            Issue.record("expected one firing: \(fired)")
+            return
+        }
+        #expect(episode.key == AlertKey(kind: .transferDeadline, aud: Harness.aud, type: "to TEAMB23456"))
+        #expect(episode.value == 5 && episode.threshold == 14 && episode.series == ["deadline"])
+        #expect(try await transferDecisions(at: t0.addingTimeInterval(86_400)).isEmpty, "evaluated again: nobody told twice")
+        #expect(try await e.deliverAlerts() == 1)
+
+        // Two users migrated, then the last days: told again, naming last_days.
+        for index in 0..<2 { try await transfers.record(.success("st1.\(index)"), sub: "001.deadline.\(index)", of: outgoing) }
+        let last = try await transferDecisions(at: t0.addingTimeInterval(12 * 86_400))
+        guard case .join(let joined, let series) = last.first, last.count == 1 else {
+            Issue.record("expected one update: \(last)")
+            return
+        }
+        #expect(series == ["last_days"] && joined.value == 3 && joined.threshold == 3)
+        #expect(try await transferDecisions(at: t0.addingTimeInterval(12 * 86_400 + 60)).isEmpty)
+        #expect(try await e.deliverAlerts() == 1)
+
+        // Every user migrated: resolved.
+        for index in 2..<5 { try await transfers.record(.success("st1.\(index)"), sub: "001.deadline.\(index)", of: outgoing) }
+        let resolved = try await transferDecisions(at: t0.addingTimeInterval(12 * 86_400 + 120))
+        #expect(resolved.count == 1 && { if case .resolve = resolved.first { true } else { false } }(), "\(resolved)")
+        #expect(try await e.deliverAlerts() == 1)
+
+        let bodies = Self.messages(webhook).map(\.body)
+        #expect(bodies.map { $0["state"]?.stringValue ?? "" } == ["firing", "updated", "resolved"], "\(bodies)")
+        #expect(bodies.allSatisfy { $0["kind"] == .string("transfer_deadline") && $0["aud"] == .string(Harness.aud) && $0["type"] == .string("to TEAMB23456") })
+        #expect(bodies.map { $0["count"] } == [.number(5), .number(5), .number(5)], "count is the peak: the users left when it fired")
+        #expect(bodies[1]["joined"] == .array([.string("last_days")]))
+        let logs = e.h.logs.all.filter { $0.contains("[transfer_deadline]") }
+        #expect(logs.contains { $0.contains("5 users not migrated with 14 days or fewer left") }, "\(logs)")
+        #expect(logs.contains { $0.contains("3 users not migrated with 3 days or fewer left") }, "\(logs)")
+        #expect(logs.contains { $0.contains("RESOLVED") && $0.contains("every user migrated") }, "\(logs)")
+        #expect(try await e.h.count("SELECT count(*) FROM alerts WHERE kind = 'transfer_deadline'") == 1)
+        await e.stop()
+        await webhook.stop()
+    }
 }

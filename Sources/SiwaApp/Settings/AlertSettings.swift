@@ -68,10 +68,19 @@ extension Settings {
         "SIWA_ALERT_DISCARDED_JOBS", flag: "alert-discarded-jobs", .alerts, default: AlertMonitor.Configuration().discardedJobs, 1...10_000_000,
         help: "jobs_discarded fires at this many discards in the spike window",
         docs: "`jobs_discarded` fires at this many discards in the window.")
+    package static let alertTransferDays = Setting<Int>.integer(
+        "SIWA_ALERT_TRANSFER_DAYS", flag: "alert-transfer-days", .alerts, default: TransferDeadlineSettings().days, 1...59,
+        help: "transfer_deadline fires at this many days left in a transfer's window while users remain",
+        docs: "`transfer_deadline` fires at this many days left in an app transfer's 60-day window while users remain…")
+    package static let alertTransferLastDays = Setting<Int>.integer(
+        "SIWA_ALERT_TRANSFER_LAST_DAYS", flag: "alert-transfer-last-days", .alerts, default: TransferDeadlineSettings().lastDays, 1...59,
+        help: "…and tells the sinks again at this many (fewer than SIWA_ALERT_TRANSFER_DAYS)",
+        docs: "…and tells the sinks again at this many (fewer than `SIWA_ALERT_TRANSFER_DAYS`).")
 
     static let alerts = [
         spikeInterval.info, spikeWindow.info, spikeMinCount.info, spikeFactor.info, spikeNewAppCount.info, spikeResolveAfter.info,
         alertWebhookURLs.info, alertSecret.info, alertSlackURL.info, alertQueueLag.info, alertBadSignatures.info, alertDiscardedJobs.info,
+        alertTransferDays.info, alertTransferLastDays.info,
     ]
 }
 
@@ -84,6 +93,13 @@ extension AlertMonitor.Configuration {
         queueLag = try source.value(Settings.alertQueueLag)
         badSignatures = try source.value(Settings.alertBadSignatures)
         discardedJobs = try source.value(Settings.alertDiscardedJobs)
+        transferDeadline.days = try source.value(Settings.alertTransferDays)
+        transferDeadline.lastDays = try source.value(Settings.alertTransferLastDays)
+        guard transferDeadline.lastDays < transferDeadline.days else {
+            throw ConfigurationError(
+                variable: Settings.alertTransferLastDays.info.name,
+                message: "must be fewer than SIWA_ALERT_TRANSFER_DAYS (\(transferDeadline.days)): the second notice comes after the first (got \(transferDeadline.lastDays))")
+        }
     }
 }
 
