@@ -1,5 +1,6 @@
 import Foundation
 import NIOHTTP1
+import PostgresNIO
 import SiwaApp
 import SiwaDomain
 import SiwaEmbeddedPostgres
@@ -41,6 +42,14 @@ struct DashboardTests {
             key: AlertKey(kind: .revocationSpike, aud: Harness.aud, type: "revocations"), startedAt: Date(), value: 42, peak: 42, baseline: 3.5,
             threshold: 20)
         _ = try await AlertStore(client: e.client, logger: e.h.logs.logger()).fire(spike, window: .seconds(300)) { _ in [] }
+        // An app transfer 47 days and a half ago (12 days and a half left): 3 users, 1 migrated.
+        let transfers = TransferStore(client: e.client, logger: e.h.logs.logger())
+        let transfer = try await transfers.start(
+            .outgoing, clientID: Harness.aud, aud: Harness.aud, teamID: "TEAMB23456", transferredAt: Date().addingTimeInterval(-47.5 * 86_400), actor: "test")
+        for index in 0..<3 { try await e.client.query("INSERT INTO accounts (aud, sub) VALUES (\(Harness.aud), \("001.moving.\(index)"))") }
+        try await transfers.listUsers(of: transfer)
+        try await transfers.record(.success("st1.moved"), sub: "001.moving.0", of: transfer)
+        let accountsToken = try await API.token(e.h, [.notificationsRead, .accountsRead])
 
         // A user as Apple names them, with a session, whose consent revocation is applied and
         // called back: the first callback answered 500, the retry 200.
@@ -73,7 +82,7 @@ struct DashboardTests {
 
         let artifacts = Repository.root.appendingPathComponent(".build/test-artifacts")
         try FileManager.default.createDirectory(at: artifacts, withIntermediateDirectories: true)
-        let screenshots = ["dashboard-390.png", "dashboard-1280.png", "dashboard-1920.png", "dashboard-detail.png", "dashboard-user.png"]
+        let screenshots = ["dashboard-390.png", "dashboard-1280.png", "dashboard-1920.png", "dashboard-detail.png", "dashboard-user.png", "dashboard-transfers.png"]
         // An earlier run's screenshots would pass the check below by themselves.
         for name in screenshots { try? FileManager.default.removeItem(at: artifacts.appendingPathComponent(name)) }
         #expect(screenshots.allSatisfy { !FileManager.default.fileExists(atPath: artifacts.appendingPathComponent($0).path) })
@@ -82,7 +91,7 @@ struct DashboardTests {
             python,
             [
                 Repository.root.appendingPathComponent("Tests/browser/dashboard.py").path, e.h.server.adminBaseURL, token, sub, jti, xss, webhookID,
-                artifacts.path,
+                artifacts.path, accountsToken,
             ],
             environment: ProcessInfo.processInfo.environment)
         #expect(result.succeeded, "\(result.standardOutput.suffix(5000))\n\(result.standardError.suffix(3000))")

@@ -1,9 +1,10 @@
 """Drives the dashboard in headless Chromium (Debian's chromium + chromium-driver) with selenium.
 
-Usage: dashboard.py BASE_URL TOKEN SUB JTI XSS_SUB WEBHOOK_ID ARTIFACTS_DIR
+Usage: dashboard.py BASE_URL TOKEN SUB JTI XSS_SUB WEBHOOK_ID ARTIFACTS_DIR ACCOUNTS_TOKEN
 Exits 0 when every check passes; prints what failed otherwise. Screenshots go to ARTIFACTS_DIR:
 dashboard-1280.png, dashboard-1920.png, dashboard-390.png (whole pages), dashboard-detail.png and
-dashboard-user.png (the notification detail and the user view, as the viewport shows them).
+dashboard-user.png (the notification detail and the user view, as the viewport shows them),
+dashboard-transfers.png (signed in again with ACCOUNTS_TOKEN, which adds accounts:read).
 """
 import os
 import sys
@@ -14,7 +15,7 @@ from selenium.webdriver.common.by import By
 from selenium.webdriver.support import expected_conditions as EC
 from selenium.webdriver.support.ui import WebDriverWait
 
-base, token, sub, jti, xss_sub, webhook_id, artifacts = sys.argv[1:8]
+base, token, sub, jti, xss_sub, webhook_id, artifacts, accounts_token = sys.argv[1:9]
 options = webdriver.ChromeOptions()
 options.binary_location = "/usr/bin/chromium"
 for argument in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--window-size=1280,900", "--hide-scrollbars"):
@@ -262,6 +263,26 @@ try:
     wait.until(lambda d: len(d.find_elements(By.CSS_SELECTOR, "#timeline tbody tr")) >= 1)
     box, inside = in_viewport("#user")
     assert inside, f"the user view is not in the viewport at 390 px: {box}"
+    close("user")
+    # Without accounts:read there is no transfers card; with it, each transfer's window and users left.
+    assert not driver.find_element(By.ID, "transfers-card").is_displayed(), "transfers shown without accounts:read"
+    viewport(1280, 900)
+    driver.find_element(By.ID, "signout").click()
+    field = driver.find_element(By.ID, "token")
+    field.clear()
+    field.send_keys(accounts_token)
+    driver.find_element(By.CSS_SELECTOR, "#signin-form button").click()
+    wait.until(lambda d: len(d.find_elements(By.CSS_SELECTOR, "#transfers tbody tr")) >= 1)
+    assert driver.find_element(By.ID, "alerts-counts").text == "", "the alert counts of the previous token are still shown"
+    transfer = driver.find_element(By.CSS_SELECTOR, "#transfers tbody tr").text
+    assert "to TEAMB23456" in transfer and "12 days left" in transfer, f"the transfer row: {transfer!r}"
+    cells = driver.execute_script("return Array.from(document.querySelectorAll('#transfers tbody tr:first-child td.num'), c => c.textContent)")
+    assert cells == ["3", "1", "0", "2"], f"users, done, refused, left: {cells}"
+    assert "1 closing with users left" in driver.find_element(By.ID, "transfers-counts").text, "the closing count is missing"
+    words, split = split_words("#transfers")
+    assert words > 0 and not split, f"#transfers: words split over lines at 1280 px: {split}"
+    driver.execute_script("document.getElementById('transfers-card').scrollIntoView()")
+    screenshot("dashboard-transfers.png", 1280, 900, whole_page=False)
     print("dashboard: all checks passed")
 except Exception as error:  # noqa: BLE001 - report any failure with the page state
     driver.save_screenshot(os.path.join(artifacts, "dashboard-failure.png"))

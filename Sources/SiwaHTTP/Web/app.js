@@ -174,7 +174,7 @@ async function signIn(value) {
   $("#signin-error").textContent = "";
   showApp(true);
   $("#who").textContent = "Signed in";
-  await Promise.all([search(false), chart(), rejections(), alerts()]);
+  await Promise.all([search(false), chart(), rejections(), alerts(), transfers()]);
 }
 
 // MARK: Notifications
@@ -506,6 +506,7 @@ async function alerts() {
     data = await api("/v1/alerts?limit=20");
   } catch (error) {
     $("#alerts-note").textContent = error.status === 403 ? "This token lacks the alerts:read scope." : error.message;
+    $("#alerts-counts").replaceChildren();
     return;
   }
   const items = data.items.filter((item) => item.kind !== "test")
@@ -521,6 +522,40 @@ async function alerts() {
     body.appendChild(row);
   }
   labelCells($("#alerts"));
+}
+
+// App transfers need the accounts:read scope; the card shows only when there are some to show.
+async function transfers() {
+  let data;
+  try {
+    data = await api("/v1/transfers");
+  } catch (error) {
+    $("#transfers-card").hidden = true;
+    return;
+  }
+  const body = $("#transfers tbody");
+  body.replaceChildren();
+  $("#transfers-card").hidden = data.items.length === 0;
+  let urgent = 0;
+  for (const item of data.items) {
+    const refused = Object.values(item.refused || {}).reduce((sum, count) => sum + count, 0);
+    // Days left: red in the last 3 with users left, amber within 14, grey once closed.
+    const tone = !item.window_open ? "muted" : item.users_left === 0 ? "good" : item.days_left <= 3 ? "bad" : item.days_left <= 14 ? "warn" : "info";
+    if (item.window_open && item.users_left > 0 && item.days_left <= 14) urgent += 1;
+    const closing = el("span", {
+      className: "badge tone-" + tone, title: "closes " + item.window_closes_at,
+      text: item.window_open ? item.days_left + " days left" : "closed",
+    });
+    const row = el("tr", { className: tone === "bad" ? "firing" : "" });
+    cell(row, item.client_id);
+    cell(row, (item.direction === "outgoing" ? "to " : "from ") + item.team_id);
+    cell(row, time(item.transferred_at)); cell(row, closing);
+    cell(row, item.users, "num"); cell(row, item.done, "num"); cell(row, refused, "num"); cell(row, item.users_left, "num");
+    body.appendChild(row);
+  }
+  $("#transfers-counts").replaceChildren(
+    countChip("open", data.items.filter((item) => item.window_open).length, "neutral"), countChip("closing with users left", urgent, urgent ? "bad" : "good"));
+  labelCells($("#transfers"));
 }
 
 document.addEventListener("DOMContentLoaded", () => {
