@@ -1,16 +1,21 @@
+import Foundation
 import Prometheus
 import SiwaDomain
+import Synchronization
 import SiwaStore
 
 /// The alert evaluator's gauges, set each round by the process holding the `alerts` lease (the
 /// others keep their last values: aggregate with max() across replicas).
-package struct AlertMetrics: Sendable {
+package final class AlertMetrics: Sendable {
     let firing: [AlertKind: Gauge]
     let queueLag: Gauge
     let discarded: Gauge
     let badSignatures: Gauge
     let appleInvalidClient: Gauge
     let depth: [String: Gauge]
+    let registry: PrometheusCollectorRegistry
+    /// Per app transfer with its window open: users left and when the window closes, by `AlertKey`.
+    private let transfers = Mutex<[AlertKey: (usersLeft: Gauge, closes: Gauge)]>([:])
 
     static let depthStates = ["available", "retryable", "running", "discarded"]
 
@@ -25,6 +30,7 @@ package struct AlertMetrics: Sendable {
             }
         }
         self.depth = depth
+        self.registry = registry
         firing = Dictionary(uniqueKeysWithValues: AlertKind.allCases.filter { $0 != .test }.map {
             ($0, registry.makeGauge(
                 descriptor: MetricNameDescriptor(namespace: "siwa", metricName: "alerts_firing", unitName: "", helpText: "Open alert episodes by kind (built-in detector)"),
@@ -55,6 +61,43 @@ package struct AlertMetrics: Sendable {
     func record(depth rows: [JobQueue.Depth]) {
         for gauge in depth.values { gauge.set(0.0) }
         for row in rows { depth[row.lane.rawValue + "/" + row.state.rawValue]?.set(Double(row.count)) }
+    }
+
+    /// Each open transfer's users left and its window's close (labels `aud`, `direction`,
+    /// `team`); a transfer whose window closed is dropped from the exposition.
+    func record(transfers backlogs: [TransferBacklog]) {
+        let registry = self.registry
+        transfers.withLock { gauges in
+            for key in Set(gauges.keys).subtracting(backlogs.map(\.key)) {
+                if let dropped = gauges.removeValue(forKey: key) {
+                    registry.unregisterGauge(dropped.usersLeft)
+                    registry.unregisterGauge(dropped.closes)
+                }
+            }
+            for backlog in backlogs {
+                let pair = gauges[backlog.key] ?? {
+                    let words = (backlog.key.type ?? "").split(separator: " ")
+                    let labels = [
+                        ("aud", backlog.key.aud ?? ""), ("direction", words.first == "to" ? "outgoing" : "incoming"), ("team", words.last.map(String.init) ?? ""),
+                    ]
+                    return (
+                        registry.makeGauge(
+                            descriptor: MetricNameDescriptor(
+                                namespace: "siwa", metricName: "transfer_users_left", unitName: "",
+                                helpText: "Users an app transfer still needs Apple for (set by the alert evaluator while its window is open)"),
+                            labels: labels),
+                        registry.makeGauge(
+                            descriptor: MetricNameDescriptor(
+                                namespace: "siwa", metricName: "transfer_window_close_timestamp", unitName: "seconds",
+                                helpText: "When an app transfer's 60-day window closes, Unix time (set by the alert evaluator)"),
+                            labels: labels)
+                    )
+                }()
+                pair.usersLeft.set(Double(backlog.usersLeft))
+                pair.closes.set(backlog.window.closesAt.timeIntervalSince1970)
+                gauges[backlog.key] = pair
+            }
+        }
     }
 
     func record(firing keys: [AlertKey]) {

@@ -134,6 +134,7 @@ package final class AlertMonitor: Service, Sendable {
             let key = TransferDeadlineRule.key(aud: transfer.aud, outgoing: transfer.direction == .outgoing, team: transfer.teamID)
             backlogs[key] = TransferBacklog(key: key, window: TransferWindow(transferredAt: transfer.transferredAt), usersLeft: left)
         }
+        metrics?.record(transfers: backlogs.values.filter { $0.window.isOpen(at: now) })
         for key in Set(backlogs.keys).union(openByKey.keys.filter { $0.kind == .transferDeadline }).sorted(by: { $0.description < $1.description }) {
             steps.append(
                 (key, TransferDeadlineRule.step(open: openByKey[key]?.episode, key: key, backlog: backlogs[key], now: now, settings: configuration.transferDeadline)))

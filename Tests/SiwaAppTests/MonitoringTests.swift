@@ -1,5 +1,6 @@
 import Foundation
 import NIOHTTP1
+import PostgresNIO
 import Prometheus
 import SiwaDomain
 import SiwaEmbeddedPostgres
@@ -32,6 +33,13 @@ struct MonitoringTests {
         await h.flushRejections()
         let receiver = try await h.server.request(.GET, "/metrics").body
 
+        // An app transfer with one user left: the evaluator exposes its users and days left.
+        let transfers = TransferStore(client: e.client, logger: h.logs.logger())
+        let transfer = try await transfers.start(
+            .outgoing, clientID: Harness.aud, aud: Harness.aud, teamID: "TEAMB23456", transferredAt: Date().addingTimeInterval(-50 * 86_400), actor: "test")
+        try await e.client.query("INSERT INTO accounts (aud, sub) VALUES (\(Harness.aud), 'metrics-moving')")
+        #expect(try await transfers.listUsers(of: transfer) == 1)
+
         let registry = PrometheusCollectorRegistry()
         let monitor = AlertMonitor(
             configuration: .init(), store: AlertStore(client: e.client, logger: h.logs.logger()), logger: h.logs.logger(), identity: "metrics-test",
@@ -61,6 +69,8 @@ struct MonitoringTests {
         #expect(text.contains(#"siwa_effects_total{type="consent-revoked",effect="consent_revoked"} 1"#))
         #expect(text.contains(#"siwa_job_attempts_total{lane="effects",outcome="applied"} 1"#))
         #expect(text.contains(#"siwa_job_duration_seconds_count{lane="effects"} 1"#))
+        #expect(text.contains(#"siwa_transfer_users_left{aud="\#(Harness.aud)",direction="outgoing",team="TEAMB23456"} 1"#), "\(text)")
+        #expect(text.contains(#"siwa_transfer_window_close_timestamp_seconds{aud="\#(Harness.aud)",direction="outgoing",team="TEAMB23456"}"#))
         let file = FileManager.default.temporaryDirectory.appendingPathComponent("metrics-\(UUID().uuidString).txt")
         try Data(text.utf8).write(to: file)
         defer { try? FileManager.default.removeItem(at: file) }
