@@ -103,7 +103,8 @@ package struct TransferStore: Sendable {
 
     // MARK: Sending side
 
-    /// Adds every known user of the transfer's app not listed yet; returns how many.
+    /// Adds every known user of the transfer's app not listed yet; returns how many. Erased
+    /// accounts stay behind: their data is gone, and their `sub` is not handed on.
     @discardableResult
     package func listUsers(of transfer: Transfer) async throws -> Int {
         var added = 0
@@ -111,7 +112,7 @@ package struct TransferStore: Sendable {
             """
             WITH added AS (
                 INSERT INTO transfer_subs (transfer_id, sub)
-                SELECT \(transfer.id), sub FROM accounts WHERE aud = \(transfer.aud)
+                SELECT \(transfer.id), sub FROM accounts WHERE aud = \(transfer.aud) AND erased_at IS NULL
                 ON CONFLICT DO NOTHING
                 RETURNING 1
             )

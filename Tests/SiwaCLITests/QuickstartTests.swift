@@ -9,11 +9,11 @@ import Testing
 /// free ports in place of 8080 and 8081.
 @Suite("The README's Quickstart")
 struct QuickstartTests {
-    @Test("Quickstart: a test notification is accepted and listed; a session from keys id-token is revoked by consent-revoked; a sign-in with a code, and the account's deletion revokes its token at the stand-in")
+    @Test("Quickstart: a test notification is accepted and listed; a session from keys id-token is revoked by consent-revoked; a sign-in with a code, and the account's deletion revokes its token at the stand-in; the app moved to another team re-keys the user and their session")
     func quickstart() async throws {
         let blocks = try IntegrationGuideTests.testedBlocks(in: "README.md")
         #expect(
-            Set(blocks.keys) == ["quickstart", "quickstart-revoked", "try-apple", "try-apple-revoked"],
+            Set(blocks.keys) == ["quickstart", "quickstart-revoked", "try-apple", "try-apple-revoked", "try-transfer"],
             "README.md's tested blocks changed: run each new one here")
         var (port, adminPort, standInBase) = (0, 0, "")  // the servers', once they have bound them
         func block(_ name: String) throws -> String {
@@ -36,7 +36,8 @@ struct QuickstartTests {
         // once, with the credentials of the restart. The callback endpoint only tells the test
         // when an effect is committed (its callback is enqueued in the effect's transaction).
         #expect(try await TestBinary.run(["keys", "generate", "--dir", "siwa-keys"], directory: directory).status == 0)
-        let standIn = try await StandInProcess.start(in: directory, keys: "siwa-keys")
+        let standIn = try await StandInProcess.start(
+            in: directory, keys: "siwa-keys", arguments: ["--recipient-team-id", "TEAMB23456", "--recipient-key-id", "KEYB234567"])
         defer { standIn.process.signal(SIGKILL) }
         standInBase = standIn.base
         let tokenKey = try await TestBinary.run(["apple", "token-key"], directory: directory)
@@ -80,6 +81,15 @@ struct QuickstartTests {
                 && shown.stdout == #"{"state":"completed","client_id":"com.example.app","last_status":200}"# + "\n"
                     + #"{"token_type_hint":"refresh_token","outcome":"revoked"}"# + "\n",
             "\(shown.stdout) \(shown.stderr)")
+
+        // Steps 9 and 10: the one remaining user moves to the recipient team, their session with them.
+        let moved = try await shell.run(try block("try-transfer"))
+        let movedLines = moved.stdout.split(separator: "\n").map(String.init)
+        #expect(moved.status == 0 && movedLines.count == 3, "\(moved.stdout) \(moved.stderr)")
+        #expect(movedLines.first == "1 of 1 users have a transfer_sub for team TEAMB23456", "\(moved.stdout)")
+        #expect(movedLines.dropFirst().first == "1 of 1 transfer_subs exchanged (1 accounts re-keyed)", "\(moved.stdout)")
+        let newSub = movedLines.last ?? ""
+        #expect(newSub.wholeMatch(of: /[0-9]{6}\.[0-9a-f]{32}\.[0-9]{4}/) != nil && newSub != "001234.abcdef.0001", "\(moved.stdout)")
         server.signal(SIGTERM)
         #expect(await server.waitForExit() == 0)
         // The server's whole log: no code or token of the stand-in's shape (a letter and 64 hex
