@@ -17,6 +17,11 @@ package enum AlertKind: String, Sendable, CaseIterable, Codable {
     /// An app transfer's 60-day window is running out with users not yet migrated
     /// (`TransferDeadlineRule`).
     case transferDeadline = "transfer_deadline"
+    /// Nothing has arrived for an app for far longer than its own history makes likely.
+    case quietApp = "quiet_app"
+    /// The public endpoint registered with Apple (`SIWA_PUBLIC_URL`) fails the doctor's checks,
+    /// or its certificate expires soon.
+    case endpointUnhealthy = "endpoint_unhealthy"
     /// `siwa-events alerts test`: checks every sink, never fires by itself.
     case test
 }
@@ -340,6 +345,10 @@ package struct AlertMessage: Sendable, Equatable {
             case (_, let left):
                 "\(transfer): \(left) users not migrated with \(Int(episode.threshold)) days or fewer left in Apple's 60-day window; `siwa-events transfers status`"
             }
+        case .quietApp:
+            subject = "nothing has arrived for \(key.aud ?? "an app") for \(episode.value / 3600) h (usually \(String(format: "%.1f", episode.baseline ?? 0)) in that time)"
+        case .endpointUnhealthy:
+            subject = "the endpoint registered with Apple fails its checks"
         case .test:
             subject = "test alert from siwa-events alerts test: this sink works"
         }

@@ -1,0 +1,10 @@
+-- Alerts quiet_app (an app's notifications stopped arriving) and endpoint_unhealthy (the public
+-- endpoint registered with Apple fails the doctor's checks, or its certificate expires soon).
+ALTER TABLE alert_silences DROP CONSTRAINT alert_silences_kind_check;
+ALTER TABLE alert_silences ADD CONSTRAINT alert_silences_kind_check
+    CHECK (kind IN ('revocation_spike', 'jobs_discarded', 'queue_lag', 'bad_signatures', 'apple_credentials', 'transfer_deadline',
+                    'quiet_app', 'endpoint_unhealthy', 'test'));
+ALTER TABLE alerts DROP CONSTRAINT alerts_kind_check;
+ALTER TABLE alerts ADD CONSTRAINT alerts_kind_check
+    CHECK (kind IN ('revocation_spike', 'jobs_discarded', 'queue_lag', 'bad_signatures', 'apple_credentials', 'transfer_deadline',
+                    'quiet_app', 'endpoint_unhealthy', 'test'));
