@@ -59,5 +59,6 @@ package struct Configuration: Sendable {
             workers.appleValidation = credentials.validation
         }
         alerts = try AlertMonitor.Configuration(source)
+        alerts.apps = apple.bundleIDs.sorted()
     }
 }

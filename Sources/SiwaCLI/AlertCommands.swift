@@ -77,7 +77,7 @@ struct AlertsCommand: AsyncParsableCommand {
             let limit = try DurationSyntax.parse(wait)
             let failed = try await Database.with(database, logger: logger) { database -> Bool in
                 let store = AlertStore(client: database.client, logger: logger)
-                let id = try await store.test(window: alerts.spike.window, sinks: sinks.messages)
+                let id = try await store.test(window: alerts.rules.spike.window, sinks: sinks.messages)
                 printError("queued test alert \(id) for \(sinks.webhooks.count + (sinks.slack == nil ? 0 : 1)) sink(s); waiting up to \(wait)…")
                 let deadline = ContinuousClock.now + limit
                 var outcomes: [AlertDelivery] = []

@@ -201,6 +201,16 @@ package enum AlertDecision: Sendable, Equatable {
     case resolve(AlertEpisode, at: Date)
 }
 
+extension AlertDecision {
+    /// The episode the decision is about (nil for `none`).
+    package var episode: AlertEpisode? {
+        switch self {
+        case .none: nil
+        case .fire(let episode), .update(let episode), .join(let episode, _), .resolve(let episode, _): episode
+        }
+    }
+}
+
 /// The alert lifecycle, pure: `firing` at the first breaching evaluation, one episode however
 /// long it lasts, `resolved` after `resolveAfter` of normal evaluations (a breach in between
 /// starts the wait again).
@@ -298,6 +308,8 @@ package struct AlertMessage: Sendable, Equatable {
     /// The webhook body: `{"id","kind","state","aud","type","series","window","count","baseline",
     /// "ratio","threshold","started_at","resolved_at"}` (plus `joined` when `updated`); window in
     /// seconds, count the episode's peak. `type` is null for an episode (its series are listed).
+    /// quiet_app: count is the minutes without an arrival, baseline the 10-minute spans that
+    /// usually have one in that time, threshold the odds, series the rejection reasons meanwhile.
     package var json: JSONValue {
         var object: [String: JSONValue] = [
             "id": .number(Double(id)), "kind": .string(episode.key.kind.rawValue), "state": .string(state.rawValue),
@@ -305,12 +317,17 @@ package struct AlertMessage: Sendable, Equatable {
             "series": .array(series.map(JSONValue.string)),
             "window": .number(window.timeInterval.rounded()), "count": .number(Double(episode.peak)),
             "baseline": episode.baseline.map { .number(($0 * 100).rounded() / 100) } ?? .null,
-            "ratio": episode.ratio.map { .number(($0 * 100).rounded() / 100) } ?? .null,
+            "ratio": episode.key.kind == .quietApp ? .null : episode.ratio.map { .number(($0 * 100).rounded() / 100) } ?? .null,
             "threshold": .number((episode.threshold * 100).rounded() / 100),
             "started_at": .string(iso8601(episode.startedAt)), "resolved_at": resolvedAt.map { .string(iso8601($0)) } ?? .null,
         ]
         if state == .updated { object["joined"] = .array(joined.map(JSONValue.string)) }
         return .object(object)
+    }
+
+    /// "6 h 10 m" for 370 minutes.
+    static func minutes(_ minutes: Int) -> String {
+        minutes < 60 ? "\(minutes) m" : minutes % 60 == 0 ? "\(minutes / 60) h" : "\(minutes / 60) h \(minutes % 60) m"
     }
 
     /// The same facts in words, for a Slack-compatible incoming webhook (`{"text": …}`).
@@ -346,7 +363,11 @@ package struct AlertMessage: Sendable, Equatable {
                 "\(transfer): \(left) users not migrated with \(Int(episode.threshold)) days or fewer left in Apple's 60-day window; `siwa-events transfers status`"
             }
         case .quietApp:
-            subject = "nothing has arrived for \(key.aud ?? "an app") for \(episode.value / 3600) h (usually \(String(format: "%.1f", episode.baseline ?? 0)) in that time)"
+            let digits = String(Int(episode.threshold))
+            let odds = digits.enumerated().map { index, digit in (index > 0 && (digits.count - index) % 3 == 0 ? "," : "") + String(digit) }.joined()
+            let rejected = series.isEmpty ? "" : "; deliveries were rejected meanwhile (\(series.joined(separator: ", "))): `siwa-events rejections list`"
+            subject = "nothing has arrived for \(key.aud ?? "an app") for \(Self.minutes(episode.peak)); its history has arrivals in "
+                + "about \(Int((episode.baseline ?? 0).rounded())) of that time's 10-minute spans (chance of such a gap under 1 in \(odds))\(rejected)"
         case .endpointUnhealthy:
             subject = "the endpoint registered with Apple fails its checks"
         case .test:

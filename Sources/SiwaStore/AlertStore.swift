@@ -26,22 +26,6 @@ package struct AlertSilence: Sendable {
     package var reason: String?
 }
 
-/// Revocation counts of one app and type at one evaluation: the window's, and the hour around
-/// this time of day on each of the 7 previous days (`SpikeRule.ranges`).
-package struct SpikeCounts: Sendable {
-    package var aud: String
-    package var type: String
-    package var window: Int
-    package var days: [Int]
-
-    package init(aud: String, type: String, window: Int, days: [Int]) {
-        self.aud = aud
-        self.type = type
-        self.window = window
-        self.days = days
-    }
-}
-
 /// Every SQL statement of alerting: the evaluator's lease, the counts it reads, episodes and
 /// silences. Sink messages go to the queue's `alerts` lane (`JobQueue`), in the same transaction.
 package struct AlertStore: Sendable {
@@ -129,15 +113,61 @@ package struct AlertStore: Sendable {
         return result
     }
 
-    // MARK: OperationalSignals
+    // MARK: QuietApps
 
-    /// What the operational alerts watch, per evaluation window.
-    package struct OperationalSignals: Sendable, Equatable {
-        package var queueLag: Int
-        package var discarded: Int
-        package var badSignatures = 0
-        package var appleInvalidClient = 0
+    /// When each app (of `auds`, or every app heard from when empty) was first and last heard
+    /// from, counting accepted notifications only (the fold's, plus the deltas not folded yet).
+    package func arrivals(auds: [String]) async throws -> [(aud: String, firstSeen: Date, lastArrival: Date)] {
+        var result: [(aud: String, firstSeen: Date, lastArrival: Date)] = []
+        for try await (aud, first, last) in try await client.bounded.query(
+            """
+            SELECT f.aud, f.first_seen, greatest(coalesce(f.last_seen, f.first_seen), d.last)
+            FROM app_first_seen f
+            LEFT JOIN LATERAL (SELECT max(second) AS last FROM notification_count_deltas WHERE aud = f.aud AND delta > 0) d ON true
+            WHERE cardinality(\(auds)::text[]) = 0 OR f.aud = ANY(\(auds)::text[])
+            ORDER BY f.aud
+            """, logger: logger
+        ).decode((String, Date, Date).self) {
+            result.append((aud, first, last))
+        }
+        return result
     }
+
+    /// Per app and hour of the week (0: Monday 00:00 UTC), the 10-minute spans within `history`
+    /// that had an accepted notification (`QuietRule`'s history; read once an hour).
+    package func activeSpans(auds: [String], history: Range<Date>) async throws -> [String: [Int: Int]] {
+        var result: [String: [Int: Int]] = [:]
+        for try await (aud, slot, spans) in try await client.bounded.query(
+            """
+            SELECT aud, ((extract(isodow FROM span AT TIME ZONE 'UTC')::int - 1) * 24 + extract(hour FROM span AT TIME ZONE 'UTC')::int), count(*)::bigint
+            FROM (
+                SELECT DISTINCT aud, date_bin(interval '10 minutes', minute, timestamptz '2000-01-03 00:00:00+00') AS span
+                FROM notification_counts
+                WHERE minute >= \(history.lowerBound) AND minute < \(history.upperBound) AND count > 0 AND aud = ANY(\(auds)::text[])
+            ) spans
+            GROUP BY 1, 2
+            """, logger: logger
+        ).decode((String, Int, Int).self) {
+            result[aud, default: [:]][slot] = spans
+        }
+        return result
+    }
+
+    /// Deliveries rejected since `since` (recorded or sampled out), by reason.
+    package func rejections(since: Date) async throws -> [String: Int] {
+        var result: [String: Int] = [:]
+        for try await (reason, count) in try await client.bounded.query(
+            """
+            SELECT reason, sum(recorded + sampled_out)::bigint FROM rejection_counts
+            WHERE minute >= date_trunc('minute', \(since)) GROUP BY reason HAVING sum(recorded + sampled_out) > 0
+            """, logger: logger
+        ).decode((String, Int).self) {
+            result[reason] = count
+        }
+        return result
+    }
+
+    // MARK: OperationalSignals
 
     /// The operational alerts' inputs since `since`: seconds the oldest ready job (any lane) has
     /// waited, jobs discarded (both from the queue), deliveries refused for a bad signature

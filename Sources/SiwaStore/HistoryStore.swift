@@ -259,10 +259,11 @@ package struct HistoryStore: Sendable {
                 SELECT second, aud, type, sum(delta) FROM moved WHERE second > now() - interval '1 day' GROUP BY 1, 2, 3
                 ON CONFLICT (second, aud, type) DO UPDATE SET count = c.count + excluded.count
             ), seen AS (
-                INSERT INTO app_first_seen AS f (aud, first_seen)
-                SELECT aud, min(second) FROM moved WHERE delta > 0 GROUP BY aud
-                ON CONFLICT (aud) DO UPDATE SET first_seen = least(f.first_seen, excluded.first_seen)
-                WHERE excluded.first_seen < f.first_seen
+                INSERT INTO app_first_seen AS f (aud, first_seen, last_seen)
+                SELECT aud, min(second), max(second) FROM moved WHERE delta > 0 GROUP BY aud
+                ON CONFLICT (aud) DO UPDATE
+                SET first_seen = least(f.first_seen, excluded.first_seen), last_seen = greatest(f.last_seen, excluded.last_seen)
+                WHERE excluded.first_seen < f.first_seen OR f.last_seen IS NULL OR excluded.last_seen > f.last_seen
             )
             SELECT count(*)::bigint FROM moved
             """, logger: logger

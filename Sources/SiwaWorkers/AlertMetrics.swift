@@ -51,7 +51,7 @@ package final class AlertMetrics: Sendable {
                 helpText: "Calls to Apple's auth endpoints refused with invalid_client (our client secret) within SIWA_SPIKE_WINDOW"))
     }
 
-    func record(signals: AlertStore.OperationalSignals) {
+    func record(signals: OperationalSignals) {
         queueLag.set(Double(signals.queueLag))
         discarded.set(Double(signals.discarded))
         badSignatures.set(Double(signals.badSignatures))

@@ -4,6 +4,7 @@ import ServiceLifecycle
 import SiwaDomain
 import SiwaRuntime
 import SiwaStore
+import Synchronization
 
 /// Evaluates the alerts every `SIWA_SPIKE_INTERVAL`: revocation spikes per app and type, one
 /// episode per app (the counts come from the rollup, the arithmetic from `SpikeRule`), jobs
@@ -14,15 +15,10 @@ import SiwaStore
 /// are logged here and queued for the sinks (lane `alerts`, delivered by a `Deliverer`).
 package final class AlertMonitor: Service, Sendable {
     package struct Configuration: Sendable {
-        package var spike = SpikeSettings()
-        /// queue_lag fires when the oldest ready job has waited this long.
-        package var queueLag: Duration = .seconds(120)
-        /// bad_signatures fires at this many in the spike window.
-        package var badSignatures = 20
-        /// jobs_discarded fires at this many discards in the spike window (alert deliveries excepted).
-        package var discardedJobs = 1
-        package var transferDeadline = TransferDeadlineSettings()
+        package var rules = AlertRuleSettings()
         package var sinks = AlertSinks()
+        /// The apps watched for quiet_app (the configured bundle IDs); empty: every app heard from.
+        package var apps: [String] = []
 
         package init() {}
     }
@@ -42,6 +38,8 @@ package final class AlertMonitor: Service, Sendable {
     let logger: Logger
     let identity: String
     let metrics: AlertMetrics?
+    /// `quiet_app`'s history spans, by the end of the history they were read for.
+    private let history = Mutex<(end: Date, spans: [String: [Int: Int]])?>(nil)
 
     package init(configuration: Configuration, store: AlertStore, logger: Logger, identity: String, metrics: AlertMetrics? = nil) {
         self.configuration = configuration
@@ -52,7 +50,7 @@ package final class AlertMonitor: Service, Sendable {
     }
 
     package func run() async throws {
-        let interval = configuration.spike.interval
+        let interval = configuration.rules.spike.interval
         // Abandoned on shutdown, so a statement that never answers cannot hold SIGTERM.
         await Scheduler.run(.periodic(every: interval, retryAfter: interval), once: { try await self.runOnce(now: Date()) }) { error in
             logger.warning("alert evaluation failed; will retry", metadata: ["error": "\(loggable(error))"])
@@ -65,84 +63,39 @@ package final class AlertMonitor: Service, Sendable {
     /// `leaseNow` (nil: PostgreSQL's time, which every process shares; tests pass theirs).
     @discardableResult
     package func runOnce(now: Date, leaseNow: Date? = nil) async throws -> AlertRound {
-        guard try await store.acquire(lease: Self.leaseName, holder: identity, ttl: configuration.spike.interval * 3 + .seconds(5), now: leaseNow) else {
+        guard try await store.acquire(lease: Self.leaseName, holder: identity, ttl: configuration.rules.spike.interval * 3 + .seconds(5), now: leaseNow) else {
             return .notHolder
         }
         return .evaluated(try await evaluate(now: now))
     }
 
-    /// One evaluation of every series at `now`; returns what fired, joined and resolved.
-    ///
-    /// An app's revocation series (`consent-revoked`, `account-delete`, `revocations`) are one
-    /// episode (`AlertLifecycle.step(open:key:series:…)`): one burst pages once, however many of
-    /// them it crosses. Alerts stored before episodes (one row per series, `type` set) still open
-    /// are stepped alone until they resolve, and their series stay out of the app's episode
-    /// meanwhile, so an upgrade neither pages again for them nor leaves them open.
+    /// One evaluation of every series at `now`: reads what the rules watch, asks
+    /// `AlertRules.decide`, writes and tells what it decided; returns what fired, joined and
+    /// resolved.
     @discardableResult
     package func evaluate(now: Date) async throws -> [AlertDecision] {
-        let settings = configuration.spike
-        // One-series alerts by key (operational, and old per-series revocation rows still open);
-        // revocation series by app, then type.
-        var observations: [AlertKey: AlertObservation] = [:]
-        var revocations: [String: [String: AlertObservation]] = [:]
-
-        let counts = try await store.spikeCounts(now: now, window: settings.window)
-        let firstSeen = try await store.firstSeen(auds: Array(Set(counts.map(\.aud))))
-        let days = SpikeRule.ranges(now: now, window: settings.window).days
-        for (aud, series) in Dictionary(grouping: counts, by: \.aud) {
-            let both = SpikeCounts(
-                aud: aud, type: RevocationSeries.both, window: series.map(\.window).reduce(0, +),
-                days: (0..<SpikeRule.historyDays).map { day in series.map { $0.days[day] }.reduce(0, +) })
-            for entry in series + [both] {
-                let baseline = SpikeRule.baseline(dayCounts: entry.days, days: days, firstSeen: firstSeen[aud], window: settings.window)
-                revocations[aud, default: [:]][entry.type] = SpikeRule.observe(count: entry.window, baseline: baseline, settings: settings)
-            }
-        }
-        let signals = try await store.operationalSignals(since: now.addingTimeInterval(-settings.window.timeInterval), now: now)
-        observations[AlertKey(kind: .queueLag)] = .atLeast(Int(configuration.queueLag.timeInterval), value: signals.queueLag)
-        observations[AlertKey(kind: .jobsDiscarded)] = .atLeast(configuration.discardedJobs, value: signals.discarded)
-        observations[AlertKey(kind: .badSignatures)] = .atLeast(configuration.badSignatures, value: signals.badSignatures)
-        observations[AlertKey(kind: .appleCredentials)] = .atLeast(1, value: signals.appleInvalidClient)
-        if let metrics {
-            metrics.record(signals: signals)
-            metrics.record(depth: try await store.queueDepth())
-        }
-
-        let open = try await store.open()
-        let openByKey = Dictionary(open.map { ($0.episode.key, $0) }, uniquingKeysWith: { first, _ in first })
-        // Old per-series rows: each is its own series' observation.
-        for key in openByKey.keys where key.kind == .revocationSpike && key.type != nil {
-            if let aud = key.aud, let type = key.type, let observation = revocations[aud]?[type] { observations[key] = observation }
-        }
-        var steps: [(key: AlertKey, decision: AlertDecision)] = []
-        let oneSeries = openByKey.keys.filter { ($0.kind != .revocationSpike || $0.type != nil) && $0.kind != .transferDeadline }
-        for key in Set(observations.keys).union(oneSeries).sorted(by: { $0.description < $1.description }) {
-            let record = openByKey[key]
-            // A series with an open episode and nothing counted this round is quiet: not breaching.
-            let observation = observations[key] ?? AlertObservation(value: 0, baseline: nil, threshold: record?.episode.threshold ?? 0, breaching: false)
-            steps.append((key, AlertLifecycle.step(open: record?.episode, key: key, observation: observation, now: now, resolveAfter: settings.resolveAfter)))
-        }
-        let episodeAuds = Set(revocations.keys).union(openByKey.keys.filter { $0.kind == .revocationSpike && $0.type == nil }.compactMap(\.aud))
-        for aud in episodeAuds.sorted() {
-            let key = AlertKey(kind: .revocationSpike, aud: aud)
-            let legacy = Set(openByKey.keys.filter { $0.kind == .revocationSpike && $0.aud == aud }.compactMap(\.type))
-            let series = (revocations[aud] ?? [:]).filter { !legacy.contains($0.key) }
-            steps.append((key, AlertLifecycle.step(open: openByKey[key]?.episode, key: key, series: series, now: now, resolveAfter: settings.resolveAfter)))
-        }
-        var backlogs: [AlertKey: TransferBacklog] = [:]
+        let settings = configuration.rules
+        var observed = AlertObservations()
+        observed.spikes = try await store.spikeCounts(now: now, window: settings.spike.window)
+        observed.firstSeen = try await store.firstSeen(auds: Array(Set(observed.spikes.map(\.aud))))
+        observed.signals = try await store.operationalSignals(since: now.addingTimeInterval(-settings.spike.window.timeInterval), now: now)
         for (transfer, left) in try await TransferStore(client: store.client, logger: logger).backlogs(now: now) {
             let key = TransferDeadlineRule.key(aud: transfer.aud, outgoing: transfer.direction == .outgoing, team: transfer.teamID)
-            backlogs[key] = TransferBacklog(key: key, window: TransferWindow(transferredAt: transfer.transferredAt), usersLeft: left)
+            observed.transfers.append(TransferBacklog(key: key, window: TransferWindow(transferredAt: transfer.transferredAt), usersLeft: left))
         }
-        metrics?.record(transfers: backlogs.values.filter { $0.window.isOpen(at: now) })
-        for key in Set(backlogs.keys).union(openByKey.keys.filter { $0.kind == .transferDeadline }).sorted(by: { $0.description < $1.description }) {
-            steps.append(
-                (key, TransferDeadlineRule.step(open: openByKey[key]?.episode, key: key, backlog: backlogs[key], now: now, settings: configuration.transferDeadline)))
+        observed.apps = try await appActivity(now: now)
+        if let metrics {
+            metrics.record(signals: observed.signals)
+            metrics.record(depth: try await store.queueDepth())
+            metrics.record(transfers: observed.transfers.filter { $0.window.isOpen(at: now) })
         }
+        let open = try await store.open()
+        let openByKey = Dictionary(open.map { ($0.episode.key, $0) }, uniquingKeysWith: { first, _ in first })
 
         var decisions: [AlertDecision] = []
         var firing = Set(openByKey.keys)
-        for (key, decision) in steps {
+        for decision in AlertRules.decide(observed, open: open.map(\.episode), now: now, settings: settings) {
+            guard let key = decision.episode?.key else { continue }
             let record = openByKey[key]
             switch decision {
             case .none:
@@ -150,7 +103,7 @@ package final class AlertMonitor: Service, Sendable {
             case .fire(let episode):
                 // nil: another evaluator opened this episode first; it is firing either way.
                 firing.insert(key)
-                if let fired = try await store.fire(episode, window: settings.window, sinks: configuration.sinks.messages) {
+                if let fired = try await store.fire(episode, window: settings.spike.window, sinks: configuration.sinks.messages) {
                     log(fired.message, silenced: fired.silencedBy != nil)
                     decisions.append(decision)
                 }
@@ -179,6 +132,35 @@ package final class AlertMonitor: Service, Sendable {
         }
         metrics?.record(firing: Array(firing))
         return decisions
+    }
+
+    /// Every watched app's arrivals for `quiet_app`: the history spans are read once an hour
+    /// (they only change when it turns), the last arrival and the rejections since it each round.
+    private func appActivity(now: Date) async throws -> [AppActivity] {
+        let arrivals = try await store.arrivals(auds: configuration.apps)
+        guard !arrivals.isEmpty else { return [] }
+        let end = QuietRule.history(now: now, firstSeen: .distantPast)
+        let cached = history.withLock { $0?.end == end.upperBound ? $0?.spans : nil }
+        let spans: [String: [Int: Int]]
+        if let cached {
+            spans = cached
+        } else {
+            spans = try await store.activeSpans(auds: arrivals.map(\.aud), history: end)
+            history.withLock { $0 = (end.upperBound, spans) }
+        }
+        let quiet = configuration.rules.quiet
+        var apps: [AppActivity] = []
+        for arrival in arrivals {
+            var activity = AppActivity(
+                aud: arrival.aud, firstSeen: arrival.firstSeen, lastArrival: arrival.lastArrival,
+                history: QuietRule.history(now: now, firstSeen: arrival.firstSeen), activeSpans: spans[arrival.aud] ?? [:])
+            // Rejections matter only to a gap long enough to fire (they name why it is quiet).
+            if now.timeIntervalSince(arrival.lastArrival) >= quiet.minimumGap.timeInterval {
+                activity.rejectedSince = try await store.rejections(since: arrival.lastArrival)
+            }
+            apps.append(activity)
+        }
+        return apps
     }
 
     /// The log sink: one line per firing, update and resolution, always.

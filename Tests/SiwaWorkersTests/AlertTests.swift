@@ -28,7 +28,7 @@ struct AlertTests {
 
     static func monitor(_ e: EffectHarness, sinks: AlertSinks, window: Duration = .seconds(10)) -> AlertMonitor {
         var configuration = AlertMonitor.Configuration()
-        configuration.spike = settings(window: window)
+        configuration.rules.spike = settings(window: window)
         configuration.sinks = sinks
         return AlertMonitor(
             configuration: configuration, store: AlertStore(client: e.client, logger: e.h.logs.logger()), logger: e.h.logs.logger(),
@@ -339,9 +339,9 @@ struct AlertTests {
             configuration.backoff = RetryBackoff(base: .zero, cap: .zero)  // a retry is due at once: no waiting on time
         }
         var configuration = AlertMonitor.Configuration()
-        configuration.spike = Self.settings()
+        configuration.rules.spike = Self.settings()
         configuration.sinks = sinks
-        configuration.badSignatures = 3
+        configuration.rules.badSignatures = 3
         let monitor = AlertMonitor(
             configuration: configuration, store: AlertStore(client: e.client, logger: e.h.logs.logger()), logger: e.h.logs.logger(),
             identity: e.workers.identity)
@@ -416,7 +416,7 @@ struct AlertTests {
         let e = try await EffectHarness.start { $0.alertSinks = sinks }
         // The clock jumps days ahead: messages queued at real time must not count as queue lag.
         var configuration = Self.monitor(e, sinks: sinks).configuration
-        configuration.queueLag = .seconds(365 * 86_400)
+        configuration.rules.queueLag = .seconds(365 * 86_400)
         let monitor = AlertMonitor(configuration: configuration, store: AlertStore(client: e.client, logger: e.h.logs.logger()), logger: e.h.logs.logger(), identity: "test")
         let transfers = TransferStore(client: e.client, logger: e.h.logs.logger())
         for index in 0..<5 { try await e.client.query("INSERT INTO accounts (aud, sub) VALUES (\(Harness.aud), \("001.deadline.\(index)"))") }

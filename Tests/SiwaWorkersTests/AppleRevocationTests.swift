@@ -194,7 +194,7 @@ struct AppleRevocationTests {
             "SELECT count(*) FROM jobs WHERE lane = 'apple_revocations' AND state = 'retryable' AND last_status = 400 AND last_error LIKE '%invalid_client%'") == 1)
         #expect(try await h.h.count("SELECT count(*) FROM apple_auth_calls WHERE error = 'invalid_client' AND status = 400") == 1)
         var configuration = AlertMonitor.Configuration()
-        configuration.spike.window = .seconds(600)
+        configuration.rules.spike.window = .seconds(600)
         let monitor = AlertMonitor(
             configuration: configuration, store: AlertStore(client: h.client, logger: h.h.logs.logger()), logger: h.h.logs.logger(), identity: h.workers.identity)
         let decisions = try await monitor.evaluate(now: Date())

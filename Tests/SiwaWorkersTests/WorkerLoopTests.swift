@@ -89,7 +89,7 @@ struct WorkerLoopTests {
             return false
         }
         // The lease lasts three evaluation intervals and 5 s.
-        let ttl = AlertMonitor.Configuration().spike.interval * 3 + .seconds(5)
+        let ttl = AlertMonitor.Configuration().rules.spike.interval * 3 + .seconds(5)
         let start = Date()
         func at(_ offset: Duration) -> Date { start.addingTimeInterval(offset.timeInterval) }
         #expect(evaluated(try await first.runOnce(now: start, leaseNow: start)))

@@ -57,15 +57,15 @@ extension Settings {
         help: "a Slack-compatible incoming-webhook URL for alerts",
         docs: "A Slack-compatible incoming-webhook URL (a message in words).", secret: true)
     package static let alertQueueLag = Setting<Duration>.duration(
-        "SIWA_ALERT_QUEUE_LAG", flag: "alert-queue-lag", .alerts, default: AlertMonitor.Configuration().queueLag, minimum: .seconds(1),
+        "SIWA_ALERT_QUEUE_LAG", flag: "alert-queue-lag", .alerts, default: AlertRuleSettings().queueLag, minimum: .seconds(1),
         help: "queue_lag fires when the oldest ready job has waited this long",
         docs: "`queue_lag` fires when the oldest ready job has waited this long.")
     package static let alertBadSignatures = Setting<Int>.integer(
-        "SIWA_ALERT_BAD_SIGNATURES", flag: "alert-bad-signatures", .alerts, default: AlertMonitor.Configuration().badSignatures, 1...10_000_000,
+        "SIWA_ALERT_BAD_SIGNATURES", flag: "alert-bad-signatures", .alerts, default: AlertRuleSettings().badSignatures, 1...10_000_000,
         help: "bad_signatures fires at this many in the spike window",
         docs: "`bad_signatures` fires at this many in the window (sampled-out ones count).")
     package static let alertDiscardedJobs = Setting<Int>.integer(
-        "SIWA_ALERT_DISCARDED_JOBS", flag: "alert-discarded-jobs", .alerts, default: AlertMonitor.Configuration().discardedJobs, 1...10_000_000,
+        "SIWA_ALERT_DISCARDED_JOBS", flag: "alert-discarded-jobs", .alerts, default: AlertRuleSettings().discardedJobs, 1...10_000_000,
         help: "jobs_discarded fires at this many discards in the spike window",
         docs: "`jobs_discarded` fires at this many discards in the window.")
     package static let alertTransferDays = Setting<Int>.integer(
@@ -76,11 +76,23 @@ extension Settings {
         "SIWA_ALERT_TRANSFER_LAST_DAYS", flag: "alert-transfer-last-days", .alerts, default: TransferDeadlineSettings().lastDays, 1...59,
         help: "…and tells the sinks again at this many (fewer than SIWA_ALERT_TRANSFER_DAYS)",
         docs: "…and tells the sinks again at this many (fewer than `SIWA_ALERT_TRANSFER_DAYS`).")
+    package static let alertQuietOdds = Setting<Int>.integer(
+        "SIWA_ALERT_QUIET_ODDS", flag: "alert-quiet-odds", .alerts, default: Int(QuietSettings().odds), 100...1_000_000_000_000,
+        help: "quiet_app fires when a gap without notifications had at most a 1-in-this chance under the app's history",
+        docs: "`quiet_app` fires when an app's gap without notifications had at most a 1-in-this chance under its last 4 weeks (docs/operations.md).")
+    package static let alertQuietMinHistory = Setting<Duration>.duration(
+        "SIWA_ALERT_QUIET_MIN_HISTORY", flag: "alert-quiet-min-history", .alerts, default: QuietSettings().minimumHistory, minimum: .seconds(86_400),
+        help: "an app heard from for less than this is never quiet",
+        docs: "An app first heard from less than this long ago has no baseline: `quiet_app` leaves it alone.")
+    package static let alertQuietMinGap = Setting<Duration>.duration(
+        "SIWA_ALERT_QUIET_MIN_GAP", flag: "alert-quiet-min-gap", .alerts, default: QuietSettings().minimumGap, minimum: .seconds(600),
+        help: "however busy the app, a gap shorter than this never fires quiet_app",
+        docs: "However busy the app, a gap shorter than this never fires `quiet_app` (the floor).")
 
     static let alerts = [
         spikeInterval.info, spikeWindow.info, spikeMinCount.info, spikeFactor.info, spikeNewAppCount.info, spikeResolveAfter.info,
         alertWebhookURLs.info, alertSecret.info, alertSlackURL.info, alertQueueLag.info, alertBadSignatures.info, alertDiscardedJobs.info,
-        alertTransferDays.info, alertTransferLastDays.info,
+        alertTransferDays.info, alertTransferLastDays.info, alertQuietOdds.info, alertQuietMinHistory.info, alertQuietMinGap.info,
     ]
 }
 
@@ -89,17 +101,20 @@ extension AlertMonitor.Configuration {
     package init(_ source: SettingSource) throws(ConfigurationError) {
         self.init()
         sinks = try AlertSinks(source)
-        spike = try SpikeSettings(source)
-        queueLag = try source.value(Settings.alertQueueLag)
-        badSignatures = try source.value(Settings.alertBadSignatures)
-        discardedJobs = try source.value(Settings.alertDiscardedJobs)
-        transferDeadline.days = try source.value(Settings.alertTransferDays)
-        transferDeadline.lastDays = try source.value(Settings.alertTransferLastDays)
-        guard transferDeadline.lastDays < transferDeadline.days else {
+        rules.spike = try SpikeSettings(source)
+        rules.queueLag = try source.value(Settings.alertQueueLag)
+        rules.badSignatures = try source.value(Settings.alertBadSignatures)
+        rules.discardedJobs = try source.value(Settings.alertDiscardedJobs)
+        rules.transferDeadline.days = try source.value(Settings.alertTransferDays)
+        rules.transferDeadline.lastDays = try source.value(Settings.alertTransferLastDays)
+        guard rules.transferDeadline.lastDays < rules.transferDeadline.days else {
             throw ConfigurationError(
                 variable: Settings.alertTransferLastDays.info.name,
-                message: "must be fewer than SIWA_ALERT_TRANSFER_DAYS (\(transferDeadline.days)): the second notice comes after the first (got \(transferDeadline.lastDays))")
+                message: "must be fewer than SIWA_ALERT_TRANSFER_DAYS (\(rules.transferDeadline.days)): the second notice comes after the first (got \(rules.transferDeadline.lastDays))")
         }
+        rules.quiet.odds = Double(try source.value(Settings.alertQuietOdds))
+        rules.quiet.minimumHistory = try source.value(Settings.alertQuietMinHistory)
+        rules.quiet.minimumGap = try source.value(Settings.alertQuietMinGap)
     }
 }
 
