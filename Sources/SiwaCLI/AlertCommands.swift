@@ -8,7 +8,7 @@ import SiwaWorkers
 struct AlertsCommand: AsyncParsableCommand {
     static let configuration = CommandConfiguration(
         commandName: "alerts", abstract: "Alerts on revocation spikes and operational trouble: list, test the sinks, silence.",
-        subcommands: [List.self, Test.self, Silence.self, Silences.self])
+        subcommands: [List.self, Evaluate.self, Test.self, Silence.self, Silences.self])
 
     struct List: SettingsCommand {
         static let configuration = CommandConfiguration(
@@ -47,6 +47,69 @@ struct AlertsCommand: AsyncParsableCommand {
                          $0.episode.baseline.map { String(format: "%.1f", $0) } ?? "-", $0.episode.ratio.map { String(format: "%.1f", $0) } ?? "-",
                          iso8601($0.episode.startedAt), $0.resolvedAt.map(iso8601) ?? "-", $0.silencedBy == nil ? "-" : "yes"]
                     }))
+            }
+        }
+    }
+
+    struct Evaluate: SettingsCommand {
+        static let configuration = CommandConfiguration(
+            abstract: "Evaluate every alert rule once, now, and say what fired, changed and resolved.",
+            discussion: """
+                What the evaluator of `serve` does every SIWA_SPIKE_INTERVAL, on demand: after loading
+                history, or to see why something did or did not fire. It takes the alerts lease as
+                the evaluator does (and gives it back), so it never evaluates beside another
+                process; --dry-run takes no lease and writes nothing.
+                Examples:
+                  siwa-events alerts evaluate
+                  siwa-events alerts evaluate --dry-run
+                """)
+        static let settingGroups: [SettingGroup] = [.database, .apple, .alerts, .logging]
+        @Flag(name: .customLong("dry-run"), help: "Show what would fire, change or resolve; write and tell nothing.") var dryRun = false
+
+        func run(_ settings: SettingSource) async throws {
+            let database = try DatabaseSettings(settings)
+            var watched = try AlertMonitor.Configuration(settings)
+            watched.apps = try AppleSettings(settings, receiving: false).bundleIDs.sorted()
+            let configuration = watched
+            let logger = try makeLogger(settings)
+            let identity = "\(cliActor):\(ProcessInfo.processInfo.processIdentifier)"
+            let decisions = try await Database.with(database, logger: logger) { database -> [AlertDecision]? in
+                // The counts the rules read, up to date (the workers fold them every few seconds).
+                let history = HistoryStore(client: database.client, logger: logger)
+                while try await history.foldCounts() == HistoryStore.foldLimit {}
+                let store = AlertStore(client: database.client, logger: logger)
+                let monitor = AlertMonitor(configuration: configuration, store: store, logger: logger, identity: identity)
+                if dryRun { return try await monitor.preview(now: Date()) }
+                let round: AlertMonitor.AlertRound
+                do {
+                    round = try await monitor.runOnce(now: Date())
+                } catch {
+                    try? await store.release(lease: AlertMonitor.leaseName, holder: identity)
+                    throw error
+                }
+                try await store.release(lease: AlertMonitor.leaseName, holder: identity)
+                guard case .evaluated(let decisions) = round else { return nil }
+                return decisions
+            }
+            guard let decisions else {
+                print("another process holds the alerts lease and evaluates every SIWA_SPIKE_INTERVAL: nothing done (--dry-run shows what it would decide)")
+                return
+            }
+            if decisions.isEmpty { print(dryRun ? "would change nothing" : "nothing fired, changed or resolved") }
+            for decision in decisions {
+                guard let episode = decision.episode else { continue }
+                let what = switch decision {
+                case .fire: "firing"
+                case .join: "updated"
+                case .update: "recorded"
+                case .resolve: "resolved"
+                case .none: "none"
+                }
+                var resolvedAt: Date?
+                if case .resolve(_, let at) = decision { resolvedAt = at }
+                let key = [episode.key.kind.rawValue, episode.key.aud, episode.key.type].compactMap { $0 }.joined(separator: " ")
+                let message = AlertMessage(id: 0, episode: episode, window: configuration.rules.spike.window, resolvedAt: resolvedAt)
+                print("\(dryRun ? "would be " : "")\(what) \(key): \(message.subject)")
             }
         }
     }

@@ -335,28 +335,27 @@ package struct AlertMessage: Sendable, Equatable {
         ["text": .string(text)]
     }
 
-    /// One line for people (Slack, logs).
-    package var text: String {
+    /// What the alert says, without its state, series joined, times or id.
+    package var subject: String {
         let key = episode.key
         let window = DurationSyntax.format(self.window)
-        let subject: String
         switch key.kind {
         case .revocationSpike:
             let what = series.isEmpty ? "revocations" : series.map(RevocationSeries.describe).joined(separator: ", ")
             let versus = episode.baseline.map { String(format: "usually %.1f", $0) } ?? "no history yet"
             let ratio = episode.ratio.map { String(format: ", %.1f×", $0) } ?? ""
-            subject = "\(what) for \(key.aud ?? "every app"): \(episode.peak) in \(window) (\(versus)\(ratio))"
+            return "\(what) for \(key.aud ?? "every app"): \(episode.peak) in \(window) (\(versus)\(ratio))"
         case .jobsDiscarded:
-            subject = "\(episode.peak) jobs discarded after their last attempt in \(window)"
+            return "\(episode.peak) jobs discarded after their last attempt in \(window)"
         case .queueLag:
-            subject = "the oldest ready job waited \(episode.peak) s (threshold \(Int(episode.threshold)) s)"
+            return "the oldest ready job waited \(episode.peak) s (threshold \(Int(episode.threshold)) s)"
         case .badSignatures:
-            subject = "\(episode.peak) deliveries with a bad signature in \(window)"
+            return "\(episode.peak) deliveries with a bad signature in \(window)"
         case .appleCredentials:
-            subject = "Apple refused our client secret (invalid_client) \(episode.peak) times in \(window): check SIWA_APPLE_TEAM_ID, SIWA_APPLE_KEY_ID and the .p8"
+            return "Apple refused our client secret (invalid_client) \(episode.peak) times in \(window): check SIWA_APPLE_TEAM_ID, SIWA_APPLE_KEY_ID and the .p8"
         case .transferDeadline:
             let transfer = "transfer of \(key.aud ?? "an app") \(key.type ?? "")"
-            subject = switch (state, episode.value) {
+            return switch (state, episode.value) {
             case (.resolved, 0): "\(transfer): every user migrated"
             case (.resolved, let left): "\(transfer): Apple's 60-day window closed with \(left) users not migrated"
             case (_, let left):
@@ -366,13 +365,18 @@ package struct AlertMessage: Sendable, Equatable {
             let digits = String(Int(episode.threshold))
             let odds = digits.enumerated().map { index, digit in (index > 0 && (digits.count - index) % 3 == 0 ? "," : "") + String(digit) }.joined()
             let rejected = series.isEmpty ? "" : "; deliveries were rejected meanwhile (\(series.joined(separator: ", "))): `siwa-events rejections list`"
-            subject = "nothing has arrived for \(key.aud ?? "an app") for \(Self.minutes(episode.peak)); its history has arrivals in "
+            return "nothing has arrived for \(key.aud ?? "an app") for \(Self.minutes(episode.peak)); its history has arrivals in "
                 + "about \(Int((episode.baseline ?? 0).rounded())) of that time's 10-minute spans (chance of such a gap under 1 in \(odds))\(rejected)"
         case .endpointUnhealthy:
-            subject = "the endpoint registered with Apple fails its checks"
+            return "the endpoint registered with Apple fails its checks"
         case .test:
-            subject = "test alert from siwa-events alerts test: this sink works"
+            return "test alert from siwa-events alerts test: this sink works"
         }
+    }
+
+    /// One line for people (Slack, logs).
+    package var text: String {
+        let key = episode.key
         let prefix = switch state {
         case .firing: "🔴 FIRING"
         case .updated: "🟠 UPDATED"

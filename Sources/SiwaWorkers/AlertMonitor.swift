@@ -74,6 +74,18 @@ package final class AlertMonitor: Service, Sendable {
     /// resolved.
     @discardableResult
     package func evaluate(now: Date) async throws -> [AlertDecision] {
+        let observed = try await observe(now: now)
+        let open = try await store.open()
+        return try await apply(AlertRules.decide(observed, open: open.map(\.episode), now: now, settings: configuration.rules), open: open)
+    }
+
+    /// What `evaluate` would decide at `now`, written nowhere (`alerts evaluate --dry-run`).
+    package func preview(now: Date) async throws -> [AlertDecision] {
+        AlertRules.decide(try await observe(now: now), open: try await store.open().map(\.episode), now: now, settings: configuration.rules)
+    }
+
+    /// Everything the rules watch at `now` (and the evaluator's gauges, set as it reads).
+    private func observe(now: Date) async throws -> AlertObservations {
         let settings = configuration.rules
         var observed = AlertObservations()
         observed.spikes = try await store.spikeCounts(now: now, window: settings.spike.window)
@@ -89,12 +101,16 @@ package final class AlertMonitor: Service, Sendable {
             metrics.record(depth: try await store.queueDepth())
             metrics.record(transfers: observed.transfers.filter { $0.window.isOpen(at: now) })
         }
-        let open = try await store.open()
-        let openByKey = Dictionary(open.map { ($0.episode.key, $0) }, uniquingKeysWith: { first, _ in first })
+        return observed
+    }
 
+    /// Writes and tells what the rules decided about the `open` records; returns what was told.
+    private func apply(_ decided: [AlertDecision], open: [AlertRecord]) async throws -> [AlertDecision] {
+        let window = configuration.rules.spike.window
+        let openByKey = Dictionary(open.map { ($0.episode.key, $0) }, uniquingKeysWith: { first, _ in first })
         var decisions: [AlertDecision] = []
         var firing = Set(openByKey.keys)
-        for decision in AlertRules.decide(observed, open: open.map(\.episode), now: now, settings: settings) {
+        for decision in decided {
             guard let key = decision.episode?.key else { continue }
             let record = openByKey[key]
             switch decision {
@@ -103,7 +119,7 @@ package final class AlertMonitor: Service, Sendable {
             case .fire(let episode):
                 // nil: another evaluator opened this episode first; it is firing either way.
                 firing.insert(key)
-                if let fired = try await store.fire(episode, window: settings.spike.window, sinks: configuration.sinks.messages) {
+                if let fired = try await store.fire(episode, window: window, sinks: configuration.sinks.messages) {
                     log(fired.message, silenced: fired.silencedBy != nil)
                     decisions.append(decision)
                 }
