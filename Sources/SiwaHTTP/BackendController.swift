@@ -78,7 +78,7 @@ package struct BackendController: Sendable {
         let aud: String
         let sub: String
         var identity: VerifiedIdentity?
-        var kept: (token: KeptAppleToken, exchange: AppleAuthRecord)?
+        var kept: (token: KeptAppleToken, exchange: AppleAuthRecord, refreshToken: String, signIn: AppleSignIn)?
         if body["identity_token"] != nil || body["authorization_code"] != nil {
             let signIn: AppleSignIn?
             if body["authorization_code"] != nil {
@@ -109,7 +109,7 @@ package struct BackendController: Sendable {
                 let completed = try await complete(
                     body, identity: sent, nonce: sent == nil ? nonce : nil, with: signIn, now: now, logger: context.logger)
                 identity = completed.identity
-                kept = (completed.token, completed.exchange)
+                kept = (completed.token, completed.exchange, completed.refreshToken, signIn)
             } else {
                 identity = sent
             }
@@ -131,8 +131,10 @@ package struct BackendController: Sendable {
                 aud: aud, sub: sub, expiresAt: expiresAt, identity: identity, appleToken: kept?.token, exchange: kept?.exchange)
             return .json(Self.json(session), status: .created)
         } catch AccountStoreError.accountDeleted(let message) {
+            if let kept { await discard(kept.refreshToken, clientID: kept.token.clientID, with: kept.signIn, logger: context.logger) }
             throw APIError(.conflict, code: "conflict", message: message, reason: "account_deleted")
         } catch AccountStoreError.consentRevoked(let message) {
+            if let kept { await discard(kept.refreshToken, clientID: kept.token.clientID, with: kept.signIn, logger: context.logger) }
             throw APIError(.conflict, code: "conflict", message: message, reason: "consent_revoked")
         }
     }
@@ -142,7 +144,7 @@ package struct BackendController: Sendable {
     /// the account. Returns the identity the account takes (the one sent, else the grant's).
     private func complete(
         _ body: [String: JSONValue], identity sent: VerifiedIdentity?, nonce: String?, with signIn: AppleSignIn, now: Date, logger: Logger
-    ) async throws -> (identity: VerifiedIdentity, token: KeptAppleToken, exchange: AppleAuthRecord) {
+    ) async throws -> (identity: VerifiedIdentity, token: KeptAppleToken, exchange: AppleAuthRecord, refreshToken: String) {
         let code = try Self.opaque(body, "authorization_code", hint: "the code Apple returned to your app with the identity token")
         let redirectURI = body["redirect_uri"] == nil || body["redirect_uri"] == .null
             ? nil : try Self.opaque(body, "redirect_uri", hint: "the redirect_uri of your web sign-in, exactly as sent to Apple")
@@ -151,6 +153,7 @@ package struct BackendController: Sendable {
             code: code, clientID: clientID, redirectURI: redirectURI, nonce: nonce, with: signIn, now: now, logger: logger)
         if let sent, sent.sub != exchanged.identity.sub {
             logger.notice("code exchange for another user than the identity token", metadata: ["apple_call": "\(exchanged.record)"])
+            await discard(exchanged.refreshToken, clientID: clientID, with: signIn, logger: logger)
             throw APIError(
                 .unauthorized, code: "invalid_token",
                 message: "the authorization code signs in another user than identity_token (its id_token has another sub); no session was opened",
@@ -164,7 +167,24 @@ package struct BackendController: Sendable {
         let token = KeptAppleToken(
             clientID: clientID, ciphertext: signIn.cipher.encrypt(exchanged.refreshToken, owner: owner),
             fingerprint: AppleAuthRecord.fingerprint(exchanged.refreshToken))
-        return (identity, token, exchanged.record)
+        return (identity, token, exchanged.record, exchanged.refreshToken)
+    }
+
+    /// Revokes the refresh token of a sign-in that failed after Apple granted it (another user
+    /// than the identity token, an id_token that does not verify, an account that may not sign in):
+    /// nobody keeps it, so nothing else ever would. Recorded like every call to Apple; the
+    /// request fails either way.
+    private func discard(_ refreshToken: String, clientID: String, with signIn: AppleSignIn, logger: Logger) async {
+        let call = await signIn.client.revoke(token: refreshToken, hint: .refreshToken, clientID: clientID)
+        if case .failure(let failure) = call.result {
+            logger.warning("the refresh token of a failed sign-in could not be revoked", metadata: ["apple_call": "\(call.record)", "failure": "\(failure)"])
+        }
+        guard call.record.status != nil else { return }
+        do {
+            try await AppleTokenStore(client: accounts.client, logger: logger).record(call.record, aud: nil, sub: nil)
+        } catch {
+            logger.warning("the revocation of a failed sign-in's refresh token could not be recorded", metadata: ["error": "\(loggable(error))"])
+        }
     }
 
     /// The client ID a code was issued to: the identity token's `aud` when one is sent (`client_id`,
@@ -229,16 +249,21 @@ package struct BackendController: Sendable {
         let identity: VerifiedIdentity
         do {
             identity = try await checkIdentity(idToken, nonce: nonce, now: now)
+            guard identity.clientID == clientID else {
+                throw APIError(.badGateway, code: "apple_error", message: "the id_token Apple returned is for client ID \(identity.clientID), not \(clientID)")
+            }
         } catch let error as VerificationError where error.reason == .nonceMismatch {
+            await discard(refreshToken, clientID: clientID, with: signIn, logger: logger)
             throw APIError(.unauthorized, code: "invalid_token", message: "the id_token of the code: \(error.message)", reason: error.reason.rawValue)
         } catch let error as VerificationError {
             logger.warning("the id_token of a code exchange does not verify", metadata: ["apple_call": "\(call.record)", "reason": "\(error.reason.rawValue)"])
+            await discard(refreshToken, clientID: clientID, with: signIn, logger: logger)
             throw APIError(
                 .badGateway, code: "apple_error", message: "the id_token Apple returned for the code does not verify: \(error.message)",
                 reason: error.reason.rawValue)
-        }
-        guard identity.clientID == clientID else {
-            throw APIError(.badGateway, code: "apple_error", message: "the id_token Apple returned is for client ID \(identity.clientID), not \(clientID)")
+        } catch {
+            await discard(refreshToken, clientID: clientID, with: signIn, logger: logger)
+            throw error
         }
         return (identity, refreshToken, call.record)
     }

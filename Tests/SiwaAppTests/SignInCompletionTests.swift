@@ -118,7 +118,7 @@ struct SignInCompletionTests {
         await f.stop()
     }
 
-    @Test("an identity token of one user with a code of another: 401 invalid_token, reason sub_mismatch; neither user gets a session or a kept token")
+    @Test("an identity token of one user with a code of another: 401 invalid_token, reason sub_mismatch; neither user gets a session or a kept token; the granted refresh token is revoked")
     func subMismatch() async throws {
         let f = try await ExchangeFixture.start()
         let token = try await API.token(f.h, [.sessionsWrite])
@@ -130,6 +130,9 @@ struct SignInCompletionTests {
         #expect(try await f.stored(sub: "001.userA.1") == Stored())
         #expect(try await f.stored(sub: "001.userB.1") == Stored())
         #expect(try await f.h.count("SELECT count(*) FROM apple_tokens") == 0)
+        // Apple granted a refresh token nobody keeps: revoked at once, and the call recorded.
+        #expect(f.standIn.revocations.map { "\($0.tokenTypeHint ?? "") \($0.outcome.word)" } == ["refresh_token revoked"])
+        #expect(try await f.h.count("SELECT count(*) FROM apple_auth_calls WHERE endpoint = '/auth/revoke' AND status = 200 AND sub IS NULL") == 1)
         f.expectNoSecretsLogged(known: [code, identity])
         await f.stop()
     }
@@ -159,7 +162,7 @@ struct SignInCompletionTests {
         await f.stop()
     }
 
-    @Test("a nonce sent with a code alone is checked on the grant's id_token: the app's nonce opens a session, another is 401 nonce_mismatch and keeps nothing")
+    @Test("a nonce sent with a code alone is checked on the grant's id_token: the app's nonce opens a session, another is 401 nonce_mismatch, keeps nothing and revokes the grant")
     func nonceWithCodeAlone() async throws {
         let f = try await ExchangeFixture.start()
         let token = try await API.token(f.h, [.sessionsWrite])
@@ -171,11 +174,12 @@ struct SignInCompletionTests {
         let refused = try await f.create(token, ["authorization_code": .string(other), "nonce": "another-nonce"])
         #expect(refused.status == 401 && refused.json?["reason"] == .string("nonce_mismatch"), "\(refused.body)")
         #expect(try await f.stored(sub: "001.nonce.2") == Stored())
+        #expect(f.standIn.revocations.map { "\($0.tokenTypeHint ?? "") \($0.outcome.word)" } == ["refresh_token revoked"])
         f.expectNoSecretsLogged(known: [good, other])
         await f.stop()
     }
 
-    @Test("a code for an Apple ID that Apple deleted is 409 account_deleted and keeps nothing; after consent-revoked, a new sign-in's code opens a session")
+    @Test("a code for an Apple ID that Apple deleted is 409 account_deleted, keeps nothing and revokes the grant; after consent-revoked, a new sign-in's code opens a session")
     func refusedSessionKeepsNothing() async throws {
         let f = try await ExchangeFixture.start()
         let token = try await API.token(f.h, [.sessionsWrite, .accountsRead])
@@ -189,6 +193,7 @@ struct SignInCompletionTests {
         let deleted = try await f.create(token, ["authorization_code": .string(f.code(sub: "001.deleted.1"))])
         #expect(deleted.status == 409 && deleted.json?["reason"] == .string("account_deleted"), "\(deleted.body)")
         #expect(try await f.stored(sub: "001.deleted.1") == Stored(accounts: 1))
+        #expect(f.standIn.revocations.map { "\($0.tokenTypeHint ?? "") \($0.outcome.word)" } == ["refresh_token revoked"])
 
         // The code is Apple's proof of a sign-in now: its id_token, issued after the revocation, gives consent again.
         let signedIn = try await f.create(token, ["authorization_code": .string(f.code(sub: "001.revoked.1"))])
