@@ -140,7 +140,7 @@ package struct AppleAuthClient: Sendable {
     private func send(_ request: AppleAuthRequest, clientID: String, bearer: String? = nil) async -> (AppleAuthRecord, Result<Answer, Failure>) {
         var record = request.record(clientID: clientID)
         let url = configuration.baseURL.absoluteString.trimmingSuffix("/") + request.endpoint.rawValue
-        guard configuration.baseURL.scheme?.lowercased() == "https" || KeySetRedirect.isLoopback(configuration.baseURL) else {
+        guard LoopbackHost.allowsCalls(to: configuration.baseURL) else {
             return (record, .failure(.transport("refused \(URLRedaction.redacted(configuration.baseURL)): plain http only to a loopback address")))
         }
         let secret: ClientSecretMinter.Secret

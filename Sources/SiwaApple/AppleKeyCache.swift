@@ -383,7 +383,7 @@ package struct DefaultKeySetFetcher: KeySetFetcher {
         var response: HTTPClientResponse
         var hop = 0
         while true {
-            guard current.scheme?.lowercased() == "https" || KeySetRedirect.isLoopback(current) else {
+            guard LoopbackHost.allowsCalls(to: current) else {
                 throw FetchError(description: "refused GET \(URLRedaction.redacted(current)): plain http only to a loopback address")
             }
             var request = HTTPClientRequest(url: current.absoluteString)

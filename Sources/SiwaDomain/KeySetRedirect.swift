@@ -31,7 +31,4 @@ package enum KeySetRedirect {
         if current.scheme?.lowercased() == "https" && scheme == "http" { throw .downgrade(to: target.absoluteString) }
         return target
     }
-
-    /// Plain http is for tests and local mirrors only: the host must be loopback.
-    package static func isLoopback(_ url: URL) -> Bool { url.host.map(LoopbackHost.contains) ?? false }
 }

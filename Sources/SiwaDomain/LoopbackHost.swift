@@ -10,3 +10,15 @@ package enum LoopbackHost {
         return octets.count == 4 && octets.allSatisfy { $0 != nil } && octets[0] == 127
     }
 }
+
+extension LoopbackHost {
+    /// Whether we may call `url`: https anywhere, plain http only to a loopback host (tests, the
+    /// local stand-in), where no network attacker can read or answer the call.
+    package static func allowsCalls(to url: URL) -> Bool {
+        switch url.scheme?.lowercased() {
+        case "https": true
+        case "http": url.host.map(contains) ?? false
+        default: false
+        }
+    }
+}

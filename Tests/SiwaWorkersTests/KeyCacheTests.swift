@@ -222,7 +222,8 @@ struct KeyCacheTests {
             try KeySetRedirect.next(from: https, location: "http://keys.example/auth/keys", hop: 1)
         }
         #expect(try KeySetRedirect.next(from: https, location: "/v2/keys", hop: 1).absoluteString == "https://keys.example/v2/keys")
-        #expect(KeySetRedirect.isLoopback(URL(string: "http://127.0.0.1:9/k")!) && !KeySetRedirect.isLoopback(URL(string: "http://127.evil.example/k")!))
+        #expect(LoopbackHost.allowsCalls(to: URL(string: "http://127.0.0.1:9/k")!) && !LoopbackHost.allowsCalls(to: URL(string: "http://127.evil.example/k")!))
+        #expect(LoopbackHost.allowsCalls(to: https) && !LoopbackHost.allowsCalls(to: URL(string: "file:///etc/k")!))
         await apple.stop()
     }
 

@@ -25,7 +25,7 @@ extension Settings {
         guard let url = URL(string: text), let scheme = url.scheme?.lowercased(), ["https", "http"].contains(scheme), url.host != nil else {
             throw SettingValueError("must be an https:// URL such as https://appleid.apple.com (got \"\(URLRedaction.scrubbed(text))\")")
         }
-        if scheme == "http" && !KeySetRedirect.isLoopback(url) {
+        if !LoopbackHost.allowsCalls(to: url) {
             throw SettingValueError("is plain http:// to a non-loopback host (\(URLRedaction.redacted(url))): use https://")
         }
         return url

@@ -19,7 +19,7 @@ extension Settings {
         guard let url = URL(string: text), ["https", "http", "file"].contains(url.scheme?.lowercased() ?? "") else {
             throw SettingValueError("must be an https:// or file:// URL (got \"\(URLRedaction.scrubbed(text))\")")
         }
-        if url.scheme?.lowercased() == "http" && !KeySetRedirect.isLoopback(url) {
+        if url.scheme?.lowercased() == "http" && !LoopbackHost.allowsCalls(to: url) {
             throw SettingValueError("is plain http:// to a non-loopback host (\(URLRedaction.redacted(url))): use https:// (a network attacker could serve its own keys), or file:// for local keys")
         }
         return url
