@@ -348,7 +348,7 @@ package struct AlertMessage: Sendable, Equatable {
         case .quietApp:
             subject = "nothing has arrived for \(key.aud ?? "an app") for \(episode.value / 3600) h (usually \(String(format: "%.1f", episode.baseline ?? 0)) in that time)"
         case .endpointUnhealthy:
-            subject = "the endpoint registered with Apple fails its checks"
+            subject = key.type == EndpointHealthRule.certificate ? "the certificate of the endpoint registered with Apple expires in \(episode.value) days (threshold \(Int(episode.threshold))): renew it" : "the endpoint registered with Apple fails its \(key.type ?? "") check: see /health on the admin listener, or run siwa-events doctor"
         case .test:
             subject = "test alert from siwa-events alerts test: this sink works"
         }

@@ -22,6 +22,8 @@ package final class AlertMonitor: Service, Sendable {
         /// jobs_discarded fires at this many discards in the spike window (alert deliveries excepted).
         package var discardedJobs = 1
         package var transferDeadline = TransferDeadlineSettings()
+        /// endpoint_unhealthy: the URL whose stored check is judged, and the certificate's days.
+        package var endpoint = EndpointHealthSettings()
         package var sinks = AlertSinks()
 
         package init() {}
@@ -103,6 +105,9 @@ package final class AlertMonitor: Service, Sendable {
         observations[AlertKey(kind: .jobsDiscarded)] = .atLeast(configuration.discardedJobs, value: signals.discarded)
         observations[AlertKey(kind: .badSignatures)] = .atLeast(configuration.badSignatures, value: signals.badSignatures)
         observations[AlertKey(kind: .appleCredentials)] = .atLeast(1, value: signals.appleInvalidClient)
+        if let url = configuration.endpoint.url, let report = try await EndpointCheckStore(client: store.client, logger: logger).latest(url: url.absoluteString),
+            let endpoint = EndpointHealthRule.observe(report, now: now, certificateDays: configuration.endpoint.certificateDays)
+        { observations[endpoint.key] = endpoint.observation }
         if let metrics {
             metrics.record(signals: signals)
             metrics.record(depth: try await store.queueDepth())

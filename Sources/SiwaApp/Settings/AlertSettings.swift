@@ -95,6 +95,7 @@ extension AlertMonitor.Configuration {
         discardedJobs = try source.value(Settings.alertDiscardedJobs)
         transferDeadline.days = try source.value(Settings.alertTransferDays)
         transferDeadline.lastDays = try source.value(Settings.alertTransferLastDays)
+        endpoint = try EndpointHealthSettings(source)
         guard transferDeadline.lastDays < transferDeadline.days else {
             throw ConfigurationError(
                 variable: Settings.alertTransferLastDays.info.name,
