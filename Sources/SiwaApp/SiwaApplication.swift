@@ -33,6 +33,7 @@ package struct SiwaApplication: Sendable {
     let adminHosts: [String]
     package let workers: EffectWorkers?
     package let alerts: AlertMonitor?
+    package let endpointChecker: EndpointChecker?
     package let effects: EffectStore
     package let tokens: TokenStore
     let backend: BackendController?
@@ -65,7 +66,9 @@ package struct SiwaApplication: Sendable {
             verifier: NotificationVerifier(audiences: Set(config.apple.bundleIDs), clockSkew: config.apple.clockSkew), keys: keys,
             committer: committer,
             rejections: rejections, metrics: metrics, trustedProxies: config.http.trustedProxies, logger: logger)
-        self.health = HealthController(store: store, keys: config.receives ? keys : nil, databaseTimeout: config.database.timeout)
+        let endpointChecks = EndpointCheckStore(client: client, logger: logger)
+        self.health = HealthController(
+            store: store, keys: config.receives ? keys : nil, databaseTimeout: config.database.timeout, endpoint: (config.alerts.endpoint, endpointChecks), clock: clock)
         self.adminHosts = config.http.adminHosts
         let effects = EffectStore(client: client, logger: logger)
         self.effects = effects
@@ -91,6 +94,12 @@ package struct SiwaApplication: Sendable {
             AlertMonitor(
                 configuration: config.alerts, store: AlertStore(client: client, logger: logger), logger: logger, identity: $0.identity,
                 metrics: AlertMetrics(registry: registry))
+        }
+        // The endpoint check (SIWA_PUBLIC_URL), in a process with workers, as the evaluator.
+        self.endpointChecker = config.alerts.endpoint.url == nil ? nil : workers.map {
+            EndpointChecker(
+                settings: config.alerts.endpoint, store: endpointChecks, leases: AlertStore(client: client, logger: logger), logger: logger, identity: $0.identity,
+                metrics: EndpointMetrics(registry: registry))
         }
         self.store = store
         self.rejectionStore = rejectionStore
@@ -166,8 +175,8 @@ package struct SiwaApplication: Sendable {
 
     /// The services of a serving process, in start order (stopped in reverse): the public
     /// application — whose service group also runs the PostgreSQL client, the key-set refresher,
-    /// the rejection writer, the jobs notifier, the group committer, each worker loop and the
-    /// alert evaluator — then the admin one.
+    /// the rejection writer, the jobs notifier, the group committer, each worker loop, the alert
+    /// evaluator and the endpoint check — then the admin one.
     /// Before the public server binds: migrations (or the check that none is pending); the key set
     /// load (which the listeners do not wait for), the workers, the evaluator and the admin server
     /// start after them.
@@ -180,6 +189,7 @@ package struct SiwaApplication: Sendable {
         let migrated = StartGate()
         var loops: [any Service] = workers?.services ?? []
         if let alerts { loops.append(alerts) }
+        if let endpointChecker { loops.append(endpointChecker) }
         var publicApp = Application(
             router: publicRouter(),
             server: servers.public,

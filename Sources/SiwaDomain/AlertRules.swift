@@ -46,6 +46,8 @@ package struct AlertObservations: Sendable, Equatable {
     package var transfers: [TransferBacklog] = []
     /// Every watched app, for `quiet_app`.
     package var apps: [AppActivity] = []
+    /// The latest check of the endpoint registered with Apple (nil: none, or no `SIWA_PUBLIC_URL`).
+    package var endpoint: EndpointReport?
 
     package init() {}
 }
@@ -61,6 +63,8 @@ package struct AlertRuleSettings: Sendable, Equatable {
     package var discardedJobs = 1
     package var transferDeadline = TransferDeadlineSettings()
     package var quiet = QuietSettings()
+    /// endpoint_unhealthy: the URL checked (`SIWA_PUBLIC_URL`) and the certificate's days.
+    package var endpoint = EndpointHealthSettings()
 
     package init() {}
 }
@@ -101,6 +105,9 @@ package enum AlertRules {
             AlertKey(kind: .badSignatures): .atLeast(settings.badSignatures, value: signals.badSignatures),
             AlertKey(kind: .appleCredentials): .atLeast(1, value: signals.appleInvalidClient),
         ]
+        if let report = observed.endpoint, let endpoint = EndpointHealthRule.observe(report, now: now, certificateDays: settings.endpoint.certificateDays) {
+            observations[endpoint.key] = endpoint.observation
+        }
         for key in openByKey.keys where key.kind == .revocationSpike && key.type != nil {
             if let aud = key.aud, let type = key.type, let observation = revocations[aud]?[type] { observations[key] = observation }
         }

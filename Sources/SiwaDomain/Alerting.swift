@@ -368,7 +368,9 @@ package struct AlertMessage: Sendable, Equatable {
             return "nothing has arrived for \(key.aud ?? "an app") for \(Self.minutes(episode.peak)); its history has arrivals in "
                 + "about \(Int((episode.baseline ?? 0).rounded())) of that time's 10-minute spans (chance of such a gap under 1 in \(odds))\(rejected)"
         case .endpointUnhealthy:
-            return "the endpoint registered with Apple fails its checks"
+            return key.type == EndpointHealthRule.certificate
+                ? "the certificate of the endpoint registered with Apple expires in \(episode.value) days (threshold \(Int(episode.threshold))): renew it"
+                : "the endpoint registered with Apple fails its \(key.type ?? "") check: see /health on the admin listener, or run siwa-events doctor"
         case .test:
             return "test alert from siwa-events alerts test: this sink works"
         }

@@ -1,3 +1,4 @@
+import Foundation
 import Hummingbird
 import SiwaApple
 import SiwaDomain
@@ -7,16 +8,25 @@ import SiwaStore
 /// `/health/live` (the process answers) and `/health/ready` (database reachable and, for a process
 /// that receives notifications, a usable key set). On the public listener the key set's state is
 /// one word (`loaded`, `loading`, `unavailable`); the key-set URL and fetch errors are for the
-/// admin listener only.
+/// admin listener only. `/health`, on the admin listener only, is the latest check of the
+/// endpoint registered with Apple (`SIWA_PUBLIC_URL`): informative, never a reason to be unready.
 package struct HealthController: Sendable {
     let store: NotificationStore
     let keys: AppleKeyCache?
     let databaseTimeout: Duration
+    /// The endpoint check's settings and results (nil: the admin `/health` is not served).
+    let endpoint: (settings: EndpointHealthSettings, checks: EndpointCheckStore)?
+    let clock: @Sendable () -> Date
 
-    package init(store: NotificationStore, keys: AppleKeyCache?, databaseTimeout: Duration) {
+    package init(
+        store: NotificationStore, keys: AppleKeyCache?, databaseTimeout: Duration, endpoint: (settings: EndpointHealthSettings, checks: EndpointCheckStore)? = nil,
+        clock: @escaping @Sendable () -> Date = { Date() }
+    ) {
         self.store = store
         self.keys = keys
         self.databaseTimeout = databaseTimeout
+        self.endpoint = endpoint
+        self.clock = clock
     }
 
     /// Which listener the routes are on: what an answer may disclose.
@@ -48,6 +58,30 @@ package struct HealthController: Sendable {
             return Response.json(
                 .object(["status": .string(ready ? "ready" : "unready"), "checks": .object(checks)]),
                 status: ready ? .ok : .serviceUnavailable)
+        }
+        if audience == .admin, let endpoint { registerEndpoint(on: router, endpoint) }
+    }
+
+    /// `GET /health`: `{"endpoint": null}` without SIWA_PUBLIC_URL, else the URL, its `status`
+    /// (`unchecked`, `healthy`, `unhealthy`), the `cause` (the failing check, or `certificate`),
+    /// when it was checked, the certificate's expiry and days left, and each check's finding.
+    private func registerEndpoint(on router: Router<SiwaRequestContext>, _ endpoint: (settings: EndpointHealthSettings, checks: EndpointCheckStore)) {
+        let (databaseTimeout, clock) = (self.databaseTimeout, self.clock)
+        router.get("/health") { _, _ in
+            guard let url = endpoint.settings.url else { return Response.json(.object(["endpoint": .null])) }
+            var object: [String: JSONValue] = ["url": .string(URLRedaction.redacted(url)), "status": .string("unchecked")]
+            if let report = try await withDeadline(databaseTimeout, { try await endpoint.checks.latest(url: url.absoluteString) }) {
+                let now = clock()
+                let verdict = EndpointHealthRule.verdict(report, now: now, certificateDays: endpoint.settings.certificateDays)
+                object["status"] = .string(verdict.isHealthy ? "healthy" : "unhealthy")
+                object["cause"] = verdict.cause.map(JSONValue.string) ?? .null
+                object["checked_at"] = .string(iso8601(report.checkedAt))
+                object["certificate_expires_at"] = report.certificateExpiresAt.map { .string(iso8601($0)) } ?? .null
+                object["certificate_days_left"] = report.certificateExpiresAt.map { .number(Double(EndpointHealthRule.days(until: $0, now: now))) } ?? .null
+                object["checks"] = .array(
+                    report.findings.map { .object(["check": .string($0.check.rawValue), "level": .string($0.level.rawValue), "detail": .string($0.detail)]) })
+            }
+            return Response.json(.object(["endpoint": .object(object)]))
         }
     }
 }

@@ -25,6 +25,7 @@ let embedded: [(file: String, bytes: [UInt8])] = [
     ("017_transfers.sql", PackageResources._17_transfers_sql),
     ("018_transfer_deadline.sql", PackageResources._18_transfer_deadline_sql),
     ("019_endpoint_alerts.sql", PackageResources._19_endpoint_alerts_sql),
+    ("020_endpoint_checks.sql", PackageResources._20_endpoint_checks_sql),
 ]
 
 /// A numbered SQL migration from `sql/` (built into the binary, so it runs from any directory).

@@ -16,6 +16,11 @@ import Synchronization
 package final class AlertMonitor: Service, Sendable {
     package struct Configuration: Sendable {
         package var rules = AlertRuleSettings()
+        /// The endpoint check's settings (`rules.endpoint`), which the checker reads too.
+        package var endpoint: EndpointHealthSettings {
+            get { rules.endpoint }
+            set { rules.endpoint = newValue }
+        }
         package var sinks = AlertSinks()
         /// The apps watched for quiet_app (the configured bundle IDs); empty: every app heard from.
         package var apps: [String] = []
@@ -96,6 +101,9 @@ package final class AlertMonitor: Service, Sendable {
             observed.transfers.append(TransferBacklog(key: key, window: TransferWindow(transferredAt: transfer.transferredAt), usersLeft: left))
         }
         observed.apps = try await appActivity(now: now)
+        if let url = configuration.endpoint.url {
+            observed.endpoint = try await EndpointCheckStore(client: store.client, logger: logger).latest(url: url.absoluteString)
+        }
         if let metrics {
             metrics.record(signals: observed.signals)
             metrics.record(depth: try await store.queueDepth())

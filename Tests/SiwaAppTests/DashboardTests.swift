@@ -29,6 +29,7 @@ struct DashboardTests {
             server: {
                 let shown = URL(string: endpoint.url.absoluteString.replacingOccurrences(of: "http://", with: "http://hook:s3cret@") + "?token=abc")!
                 $0.workers.callbacks = .init(url: shown, signer: try! WebhookSigner(secrets: TestWebhooks.secret))
+                $0.alerts.endpoint.url = URL(string: "https://siwa.example.com/apple/notifications")
             })
         let shell = try await e.h.server.request(.GET, "/")
         #expect(shell.status == 200)
@@ -50,6 +51,16 @@ struct DashboardTests {
         try await transfers.listUsers(of: transfer)
         try await transfers.record(.success("st1.moved"), sub: "001.moving.0", of: transfer)
         let accountsToken = try await API.token(e.h, [.notificationsRead, .accountsRead])
+        // The endpoint's latest check (stored as the checker stores it): tls failing, its finding
+        // quoting markup the page must show as text.
+        try await EndpointCheckStore(client: e.client, logger: e.h.logs.logger()).save(
+            EndpointReport(
+                url: "https://siwa.example.com/apple/notifications", checkedAt: Date(),
+                findings: [
+                    .init(.url, .ok, "https://siwa.example.com/apple/notifications"), .init(.dns, .ok, "siwa.example.com → 203.0.113.7"),
+                    .init(.tls, .fail, "handshake with siwa.example.com:443 failed (TLS 1.2+, full chain verification): a certificate for <b>wrong.example</b>"),
+                    .init(.route, .fail, "POST https://siwa.example.com/apple/notifications failed: handshake failed"),
+                ], certificateExpiresAt: nil))
 
         // A user as Apple names them, with a session, whose consent revocation is applied and
         // called back: the first callback answered 500, the retry 200.

@@ -45,6 +45,19 @@ struct MonitoringTests {
             configuration: .init(), store: AlertStore(client: e.client, logger: h.logs.logger()), logger: h.logs.logger(), identity: "metrics-test",
             metrics: AlertMetrics(registry: registry))
         try await monitor.evaluate(now: Date())  // the job is still queued: depth 1
+        // The endpoint check of the receiver's own URL, plain http (so the url check fails); then
+        // a result with a certificate, as a check that completed a handshake stores one.
+        var endpoint = EndpointHealthSettings()
+        endpoint.url = URL(string: "\(h.server.baseURL)/apple/notifications")
+        let endpointMetrics = EndpointMetrics(registry: registry)
+        let checker = EndpointChecker(
+            settings: endpoint, store: EndpointCheckStore(client: e.client, logger: h.logs.logger()), leases: AlertStore(client: e.client, logger: h.logs.logger()),
+            logger: h.logs.logger(), identity: "metrics-test", metrics: endpointMetrics)
+        let checked = try await checker.runOnce(now: Date()).report
+        #expect(checked?.failing == .url && checked?.findings.contains { $0.check == .route && $0.level == .ok } == true, "\(String(describing: checked))")
+        endpointMetrics.record(
+            EndpointReport(url: endpoint.url!.absoluteString, checkedAt: Date(), findings: [], certificateExpiresAt: Date().addingTimeInterval(90 * 86_400)), now: Date(),
+            certificateDays: endpoint.certificateDays, checked: false)
         let workers = EffectWorkers(
             configuration: e.workers.configuration, store: EffectStore(client: e.client, logger: h.logs.logger()), logger: h.logs.logger(),
             metrics: WorkerMetrics(registry: registry))
@@ -71,6 +84,9 @@ struct MonitoringTests {
         #expect(text.contains(#"siwa_job_duration_seconds_count{lane="effects"} 1"#))
         #expect(text.contains(#"siwa_transfer_users_left{aud="\#(Harness.aud)",direction="outgoing",team="TEAMB23456"} 1"#), "\(text)")
         #expect(text.contains(#"siwa_transfer_window_close_timestamp_seconds{aud="\#(Harness.aud)",direction="outgoing",team="TEAMB23456"}"#))
+        #expect(text.contains(#"siwa_endpoint_check_failed{check="url"} 0"#), "the later result passed")
+        #expect(text.contains(#"siwa_endpoint_checks_total{outcome="failing"} 1"#))
+        #expect(text.contains("siwa_endpoint_healthy 1"))
         let file = FileManager.default.temporaryDirectory.appendingPathComponent("metrics-\(UUID().uuidString).txt")
         try Data(text.utf8).write(to: file)
         defer { try? FileManager.default.removeItem(at: file) }

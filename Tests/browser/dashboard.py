@@ -159,6 +159,13 @@ try:
     wait.until(EC.text_to_be_present_in_element((By.CSS_SELECTOR, "#alerts tbody tr.firing"), "revocation_spike"))
     assert "42" in driver.find_element(By.CSS_SELECTOR, "#alerts tbody tr.firing").text, "the alert's peak is not shown"
     assert "1 firing" in driver.find_element(By.ID, "alerts-counts").text, "the firing count is missing"
+    # The endpoint card: the latest check, unhealthy on tls, each finding as text (never markup).
+    wait.until(EC.visibility_of_element_located((By.ID, "endpoint-card")))
+    assert driver.find_element(By.ID, "endpoint-status").text.startswith("unhealthy"), driver.find_element(By.ID, "endpoint-status").text
+    checks = driver.find_element(By.ID, "endpoint-checks").text
+    assert "fail tls" in checks and "<b>wrong.example</b>" in checks, f"endpoint checks: {checks!r}"
+    assert not driver.find_elements(By.CSS_SELECTOR, "#endpoint-checks b"), "a finding was read as markup"
+    assert "siwa.example.com" in driver.find_element(By.ID, "endpoint-facts").text
     wait.until(lambda d: len(d.find_elements(By.CSS_SELECTOR, "#rejections tbody tr")) >= 2)
     counts = driver.find_element(By.ID, "rejection-counts").text
     assert "1 unsupported_algorithm" in counts and "1 wrong_issuer" in counts, f"rejection counts: {counts!r}"

@@ -107,6 +107,7 @@ extension AlertMonitor.Configuration {
         rules.discardedJobs = try source.value(Settings.alertDiscardedJobs)
         rules.transferDeadline.days = try source.value(Settings.alertTransferDays)
         rules.transferDeadline.lastDays = try source.value(Settings.alertTransferLastDays)
+        endpoint = try EndpointHealthSettings(source)
         guard rules.transferDeadline.lastDays < rules.transferDeadline.days else {
             throw ConfigurationError(
                 variable: Settings.alertTransferLastDays.info.name,

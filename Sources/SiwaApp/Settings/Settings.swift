@@ -2,7 +2,7 @@
 /// per group in this folder). `all` is the order of `--help` and the README's configuration table.
 package enum Settings {
     /// Every setting, group by group, in the order `--help` and the README list them.
-    package static let all: [SettingInfo] = database + apple + appleCredentials + listeners + process + history + jobs + accounts + callbacks + alerts + logging
+    package static let all: [SettingInfo] = database + apple + appleCredentials + listeners + process + history + jobs + accounts + callbacks + alerts + endpoint + logging
 
     /// The setting a flag (without dashes) sets.
     package static func named(flag: String) -> SettingInfo? { all.first { $0.flag == flag } }

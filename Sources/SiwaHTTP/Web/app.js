@@ -174,7 +174,7 @@ async function signIn(value) {
   $("#signin-error").textContent = "";
   showApp(true);
   $("#who").textContent = "Signed in";
-  await Promise.all([search(false), chart(), rejections(), alerts(), transfers()]);
+  await Promise.all([search(false), chart(), rejections(), alerts(), transfers(), endpoint()]);
 }
 
 // MARK: Notifications
@@ -556,6 +556,32 @@ async function transfers() {
   $("#transfers-counts").replaceChildren(
     countChip("open", data.items.filter((item) => item.window_open).length, "neutral"), countChip("closing with users left", urgent, urgent ? "bad" : "good"));
   labelCells($("#transfers"));
+}
+
+// The endpoint registered with Apple (admin /health, no scope needed): shown when SIWA_PUBLIC_URL
+// is set. The findings quote what the endpoint answered: text only, like everything else.
+async function endpoint() {
+  let data;
+  try {
+    data = await api("/health");
+  } catch (error) {
+    $("#endpoint-card").hidden = true;
+    return;
+  }
+  const result = data.endpoint;
+  $("#endpoint-card").hidden = result == null;
+  if (result == null) return;
+  const tone = result.status === "healthy" ? "good" : result.status === "unhealthy" ? "bad" : "neutral";
+  $("#endpoint-status").replaceChildren(el("span", { className: "badge tone-" + tone, text: result.status }),
+    result.cause ? el("span", { className: "muted", text: " " + result.cause }) : null);
+  const days = result.certificate_days_left;
+  const facts = [["URL", result.url], ["checked (UTC)", time(result.checked_at)],
+    ["certificate", result.certificate_expires_at ? el("span", {}, [time(result.certificate_expires_at), " (" + days + (days === 1 ? " day left)" : " days left)")]) : null]];
+  $("#endpoint-facts").replaceChildren(...facts.flatMap(([name, value]) => [el("dt", { text: name }), el("dd", {}, [value ?? el("span", { className: "none", text: "–" })])]));
+  const levelTones = { ok: "good", warn: "warn", fail: "bad" };
+  $("#endpoint-checks").replaceChildren(...(result.checks || []).map((finding) => el("li", { className: "level-" + finding.level }, [
+    el("span", { className: "badge tone-" + (levelTones[finding.level] || "neutral"), text: finding.level }), " ",
+    el("strong", { text: finding.check }), " ", el("span", { text: finding.detail })])));
 }
 
 document.addEventListener("DOMContentLoaded", () => {

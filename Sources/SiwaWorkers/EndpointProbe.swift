@@ -1,0 +1,246 @@
+import AsyncHTTPClient
+import Foundation
+import NIOCore
+import NIOHTTP1
+import NIOPosix
+import NIOSSL
+import NIOTLS
+import SiwaDomain
+
+#if canImport(Glibc)
+    import Glibc
+#elseif canImport(Darwin)
+    import Darwin
+#endif
+
+/// Checks an endpoint the way Apple will call it: the URL, DNS, a TLS 1.2+ handshake with full
+/// chain verification for the name (and the leaf's expiry), and the route answering a malformed
+/// notification with siwa-events' own 400 JSON. One home for `siwa-events doctor` and the
+/// background `EndpointChecker`, so both judge alike; the findings' words are doctor's lines.
+package struct EndpointProbe: Sendable {
+    /// The URL is not an http(s) URL with a host.
+    package struct NotAWebURL: Error {}
+
+    package let text: String
+    package let url: URL
+    let scheme: String
+    let host: String
+    let port: Int
+    package var timeout: Duration
+    /// The certificate is warned about at fewer days left than this.
+    package var expiryWarningDays: Int
+    private(set) var tls: TLSConfiguration
+    private(set) var caFile: String?
+
+    package init(url text: String, timeout: Duration = .seconds(10), expiryWarningDays: Int = 14) throws(NotAWebURL) {
+        guard let url = URL(string: text), let scheme = url.scheme?.lowercased(), ["https", "http"].contains(scheme), let host = url.host, !host.isEmpty else {
+            throw NotAWebURL()
+        }
+        (self.text, self.url, self.scheme, self.host) = (text, url, scheme, host)
+        self.port = url.port ?? (scheme == "https" ? 443 : 80)
+        self.timeout = timeout
+        self.expiryWarningDays = expiryWarningDays
+        var tls = TLSConfiguration.makeClientConfiguration()
+        tls.minimumTLSVersion = .tlsv12
+        self.tls = tls
+    }
+
+    /// Also trusts the PEM CA certificates of `file` (a staging CA; a warning, since Apple trusts
+    /// only publicly trusted CAs). Throws NIOSSL's error when the file is not PEM certificates.
+    package mutating func trust(caFile file: String) throws {
+        tls.additionalTrustRoots = [.certificates(try NIOSSLCertificate.fromPEMFile(file))]
+        caFile = file
+    }
+
+    /// Runs every check once; `now` counts the certificate's days left.
+    package func check(now: Date) async -> EndpointReport {
+        var findings: [EndpointFinding] = []
+        var expiresAt: Date?
+        if scheme == "https" {
+            findings.append(.init(.url, .ok, text))
+        } else {
+            findings.append(.init(.url, .fail, "\(text) is http://: Apple delivers only to https:// (TLS 1.2+, a publicly trusted certificate); checking the rest anyway"))
+        }
+        if url.path.isEmpty || url.path == "/" {
+            findings.append(.init(.url, .warn, "no path: siwa-events receives on /apple/notifications"))
+        }
+
+        let addresses = Self.resolve(host)
+        if addresses.isEmpty {
+            findings.append(.init(.dns, .fail, "\(host) does not resolve: add an A/AAAA record for it"))
+        } else if addresses.allSatisfy(Self.isPrivate) {
+            findings.append(.init(.dns, .warn, "\(host) → \(addresses.joined(separator: ", ")): only private or loopback addresses, which Apple cannot reach"))
+        } else {
+            findings.append(.init(.dns, .ok, "\(host) → \(addresses.joined(separator: ", "))"))
+        }
+
+        if let caFile { findings.append(.init(.tls, .warn, "also trusting \(caFile): Apple trusts only publicly trusted CAs")) }
+        if scheme == "https", !addresses.isEmpty {
+            do {
+                let session = try await Self.handshake(host: host, port: port, tls: tls, timeout: timeout)
+                let expiry = Date(timeIntervalSince1970: TimeInterval(session.notValidAfter))
+                expiresAt = expiry
+                let days = EndpointHealthRule.days(until: expiry, now: now)
+                findings.append(.init(.tls, .ok, "\(session.version), certificate chain trusted for \(host), valid until \(iso8601(expiry)) (\(days) days)"))
+                if days < expiryWarningDays {
+                    findings.append(.init(.tls, .warn, "the certificate expires in \(days) days: renew it (Apple's deliveries fail the moment it expires)"))
+                }
+            } catch where error is NIOSSLError || error is NIOSSLExtraError {
+                // NIOSSLExtraError: the chain is trusted, but not for this name.
+                findings.append(
+                    .init(
+                        .tls, .fail,
+                        "handshake with \(host):\(port) failed (TLS 1.2+, full chain verification): \(error) — serve the full chain of a publicly trusted certificate for \(host)"))
+            } catch {
+                findings.append(.init(.tls, .fail, "cannot connect to \(host):\(port): \(error) — is the port open to the internet, and is something listening?"))
+            }
+        }
+
+        do {
+            let (status, contentType, body) = try await Self.postMalformed(to: url, tls: tls, timeout: timeout)
+            let json = JSONValue.parse(Array(body.utf8))
+            let path = url.path
+            switch status {
+            case 400 where contentType.hasPrefix("application/json") && json?["error"] != nil:
+                findings.append(.init(.route, .ok, "POST \(path) with a malformed notification → 400 \(body.prefix(120))"))
+            case 404, 405:
+                findings.append(.init(.route, .fail, "POST \(path) → \(status): not siwa-events' route; the path is /apple/notifications and the proxy must pass POSTs through"))
+            case 300..<400:
+                findings.append(.init(.route, .fail, "POST \(path) → \(status) redirect: register the final URL with Apple, it must answer directly"))
+            case 200..<300:
+                findings.append(.init(.route, .fail, "POST \(path) → \(status) for a malformed notification: whatever answers accepts anything — not siwa-events"))
+            case 500...:
+                findings.append(.init(.route, .fail, "POST \(path) → \(status): the server or its proxy fails (\(body.prefix(200))); see its logs and /health/ready"))
+            default:
+                findings.append(.init(.route, .fail, "POST \(path) → \(status) \(contentType) \(body.prefix(200)): expected siwa-events' 400 JSON"))
+            }
+        } catch {
+            findings.append(.init(.route, .fail, "POST \(text) failed: \(error)"))
+        }
+        return EndpointReport(url: text, checkedAt: now, findings: findings, certificateExpiresAt: expiresAt)
+    }
+
+    static func resolve(_ host: String) -> [String] {
+        var hints = addrinfo()
+        hints.ai_socktype = Int32(SOCK_STREAM.rawValue)
+        var result: UnsafeMutablePointer<addrinfo>?
+        guard getaddrinfo(host, nil, &hints, &result) == 0, let first = result else { return [] }
+        defer { freeaddrinfo(first) }
+        var addresses: [String] = []
+        var cursor: UnsafeMutablePointer<addrinfo>? = first
+        while let info = cursor {
+            var buffer = [CChar](repeating: 0, count: Int(NI_MAXHOST))
+            if getnameinfo(info.pointee.ai_addr, info.pointee.ai_addrlen, &buffer, socklen_t(buffer.count), nil, 0, NI_NUMERICHOST) == 0 {
+                let address = String(decoding: buffer.prefix { $0 != 0 }.map { UInt8(bitPattern: $0) }, as: UTF8.self)
+                if !addresses.contains(address) { addresses.append(address) }
+            }
+            cursor = info.pointee.ai_next
+        }
+        return addresses
+    }
+
+    /// Loopback, private (RFC 1918, ULA), link-local or unspecified.
+    static func isPrivate(_ address: String) -> Bool {
+        if address.contains(":") {
+            let lower = address.lowercased()
+            return lower == "::1" || lower == "::" || lower.hasPrefix("fc") || lower.hasPrefix("fd") || lower.hasPrefix("fe80")
+        }
+        let octets = address.split(separator: ".").compactMap { Int($0) }
+        guard octets.count == 4 else { return false }
+        switch (octets[0], octets[1]) {
+        case (10, _), (127, _), (0, _), (169, 254), (192, 168): return true
+        case (172, 16...31): return true
+        case (100, 64...127): return true  // carrier-grade NAT
+        default: return false
+        }
+    }
+
+    struct Session { var version: String; var notValidAfter: time_t }
+
+    /// A TLS handshake only: the negotiated version and the leaf's expiry.
+    static func handshake(host: String, port: Int, tls: TLSConfiguration, timeout: Duration) async throws -> Session {
+        let context = try NIOSSLContext(configuration: tls)
+        let group = MultiThreadedEventLoopGroup.singleton
+        let channel = try await ClientBootstrap(group: group)
+            .connectTimeout(.nanoseconds(timeout.nanoseconds))
+            .channelInitializer { channel in
+                channel.eventLoop.makeCompletedFuture {
+                    try channel.pipeline.syncOperations.addHandler(try NIOSSLClientHandler(context: context, serverHostname: Self.resolve(host) == [host] ? nil : host))
+                    try channel.pipeline.syncOperations.addHandler(HandshakeWaiter())
+                }
+            }
+            .connect(host: host, port: port).get()
+        defer { channel.close(promise: nil) }
+        let waiter = try await channel.pipeline.handler(type: HandshakeWaiter.self).get()
+        let deadline = channel.eventLoop.scheduleTask(in: .nanoseconds(timeout.nanoseconds)) {
+            waiter.complete(.failure(ChannelError.connectTimeout(.nanoseconds(timeout.nanoseconds))))
+        }
+        defer { deadline.cancel() }
+        try await waiter.promise.futureResult.get()
+        let version = try await channel.nioSSL_tlsVersion().get()
+        let certificate = try await channel.nioSSL_peerCertificate().get()
+        return Session(version: version.map(Self.name) ?? "unknown TLS version", notValidAfter: certificate?.notValidAfter ?? 0)
+    }
+
+    static func name(_ version: TLSVersion) -> String {
+        switch version {
+        case .tlsv1: "TLS 1.0"
+        case .tlsv11: "TLS 1.1"
+        case .tlsv12: "TLS 1.2"
+        case .tlsv13: "TLS 1.3"
+        }
+    }
+
+    /// Completes its promise when the handshake does, fails it with the handshake's error.
+    final class HandshakeWaiter: ChannelInboundHandler, RemovableChannelHandler, @unchecked Sendable {
+        typealias InboundIn = ByteBuffer
+        var promise: EventLoopPromise<Void>!
+        /// A promise completes once: the first of handshake, error, close or timeout wins.
+        private var completed = false
+
+        func handlerAdded(context: ChannelHandlerContext) { promise = context.eventLoop.makePromise() }
+        /// The connection failed before it was active (refused, unreachable): nobody waits, but the
+        /// promise must not be dropped uncompleted.
+        func handlerRemoved(context: ChannelHandlerContext) { complete(.failure(ChannelError.ioOnClosedChannel)) }
+        func complete(_ result: Result<Void, any Error>) {
+            guard !completed else { return }
+            completed = true
+            promise.completeWith(result)
+        }
+        func userInboundEventTriggered(context: ChannelHandlerContext, event: Any) {
+            if case .handshakeCompleted = event as? TLSUserEvent { complete(.success(())) }
+            context.fireUserInboundEventTriggered(event)
+        }
+        func errorCaught(context: ChannelHandlerContext, error: any Error) { complete(.failure(error)) }
+        func channelInactive(context: ChannelHandlerContext) {
+            complete(.failure(ChannelError.eof))
+            context.fireChannelInactive()
+        }
+    }
+
+    static func postMalformed(to url: URL, tls: TLSConfiguration, timeout: Duration) async throws -> (Int, String, String) {
+        var configuration = HTTPClient.Configuration(tlsConfiguration: tls, redirectConfiguration: .disallow)
+        configuration.timeout = .init(connect: .nanoseconds(timeout.nanoseconds), read: .nanoseconds(timeout.nanoseconds))
+        let http = HTTPClient(eventLoopGroup: HTTPClient.defaultEventLoopGroup, configuration: configuration)
+        do {
+            var request = HTTPClientRequest(url: url.absoluteString)
+            request.method = .POST
+            request.headers.add(name: "Content-Type", value: "application/json")
+            request.headers.add(name: "User-Agent", value: "siwa-events-doctor")
+            request.body = .bytes(ByteBuffer(string: #"{"siwa_events_doctor":"a malformed notification: no payload"}"#))
+            let response = try await http.execute(request, timeout: .nanoseconds(timeout.nanoseconds))
+            let body = try await response.body.collect(upTo: 64 * 1024)
+            try await http.shutdown()
+            return (Int(response.status.code), response.headers.first(name: "Content-Type") ?? "", String(buffer: body))
+        } catch {
+            try? await http.shutdown()
+            throw error
+        }
+    }
+}
+
+extension Duration {
+    fileprivate var nanoseconds: Int64 {
+        components.seconds * 1_000_000_000 + components.attoseconds / 1_000_000_000
+    }
+}
