@@ -21,8 +21,9 @@ struct TransferScaleTests {
     static let revokedBefore = [17, 2_500, 5_003, 7_777, 9_999]
     /// Marked revoked after `export`: prepared, then refused by the exchange.
     static let revokedAfter = [42, 4_242, 8_888]
-    /// Apple's 429s the stand-in is told to answer first (each waited out a second).
-    static let injected429s = 2
+    /// Apple's 429s the stand-in is told to answer first, each waited out a second: the first
+    /// five in a row stop a run (`AppleMigrationCalls.rateLimitRetries`), the sixth is waited out.
+    static let injected429s = 6
     /// Progress (users done) at which a phase is killed.
     static let killAt = 2_000
 
@@ -68,7 +69,8 @@ struct TransferScaleTests {
             "SIWA_APPLE_TOKEN_KEYS": AppleTokenCipher.generateKey(), "SIWA_APPLE_AUTH_URL": standIn.base,
         ]
 
-        // Prepare: Apple answers 429 first (waited out); killed once 2,000 users have theirs; rerun.
+        // Prepare: Apple answers 429 five times in a row (the run stops, saying so, having kept
+        // nothing), then once more (waited out); killed once 2,000 users have theirs; rerun.
         var failure = HTTPClientRequest(url: "\(standIn.base)/standin/failures")
         failure.method = .POST
         failure.headers.add(name: "Content-Type", value: "application/json")
@@ -76,6 +78,12 @@ struct TransferScaleTests {
         #expect(try await HTTPClient.shared.execute(failure, timeout: .seconds(30)).status.code == 204)
         let prepare = ["transfers", "prepare", "--target", Self.recipient, "--rate", "1000"]
         started = clock.now
+        let limited = try await TestBinary.run(prepare, environment: environment, directory: directory)
+        #expect(limited.status == 1, "\(limited.stdout) \(limited.stderr)")
+        #expect(
+            limited.stderr.contains("stopped with \(Self.users) users left: Apple kept limiting the rate (HTTP 429): rerun with a lower --rate to resume"),
+            "\(limited.stderr)")
+        #expect(try await Self.count(client, "SELECT count(*) FROM transfer_subs WHERE transfer_sub IS NOT NULL OR error IS NOT NULL") == 0)
         let preparing = try await Self.killMidway(prepare, environment: environment, directory: directory) {
             try await Self.count(client, "SELECT count(*) FROM transfer_subs WHERE transfer_sub IS NOT NULL")
         }
