@@ -26,15 +26,35 @@ package struct TransferPreparation: Sendable {
         self.source = source
     }
 
-    /// One batch of up to `limit` pending users; returns how many were asked for (0: none left).
+    /// One batch of up to `limit` pending users, `concurrency` calls in flight; returns how many
+    /// were asked for (0: none left).
     @discardableResult
-    package func runOnce(limit: Int, pace: @Sendable () async throws -> Void = {}) async throws -> Int {
+    package func runOnce(limit: Int, concurrency: Int = 1, pace: @escaping @Sendable () async throws -> Void = {}) async throws -> Int {
         let subs = try await store.pendingSubs(of: transfer, limit: limit)
-        for sub in subs {
+        let (store, transfer, source) = (self.store, self.transfer, self.source)
+        try await eachUser(subs, concurrency: concurrency) { sub in
             try await pace()
             try await store.record(try await source.transferSub(of: sub), sub: sub, of: transfer)
         }
         return subs.count
+    }
+}
+
+/// Runs `body` for each of `items`, at most `concurrency` at once. The first runs alone, so the
+/// access token it fetches is cached before the others ask. The first error cancels the rest:
+/// what they had not recorded stays pending, for a rerun.
+func eachUser(_ items: [String], concurrency: Int, _ body: @escaping @Sendable (String) async throws -> Void) async throws {
+    guard let first = items.first else { return }
+    try await body(first)
+    try await withThrowingTaskGroup(of: Void.self) { group in
+        var next = items.dropFirst().makeIterator()
+        for _ in 0..<max(1, concurrency) {
+            guard let item = next.next() else { break }
+            group.addTask { try await body(item) }
+        }
+        while try await group.next() != nil {
+            if let item = next.next() { group.addTask { try await body(item) } }
+        }
     }
 }
 
@@ -59,11 +79,13 @@ package struct TransferExchange: Sendable {
         self.source = source
     }
 
-    /// One batch of up to `limit` pending transfer_subs; returns how many were asked for (0: none left).
+    /// One batch of up to `limit` pending transfer_subs, `concurrency` calls in flight; returns
+    /// how many were asked for (0: none left).
     @discardableResult
-    package func runOnce(limit: Int, pace: @Sendable () async throws -> Void = {}) async throws -> Int {
+    package func runOnce(limit: Int, concurrency: Int = 1, pace: @escaping @Sendable () async throws -> Void = {}) async throws -> Int {
         let pending = try await store.pendingImports(of: transfer, limit: limit)
-        for transferSub in pending {
+        let (store, transfer, source) = (self.store, self.transfer, self.source)
+        try await eachUser(pending, concurrency: concurrency) { transferSub in
             try await pace()
             switch try await source.migratedUser(transferSub) {
             case .success(let user): try await store.rekey(transferSub: transferSub, to: user, of: transfer)

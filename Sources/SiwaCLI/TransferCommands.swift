@@ -98,11 +98,13 @@ struct TransfersCommand: AsyncParsableCommand {
                 Examples:
                   siwa-events transfers prepare --target ABCDE12345
                   siwa-events transfers prepare --target ABCDE12345 --rate 20 --retry-failed
+                  siwa-events transfers prepare --target ABCDE12345 --rate 100 --concurrency 8
                 """)
         static let settingGroups: [SettingGroup] = [.database, .apple, .appleCredentials, .logging]
         @Option(help: "The recipient team's ID (10 characters, A-Z and 0-9).") var target: String
         @OptionGroup var client: ClientChoice
         @Option(help: "Calls to Apple per second at most.") var rate: Double = 10
+        @Option(help: "Calls to Apple in flight at once (against Apple's round trip; --rate still holds).") var concurrency: Int = 1
         @Flag(name: .customLong("retry-failed"), help: "Ask again for the users Apple refused before.") var retryFailed = false
 
         func validate() throws {
@@ -110,6 +112,7 @@ struct TransfersCommand: AsyncParsableCommand {
                 throw ValidationError("--target must be the recipient's team ID: 10 characters, A-Z and 0-9 (got \"\(target)\")")
             }
             guard rate > 0, rate <= 1000 else { throw ValidationError("--rate must be between 0 and 1000 calls a second (got \(rate))") }
+            guard (1...64).contains(concurrency) else { throw ValidationError("--concurrency must be between 1 and 64 calls (got \(concurrency))") }
         }
 
         func run(_ settings: SettingSource) async throws {
@@ -137,7 +140,9 @@ struct TransfersCommand: AsyncParsableCommand {
                 let preparation = TransferPreparation(store: store, transfer: transfer, source: source)
                 var progress = try await store.progress(of: transfer)
                 printError("transfer of \(clientID) to team \(target): \(progress.total) users (\(added) new), \(progress.pending) to ask for")
-                let stopped = try await TransfersCommand.drive(rate: rate, pending: progress.pending, batch: preparation.runOnce)
+                let stopped = try await TransfersCommand.drive(rate: rate, pending: progress.pending) { limit, pace in
+                    try await preparation.runOnce(limit: limit, concurrency: concurrency, pace: pace)
+                }
                 progress = try await store.progress(of: transfer)
                 print("\(progress.computed) of \(progress.total) users have a transfer_sub for team \(target)")
                 for (word, count) in progress.failed.sorted(by: { $0.key < $1.key }) {
@@ -263,11 +268,13 @@ struct TransfersCommand: AsyncParsableCommand {
                 Resumable and idempotent.
                 Examples:
                   siwa-events transfers exchange --from FGHIJ67890
+                  siwa-events transfers exchange --from FGHIJ67890 --rate 100 --concurrency 8
                 """)
         static let settingGroups: [SettingGroup] = [.database, .apple, .appleCredentials, .logging]
         @Option(help: "The sending team's ID.") var from: String
         @OptionGroup var client: ClientChoice
         @Option(help: "Calls to Apple per second at most.") var rate: Double = 10
+        @Option(help: "Calls to Apple in flight at once (against Apple's round trip; --rate still holds).") var concurrency: Int = 1
         @Flag(name: .customLong("retry-failed"), help: "Ask again for the transfer_subs Apple refused before.") var retryFailed = false
 
         func validate() throws {
@@ -275,6 +282,7 @@ struct TransfersCommand: AsyncParsableCommand {
                 throw ValidationError("--from must be the sending team's ID: 10 characters, A-Z and 0-9 (got \"\(from)\")")
             }
             guard rate > 0, rate <= 1000 else { throw ValidationError("--rate must be between 0 and 1000 calls a second (got \(rate))") }
+            guard (1...64).contains(concurrency) else { throw ValidationError("--concurrency must be between 1 and 64 calls (got \(concurrency))") }
         }
 
         func run(_ settings: SettingSource) async throws {
@@ -299,7 +307,9 @@ struct TransfersCommand: AsyncParsableCommand {
                         client: appleClient, tokens: MigrationTokenCache(client: appleClient), clientID: clientID, target: nil,
                         calls: AppleTokenStore(client: database.client, logger: logger)))
                 let pending = try await store.importProgress(of: transfer).pending
-                let stopped = try await TransfersCommand.drive(rate: rate, pending: pending, batch: exchange.runOnce)
+                let stopped = try await TransfersCommand.drive(rate: rate, pending: pending) { limit, pace in
+                    try await exchange.runOnce(limit: limit, concurrency: concurrency, pace: pace)
+                }
                 let progress = try await store.importProgress(of: transfer)
                 print("\(progress.exchanged) of \(progress.total) transfer_subs exchanged (\(progress.rekeyed) accounts re-keyed)")
                 for (word, count) in progress.failed.sorted(by: { $0.key < $1.key }) {
