@@ -31,6 +31,8 @@ package final class AppleAuthStandIn: Service, Sendable {
         /// Keys the `transfer_sub`s (`TransferSubs`); nil: the signer's key, so the same `--keys`
         /// directory gives the same `transfer_sub`s across restarts.
         package var transferSeed: [UInt8]?
+        /// Added before every answer: Apple's round trip, for benchmarks on loopback.
+        package var latency: Duration = .zero
 
         package init(teams: [StandInTeam], signer: AppleStyleSigner) {
             self.teams = teams

@@ -9,8 +9,14 @@ import Synchronization
 /// Apple's endpoints: `POST /auth/token` (code exchange, refresh, migration token), `POST /auth/revoke`
 /// and `POST /auth/usermigrationinfo` (TN3159).
 extension AppleAuthStandIn {
+    /// Apple's round trip (`--latency`), before any answer.
+    func waitLatency() async throws {
+        if configuration.latency > .zero { try await Task.sleep(for: configuration.latency) }
+    }
+
     func addAuthRoutes(to router: Router<BasicRequestContext>) {
         router.post("/auth/token") { request, _ -> Response in
+            try await self.waitLatency()
             if let status = self.ledger.withLock({ $0.takeFailure(.token) }) { return Response(status: .init(code: status)) }
             guard let form = await self.readForm(request) else { return AppleAnswer.error(.invalidRequest) }
             do throws(AppleAuthError) {
@@ -20,6 +26,7 @@ extension AppleAuthStandIn {
             }
         }
         router.post("/auth/usermigrationinfo") { request, _ -> Response in
+            try await self.waitLatency()
             if let status = self.ledger.withLock({ $0.takeFailure(.userMigrationInfo) }) { return Response(status: .init(code: status)) }
             let now = self.configuration.now()
             guard self.ledger.withLock({ $0.admitMigrationRequest(now: now) }) else { return Response(status: .tooManyRequests) }
@@ -31,6 +38,7 @@ extension AppleAuthStandIn {
             }
         }
         router.post("/auth/revoke") { request, _ -> Response in
+            try await self.waitLatency()
             let receivedAt = self.configuration.now()
             if let status = self.ledger.withLock({ $0.takeFailure(.revoke) }) {
                 let form = await self.readForm(request)

@@ -38,7 +38,7 @@ struct StandInCommand: AsyncParsableCommand {
                   siwa-events standin serve --keys siwa-keys --port 8090 \\
                     --team-id TEAMID1234 --key-id KEYID12345 --client-ids com.example.app \\
                     --recipient-team-id TEAMB23456 --recipient-key-id KEYB234567 \\
-                    --migration-rate 10
+                    --migration-rate 10 --latency 50ms
                 """)
         @Option(help: "Directory written by `keys generate` (the team's .p8 keys are kept there too).") var keys: String
         @Option(help: "Address to listen on.") var host = "127.0.0.1"
@@ -54,6 +54,8 @@ struct StandInCommand: AsyncParsableCommand {
         var recipientKeyIDs: [String] = []
         @Option(name: .customLong("migration-rate"), help: "Requests per second /auth/usermigrationinfo takes before answering 429 (0: no limit).")
         var migrationRate: Double = 0
+        @Option(help: "Wait this long before each answer, e.g. 50ms: Apple's round trip, for benchmarks (default none).")
+        var latency: String = "0s"
 
         func validate() throws {
             if host.isEmpty { throw ValidationError("--host must be an address such as 127.0.0.1") }
@@ -79,6 +81,9 @@ struct StandInCommand: AsyncParsableCommand {
             }
             if Set(keyIDs + recipientKeyIDs).count != keyIDs.count + recipientKeyIDs.count {
                 throw ValidationError("--key-id and --recipient-key-id: each key once, in one team (got \((keyIDs + recipientKeyIDs).joined(separator: ", ")))")
+            }
+            guard let wait = try? DurationSyntax.parse(latency), wait <= .seconds(10) else {
+                throw ValidationError("--latency must be a duration of at most 10s, like 50ms (got \"\(latency)\")")
             }
             if !migrationRate.isFinite || migrationRate < 0 {
                 throw ValidationError("--migration-rate must be requests per second, 0 or more (0: no limit), not \(migrationRate)")
@@ -120,6 +125,7 @@ struct StandInCommand: AsyncParsableCommand {
             var configuration = AppleAuthStandIn.Configuration(teams: teams, signer: signer)
             (configuration.host, configuration.port) = (host, port)
             configuration.limits.migrationPerSecond = migrationRate
+            configuration.latency = try DurationSyntax.parse(latency)
             let standIn = AppleAuthStandIn(configuration, logger: logger)
             let group = ServiceGroup(
                 configuration: .init(services: [standIn], gracefulShutdownSignals: [.sigterm, .sigint], logger: logger))
