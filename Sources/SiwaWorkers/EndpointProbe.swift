@@ -96,6 +96,12 @@ package struct EndpointProbe: Sendable {
             }
         }
 
+        // Over a handshake that failed the POST cannot get through either, and the HTTP client
+        // would retry the connection until the timeout: it is not sent.
+        if findings.contains(where: { $0.check == .tls && $0.level == .fail }) {
+            findings.append(.init(.route, .fail, "POST \(url.path) not sent: the TLS handshake failed (above)"))
+            return EndpointReport(url: text, checkedAt: now, findings: findings, certificateExpiresAt: expiresAt)
+        }
         do {
             let (status, contentType, body) = try await Self.postMalformed(to: url, tls: tls, timeout: timeout)
             let json = JSONValue.parse(Array(body.utf8))
