@@ -10,33 +10,14 @@ struct QuietRuleTests {
     static let day: TimeInterval = 86_400
     static let key = AlertKey(kind: .quietApp, aud: "com.example.app")
 
-    /// SplitMix64: the same seed, the same history on every machine.
-    struct Seeded: RandomNumberGenerator {
-        var state: UInt64
-        mutating func next() -> UInt64 {
-            state &+= 0x9E37_79B9_7F4A_7C15
-            var z = state
-            z = (z ^ (z >> 30)) &* 0xBF58_476D_1CE4_E5B9
-            z = (z ^ (z >> 27)) &* 0x94D0_49BB_1331_11EB
-            return z ^ (z >> 31)
-        }
-    }
-
     /// Poisson arrivals over `range` at `perHour(t)` (each hour's count drawn, placed uniformly);
     /// `burst` arrivals within two minutes of each event.
     static func arrivals(_ range: Range<Date>, seed: UInt64, burst: Int = 1, perHour: (Date) -> Double) -> [Date] {
-        var random = Seeded(state: seed)
+        var random = SplitMix64(seed: seed)  // AlertingTests.swift: the same history on every machine
         var result: [Date] = []
         var hour = range.lowerBound
         while hour < range.upperBound {
-            // Knuth: count uniforms until their product drops below e^-λ.
-            let limit = exp(-perHour(hour))
-            var (count, product) = (0, Double.random(in: 0..<1, using: &random))
-            while product > limit {
-                count += 1
-                product *= Double.random(in: 0..<1, using: &random)
-            }
-            for _ in 0..<count {
+            for _ in 0..<random.poisson(mean: perHour(hour)) {
                 let at = hour.addingTimeInterval(Double.random(in: 0..<3600, using: &random))
                 for index in 0..<burst { result.append(at.addingTimeInterval(Double(index) * 120 / Double(burst))) }
             }
