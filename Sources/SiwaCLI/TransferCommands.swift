@@ -298,7 +298,8 @@ struct TransfersCommand: AsyncParsableCommand {
             let appleClient = credentials.client()
             try await Database.with(database, logger: logger) { database in
                 let store = TransferStore(client: database.client, logger: logger)
-                let transfer = try await store.start(.incoming, clientID: clientID, aud: aud, teamID: from, transferredAt: nil, actor: cliActor)
+                let transfer = try await store.start(
+                    .incoming, clientID: clientID, aud: aud, teamID: from, transferredAt: nil, actor: cliActor, ourTeam: credentials.policy.teamID)
                 try await store.importPrepared(into: transfer, ourTeam: credentials.policy.teamID)
                 if retryFailed { try await store.retryRefusedImports(of: transfer) }
                 let exchange = TransferExchange(

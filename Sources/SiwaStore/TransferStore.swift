@@ -51,14 +51,18 @@ package struct TransferStore: Sendable {
     }
 
     /// Records a transfer, or returns the one recorded for the same app, direction and team (its
-    /// date updated when `transferredAt` is given).
+    /// date updated when `transferredAt` is given). A new one without a date takes that of the
+    /// transfer of the same app to `ourTeam` recorded here (the database moved with the app),
+    /// else today.
     package func start(
-        _ direction: Transfer.Direction, clientID: String, aud: String, teamID: String, transferredAt: Date?, actor: String
+        _ direction: Transfer.Direction, clientID: String, aud: String, teamID: String, transferredAt: Date?, actor: String, ourTeam: String? = nil
     ) async throws -> Transfer {
         for try await row in try await client.bounded.query(
             """
             INSERT INTO transfers AS t (direction, client_id, aud, team_id, transferred_at, created_by)
-            VALUES (\(direction.rawValue), \(clientID), \(aud), \(teamID), coalesce(\(transferredAt)::timestamptz, now()), \(actor))
+            VALUES (\(direction.rawValue), \(clientID), \(aud), \(teamID), coalesce(\(transferredAt)::timestamptz, (
+                SELECT o.transferred_at FROM transfers o WHERE o.direction = 'outgoing' AND o.client_id = \(clientID) AND o.team_id = \(ourTeam)
+            ), now()), \(actor))
             ON CONFLICT (direction, client_id, team_id) DO UPDATE
                 SET transferred_at = coalesce(\(transferredAt)::timestamptz, t.transferred_at), aud = excluded.aud
             RETURNING \(unescaped: Self.columns)

@@ -140,6 +140,9 @@ struct TransferTests {
             ["transfers", "exchange", "--from", StandInProcess.teamID, "--rate", "1000"], environment: recipient, directory: directory)
         #expect(exchanged.status == 0, "\(exchanged.stdout) \(exchanged.stderr)")
         #expect(exchanged.stdout.contains("31 of 32 transfer_subs exchanged (31 accounts re-keyed)"), "\(exchanged.stdout)")
+        // The receiving side's record of the transfer takes the day the sending side recorded.
+        #expect(try await Self.count(client, "SELECT count(DISTINCT transferred_at) FROM transfers WHERE client_id = 'com.example.app'") == 1)
+        #expect(try await Self.count(client, "SELECT count(*) FROM transfers WHERE client_id = 'com.example.app'") == 2)
         #expect(exchanged.stdout.contains("1 refused by Apple: invalid_request"), "\(exchanged.stdout)")
         let moved = Array(subs[0..<7] + subs[9...])
         #expect(try await Self.count(client, "SELECT count(*) FROM accounts WHERE sub = ANY('{\(moved.joined(separator: ","))}')") == 0)
