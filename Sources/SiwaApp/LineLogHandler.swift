@@ -116,9 +116,14 @@ package struct LineLogHandler: LogHandler {
     /// A logfmt value: bare when it is a plain word, quoted and escaped otherwise (an empty value
     /// is `""`), so it can neither end the line nor start another key.
     package static func appendValue(_ value: String, to line: inout String) {
+        // Printable ASCII is settled by the byte (none of it is whitespace); only other scalars
+        // ask Unicode's whitespace property, a table lookup that cost 3.6% of serve's CPU.
         let plain = !value.isEmpty && value.unicodeScalars.allSatisfy { scalar in
-            scalar.value > 0x20 && scalar.value != 0x7F && !(0x80...0x9F).contains(scalar.value)
-                && scalar != "=" && scalar != "\"" && scalar != "\\" && !scalar.properties.isWhitespace
+            switch scalar.value {
+            case 0x21...0x7E: scalar != "=" && scalar != "\"" && scalar != "\\"
+            case 0xA0...: !scalar.properties.isWhitespace
+            default: false  // space, controls, DEL, C1 controls
+            }
         }
         if plain {
             line += value
