@@ -30,6 +30,17 @@ struct TransfersCommand: AsyncParsableCommand {
         }
     }
 
+    /// `--rate` and `--concurrency`: how fast `prepare` and `exchange` call Apple.
+    struct Pacing: ParsableArguments {
+        @Option(help: "Calls to Apple per second at most.") var rate: Double = 10
+        @Option(help: "Calls to Apple in flight at once (against Apple's round trip; --rate still holds).") var concurrency: Int = 1
+
+        func validate() throws {
+            guard rate > 0, rate <= 1000 else { throw ValidationError("--rate must be between 0 and 1000 calls a second (got \(rate))") }
+            guard (1...64).contains(concurrency) else { throw ValidationError("--concurrency must be between 1 and 64 calls (got \(concurrency))") }
+        }
+    }
+
     struct Start: SettingsCommand {
         static let configuration = CommandConfiguration(
             abstract: "Record an app transfer and its date: Apple's 60-day window starts there.",
@@ -103,16 +114,13 @@ struct TransfersCommand: AsyncParsableCommand {
         static let settingGroups: [SettingGroup] = [.database, .apple, .appleCredentials, .logging]
         @Option(help: "The recipient team's ID (10 characters, A-Z and 0-9).") var target: String
         @OptionGroup var client: ClientChoice
-        @Option(help: "Calls to Apple per second at most.") var rate: Double = 10
-        @Option(help: "Calls to Apple in flight at once (against Apple's round trip; --rate still holds).") var concurrency: Int = 1
+        @OptionGroup var pacing: Pacing
         @Flag(name: .customLong("retry-failed"), help: "Ask again for the users Apple refused before.") var retryFailed = false
 
         func validate() throws {
             guard ClientSecretPolicy.isAppleIdentifier(target) else {
                 throw ValidationError("--target must be the recipient's team ID: 10 characters, A-Z and 0-9 (got \"\(target)\")")
             }
-            guard rate > 0, rate <= 1000 else { throw ValidationError("--rate must be between 0 and 1000 calls a second (got \(rate))") }
-            guard (1...64).contains(concurrency) else { throw ValidationError("--concurrency must be between 1 and 64 calls (got \(concurrency))") }
         }
 
         func run(_ settings: SettingSource) async throws {
@@ -140,8 +148,8 @@ struct TransfersCommand: AsyncParsableCommand {
                 let preparation = TransferPreparation(store: store, transfer: transfer, source: source)
                 var progress = try await store.progress(of: transfer)
                 printError("transfer of \(clientID) to team \(target): \(progress.total) users (\(added) new), \(progress.pending) to ask for")
-                let stopped = try await TransfersCommand.drive(rate: rate, pending: progress.pending) { limit, pace in
-                    try await preparation.runOnce(limit: limit, concurrency: concurrency, pace: pace)
+                let stopped = try await TransfersCommand.drive(rate: pacing.rate, pending: progress.pending) { limit, pace in
+                    try await preparation.runOnce(limit: limit, concurrency: pacing.concurrency, pace: pace)
                 }
                 progress = try await store.progress(of: transfer)
                 print("\(progress.computed) of \(progress.total) users have a transfer_sub for team \(target)")
@@ -273,16 +281,13 @@ struct TransfersCommand: AsyncParsableCommand {
         static let settingGroups: [SettingGroup] = [.database, .apple, .appleCredentials, .logging]
         @Option(help: "The sending team's ID.") var from: String
         @OptionGroup var client: ClientChoice
-        @Option(help: "Calls to Apple per second at most.") var rate: Double = 10
-        @Option(help: "Calls to Apple in flight at once (against Apple's round trip; --rate still holds).") var concurrency: Int = 1
+        @OptionGroup var pacing: Pacing
         @Flag(name: .customLong("retry-failed"), help: "Ask again for the transfer_subs Apple refused before.") var retryFailed = false
 
         func validate() throws {
             guard ClientSecretPolicy.isAppleIdentifier(from) else {
                 throw ValidationError("--from must be the sending team's ID: 10 characters, A-Z and 0-9 (got \"\(from)\")")
             }
-            guard rate > 0, rate <= 1000 else { throw ValidationError("--rate must be between 0 and 1000 calls a second (got \(rate))") }
-            guard (1...64).contains(concurrency) else { throw ValidationError("--concurrency must be between 1 and 64 calls (got \(concurrency))") }
         }
 
         func run(_ settings: SettingSource) async throws {
@@ -308,8 +313,8 @@ struct TransfersCommand: AsyncParsableCommand {
                         client: appleClient, tokens: MigrationTokenCache(client: appleClient), clientID: clientID, target: nil,
                         calls: AppleTokenStore(client: database.client, logger: logger)))
                 let pending = try await store.importProgress(of: transfer).pending
-                let stopped = try await TransfersCommand.drive(rate: rate, pending: pending) { limit, pace in
-                    try await exchange.runOnce(limit: limit, concurrency: concurrency, pace: pace)
+                let stopped = try await TransfersCommand.drive(rate: pacing.rate, pending: pending) { limit, pace in
+                    try await exchange.runOnce(limit: limit, concurrency: pacing.concurrency, pace: pace)
                 }
                 let progress = try await store.importProgress(of: transfer)
                 print("\(progress.exchanged) of \(progress.total) transfer_subs exchanged (\(progress.rekeyed) accounts re-keyed)")
