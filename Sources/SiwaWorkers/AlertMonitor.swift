@@ -163,14 +163,14 @@ package final class AlertMonitor: Service, Sendable {
     private func appActivity(now: Date) async throws -> [AppActivity] {
         let arrivals = try await store.arrivals(auds: configuration.apps)
         guard !arrivals.isEmpty else { return [] }
-        let end = QuietRule.history(now: now, firstSeen: .distantPast)
-        let cached = history.withLock { $0?.end == end.upperBound ? $0?.spans : nil }
+        let window = QuietRule.history(now: now, firstSeen: .distantPast)
+        let cached = history.withLock { $0?.end == window.upperBound ? $0?.spans : nil }
         let spans: [String: [Int: Int]]
         if let cached {
             spans = cached
         } else {
-            spans = try await store.activeSpans(auds: arrivals.map(\.aud), history: end)
-            history.withLock { $0 = (end.upperBound, spans) }
+            spans = try await store.activeSpans(auds: arrivals.map(\.aud), history: window)
+            history.withLock { $0 = (window.upperBound, spans) }
         }
         let quiet = configuration.rules.quiet
         var apps: [AppActivity] = []
