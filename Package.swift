@@ -201,7 +201,8 @@ let package = Package(
         .executableTarget(
             name: "SiwaBench",
             dependencies: [
-                "SiwaDomain",
+                "SiwaDomain", "SiwaRuntime",
+                .product(name: "Logging", package: "swift-log"),
                 .product(name: "AsyncHTTPClient", package: "async-http-client"),
                 .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "NIOHTTP1", package: "swift-nio"),

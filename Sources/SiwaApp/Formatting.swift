@@ -1,5 +1,6 @@
 import Foundation
 import SiwaDomain
+import SiwaRuntime
 import SiwaStore
 
 extension NotificationSummary {

@@ -11,7 +11,7 @@ import SiwaDomain
 struct SiwaBench: AsyncParsableCommand {
     static let configuration = CommandConfiguration(
         commandName: "siwa-bench", abstract: "Benchmarks for siwa-events.",
-        subcommands: [Sign.self, Ingest.self, Verify.self, History.self, KeptTokens.self, Sessions.self])
+        subcommands: [Sign.self, Ingest.self, Verify.self, History.self, KeptTokens.self, Sessions.self, LogLines.self])
 }
 
 /// Pre-signs notifications (signing is ~1 ms each, so it is done before the clock starts).

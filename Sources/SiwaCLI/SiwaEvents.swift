@@ -2,6 +2,7 @@ import ArgumentParser
 import Foundation
 import Logging
 import SiwaApp
+import SiwaRuntime
 import SiwaStore
 
 @main

@@ -7,6 +7,7 @@ import NIOCore
 import NIOHTTP1
 import ServiceLifecycle
 import SiwaApp
+import SiwaRuntime
 import SiwaAppleStandIn
 import SiwaDomain
 import UnixSignals

@@ -1,6 +1,7 @@
 import Foundation
 import Logging
 import SiwaApp
+import SiwaRuntime
 import Synchronization
 import Testing
 

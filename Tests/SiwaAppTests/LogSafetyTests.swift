@@ -4,6 +4,7 @@ import Logging
 import NIOCore
 import NIOHTTP1
 import SiwaApp
+import SiwaRuntime
 import SiwaDomain
 import SiwaEmbeddedPostgres
 import SiwaTestSupport

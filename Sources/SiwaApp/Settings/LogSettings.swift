@@ -1,5 +1,6 @@
 import Logging
 import SiwaDomain
+import SiwaRuntime
 
 extension Settings {
     package static let logLevel = Setting<Logger.Level?>(
