@@ -48,50 +48,67 @@ package struct LineLogHandler: LogHandler {
     }
 
     package func log(event: LogEvent) {
-        var merged = metadata
-        if let provided = metadataProvider?.get(), !provided.isEmpty {
+        var merged: Logger.Metadata
+        let provided = metadataProvider?.get() ?? [:]
+        if metadata.isEmpty && provided.isEmpty {
+            merged = event.metadata ?? [:]  // the usual case: the call's metadata as it is, no copy
+        } else {
+            merged = metadata
             merged.merge(provided) { $1 }
-        }
-        if let explicit = event.metadata, !explicit.isEmpty {
-            merged.merge(explicit) { $1 }
+            if let explicit = event.metadata { merged.merge(explicit) { $1 } }
         }
         if let error = event.error {
             merged["error.message"] = "\(error)"
             merged["error.type"] = "\(String(reflecting: type(of: error)))"
         }
-        var line =
-            switch format {
-            case .text: Self.render(event: event, label: label, metadata: merged, timestamp: LogClock.shared.now())
-            case .json: Self.renderJSON(event: event, label: label, metadata: merged, timestamp: LogClock.shared.now())
-            }
-        line.withUTF8 { bytes in Self.writeAll(bytes, to: descriptor) }
+        switch format {
+        case .text:
+            var line: [UInt8] = []
+            line.reserveCapacity(320)
+            Self.render(event: event, label: label, metadata: merged, timestamp: LogClock.shared.now(), into: &line)
+            line.withUnsafeBufferPointer { Self.writeAll($0, to: descriptor) }
+        case .json:
+            var line = Self.renderJSON(event: event, label: label, metadata: merged, timestamp: LogClock.shared.now())
+            line.withUTF8 { Self.writeAll($0, to: descriptor) }
+        }
     }
 
     /// One line, newline included.
     package static func render(event: LogEvent, label: String, metadata: Logger.Metadata, timestamp: String) -> String {
-        var line = ""
-        line.reserveCapacity(256)
-        line += timestamp
-        line += " "
-        line += event.level.rawValue
+        var line: [UInt8] = []
+        render(event: event, label: label, metadata: metadata, timestamp: timestamp, into: &line)
+        return String(decoding: line, as: UTF8.self)
+    }
+
+    /// One line's UTF-8, newline included, appended to `line`: built as bytes, where plain ASCII
+    /// (nearly every value) is copied whole and only other text is looked at scalar by scalar.
+    package static func render(event: LogEvent, label: String, metadata: Logger.Metadata, timestamp: String, into line: inout [UInt8]) {
+        line.append(contentsOf: timestamp.utf8)
+        line.append(space)
+        line.append(contentsOf: event.level.rawValue.utf8)
         if !label.isEmpty {
-            line += " "
-            line += label
+            line.append(space)
+            line.append(contentsOf: label.utf8)
         }
-        line += ":"
-        for (key, value) in metadata.sorted(by: { $0.key < $1.key }) {
-            line += " "
-            line += key
-            line += "="
+        line.append(UInt8(ascii: ":"))
+        // Keys sorted through the dictionary's indices: no (key, value) pair is copied to sort.
+        var order = Array(metadata.indices)
+        order.sort { metadata[$0].key < metadata[$1].key }
+        for index in order {
+            let (key, value) = metadata[index]
+            line.append(space)
+            line.append(contentsOf: key.utf8)
+            line.append(UInt8(ascii: "="))
             appendValue(value.description, to: &line)
         }
-        line += " ["
-        line += event.source
-        line += "] "
+        line.append(contentsOf: " [".utf8)
+        line.append(contentsOf: event.source.utf8)
+        line.append(contentsOf: "] ".utf8)
         appendEscaped(event.message.description, to: &line, quotes: false)
-        line += "\n"
-        return line
+        line.append(UInt8(ascii: "\n"))
     }
+
+    private static let space = UInt8(ascii: " ")
 
     /// One JSON object, newline included: `time`, `level`, `label`, `source`, `message`, then the
     /// metadata's keys (nested values as JSON arrays and objects).
@@ -115,22 +132,56 @@ package struct LineLogHandler: LogHandler {
 
     /// A logfmt value: bare when it is a plain word, quoted and escaped otherwise (an empty value
     /// is `""`), so it can neither end the line nor start another key.
-    package static func appendValue(_ value: String, to line: inout String) {
-        // Printable ASCII is settled by the byte (none of it is whitespace); only other scalars
-        // ask Unicode's whitespace property, a table lookup that cost 3.6% of serve's CPU.
-        let plain = !value.isEmpty && value.unicodeScalars.allSatisfy { scalar in
-            switch scalar.value {
-            case 0x21...0x7E: scalar != "=" && scalar != "\"" && scalar != "\\"
-            case 0xA0...: !scalar.properties.isWhitespace
-            default: false  // space, controls, DEL, C1 controls
+    package static func appendValue(_ value: String, to line: inout [UInt8]) {
+        // Printable ASCII is settled by the byte (none of it is whitespace); only text with other
+        // scalars asks Unicode's whitespace property, a table lookup that cost 3.6% of serve's CPU.
+        var (plain, ascii) = value.utf8.withContiguousStorageIfAvailable(Self.plainASCII) ?? Self.plainASCII(Array(value.utf8))
+        if plain && !ascii {
+            plain = value.unicodeScalars.allSatisfy { scalar in
+                switch scalar.value {
+                case 0x21...0x7E: true
+                case 0xA0...: !scalar.properties.isWhitespace
+                default: false  // C1 controls
+                }
             }
         }
         if plain {
-            line += value
+            line.append(contentsOf: value.utf8)
         } else {
-            line += "\""
+            line.append(UInt8(ascii: "\""))
             appendEscaped(value, to: &line, quotes: true)
-            line += "\""
+            line.append(UInt8(ascii: "\""))
+        }
+    }
+
+    /// Whether `bytes` could be a bare value (nothing that quotes or escapes), and whether they are
+    /// all ASCII (if not, the other scalars still need Unicode's look).
+    private static func plainASCII(_ bytes: UnsafeBufferPointer<UInt8>) -> (plain: Bool, ascii: Bool) {
+        var ascii = true
+        for byte in bytes {
+            switch byte {
+            case UInt8(ascii: "="), UInt8(ascii: "\""), UInt8(ascii: "\\"): return (false, ascii)
+            case 0x21...0x7E: continue
+            case 0x80...: ascii = false
+            default: return (false, ascii)  // space, controls, DEL
+            }
+        }
+        return (!bytes.isEmpty, ascii)
+    }
+
+    private static func plainASCII(_ bytes: [UInt8]) -> (plain: Bool, ascii: Bool) { bytes.withUnsafeBufferPointer(plainASCII) }
+
+    /// `appendEscaped(_:to:quotes:)` into bytes: printable ASCII with nothing to escape is copied whole.
+    package static func appendEscaped(_ text: String, to line: inout [UInt8], quotes: Bool) {
+        let verbatim = text.utf8.allSatisfy { byte in
+            (0x20...0x7E).contains(byte) && !(quotes && (byte == UInt8(ascii: "\"") || byte == UInt8(ascii: "\\")))
+        }
+        if verbatim {
+            line.append(contentsOf: text.utf8)
+        } else {
+            var escaped = ""
+            appendEscaped(text, to: &escaped, quotes: quotes)
+            line.append(contentsOf: escaped.utf8)
         }
     }
 

@@ -61,7 +61,9 @@ struct LogSafetyTests {
         "evil\n2026-01-01T00:00:00+0000 info siwa-events: outcome=accepted jti=fake [SiwaHTTP] delivery",
         "x outcome=accepted",
         "quote\"d \\ back\u{1b}[2Jslash\r\t\u{0}",
-        "",
+        // Past ASCII: Unicode's spaces, the C1 next-line and the line separator quote too.
+        "em\u{2003}space", "no-break\u{A0}space", "next\u{85}line", "line\u{2028}separator",
+        "",  // last: the binary test posts all but this one
     ]
 
     @Test("Each hostile value stays one quoted value of its own key: no new line, no new key, the value read back exactly")
@@ -77,6 +79,8 @@ struct LogSafetyTests {
         // Plain words stay bare, as StreamLogHandler writes them.
         let plain = LineLogHandler.render(event: LogEvent(level: .info, message: "m", metadata: nil, source: "S", file: "", function: "", line: 0), label: "l", metadata: ["jti": "abc-1.2", "aud": "com.example.app"], timestamp: "T")
         #expect(plain == "T info l: aud=com.example.app jti=abc-1.2 [S] m\n")
+        let accented = LineLogHandler.render(event: LogEvent(level: .info, message: "m", metadata: nil, source: "S", file: "", function: "", line: 0), label: "l", metadata: ["name": "café-日本"], timestamp: "T")
+        #expect(accented == "T info l: name=café-日本 [S] m\n")
     }
 
     @Test("JSON lines: one object per line, every value read back exactly")
@@ -127,14 +131,14 @@ struct LogSafetyTests {
             switch format {
             case "text":
                 let deliveries = lines.filter { $0.hasSuffix("] delivery") }.compactMap(Self.pairs)
-                #expect(deliveries.count == 3, "\(lines)")
+                #expect(deliveries.count == Self.hostile.count - 1, "\(lines)")
                 #expect(deliveries.allSatisfy { $0["outcome"] == "rejected" && $0["reason"] == "bad_signature" })
                 #expect(Set(deliveries.compactMap { $0["jti"] }) == Set(Self.hostile.dropLast().map { $0.replacingOccurrences(of: "\u{0}", with: "") }))
             default:
                 let objects = lines.map { JSONValue.parse(Data($0.utf8)) }
                 #expect(objects.allSatisfy { $0?["message"]?.stringValue != nil }, "\(lines.filter { JSONValue.parse(Data($0.utf8)) == nil })")
                 let deliveries = objects.compactMap { $0 }.filter { $0["message"] == .string("delivery") }
-                #expect(deliveries.count == 3)
+                #expect(deliveries.count == Self.hostile.count - 1)
                 #expect(deliveries.allSatisfy { $0["outcome"] == .string("rejected") })
             }
         }
