@@ -1,5 +1,7 @@
 import ArgumentParser
 import Foundation
+import NIOCore
+import NIOPosix
 import SiwaApp
 
 /// A command that reads settings: the groups it declares are the only settings it reads, from flags
@@ -132,7 +134,12 @@ enum CommandLineSettings {
 extension SiwaEvents {
     /// ArgumentParser's entry point, with the settings' flags taken off first and the settings of
     /// the command's groups added to its `--help`.
+    ///
+    /// First, Swift concurrency's jobs are set to run on NIO's event loops, the threads that already
+    /// carry HTTP and PostgreSQL: a handler resumed by a request's bytes or a query's answer goes on
+    /// where they arrived, instead of being handed to the cooperative pool and back.
     static func main() async {
+        NIOSingletons.unsafeTryInstallSingletonPosixEventLoopGroupAsConcurrencyGlobalExecutor()
         let arguments = Array(CommandLine.arguments.dropFirst())
         let (command, path, help) = CommandLineSettings.command(arguments)
         guard let reader = command as? any SettingsCommand.Type else {
