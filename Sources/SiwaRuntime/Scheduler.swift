@@ -69,7 +69,9 @@ package enum Scheduler {
                         if stopping() { break }
                         switch pace(round) {
                         case .again: continue
-                        case .idle: await doorbell.wait(timeout: schedule.interval)
+                        // A doorbell closed by another loop sharing it (each its own service, shut
+                        // down one at a time) answers at once: this loop polls until its own turn.
+                        case .idle: await (doorbell.isClosed ? pause : doorbell).wait(timeout: schedule.interval)
                         case .after(let delay): await pause.wait(timeout: delay)
                         }
                     } catch {

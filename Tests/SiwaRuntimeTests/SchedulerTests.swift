@@ -119,6 +119,32 @@ struct SchedulerTests {
         #expect(rounds.count.withLock { $0 } == 1)
     }
 
+    @Test("Loops sharing a doorbell are shut down one at a time (each its own service): the one still running after another's shutdown closed the doorbell waits out its interval, not spinning")
+    func sharedDoorbellClosedByAnother() async throws {
+        let doorbell = Doorbell()
+        let rounds = Rounds()
+        let other = Task {
+            await Scheduler.run(Schedule(interval: .seconds(3600), doorbell: doorbell), once: { _ = rounds.round() }) { _ in }
+        }
+        var iterator = rounds.stream.makeAsyncIterator()
+        #expect(await iterator.next() == 1)
+        try await testGracefulShutdown { shutdown in
+            let first = Task {
+                await Scheduler.run(Schedule(interval: .seconds(3600), doorbell: doorbell), once: { _ = rounds.round() }) { _ in }
+            }
+            #expect(await iterator.next() == 2)
+            while doorbell.waiting < 2 { await Task.yield() }
+            shutdown.triggerGracefulShutdown()
+            try await Self.ended(first)
+        }
+        // Closing woke the other loop for one more round; its next wait is its hour, not the
+        // closed doorbell answering at once (a round each time, as fast as they run).
+        #expect(await iterator.next() == 3)
+        other.cancel()
+        try await Self.ended(other)
+        #expect(rounds.count.withLock { $0 } == 3)
+    }
+
     @Test("Graceful shutdown abandons a round in progress when the schedule says so")
     func gracefulShutdownAbandonsRound() async throws {
         let schedule = {
