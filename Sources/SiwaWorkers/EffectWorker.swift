@@ -48,10 +48,12 @@ package final class EffectWorker: Service, Sendable {
     let callbackDoorbell: Doorbell?
     let logger: Logger
     let metrics: WorkerMetrics?
+    /// The process's effect workers together: who claims when one is mid-round.
+    let crew: EffectCrew
 
     init(
         name: String, configuration: Configuration, store: EffectStore, doorbell: Doorbell, callbackDoorbell: Doorbell?, logger: Logger,
-        metrics: WorkerMetrics?
+        metrics: WorkerMetrics?, crew: EffectCrew
     ) {
         self.name = name
         self.configuration = configuration
@@ -60,14 +62,27 @@ package final class EffectWorker: Service, Sendable {
         self.callbackDoorbell = callbackDoorbell
         self.logger = logger
         self.metrics = metrics
+        self.crew = crew
     }
 
     package func run() async throws {
         await Scheduler.run(
-            Schedule(interval: configuration.pollInterval, doorbell: doorbell), once: { try await self.runOnce() },
-            pace: { $0.claimed > 0 ? .again : .idle }
+            Schedule(interval: configuration.pollInterval, doorbell: doorbell), once: { try await self.round() },
+            pace: { $0 ? .again : .idle }
         ) { error in
             logger.warning("worker: database error; retrying", metadata: ["worker": "\(name)", "error": "\(loggable(error))"])
+        }
+    }
+
+    /// One turn of the run loop: a claim, unless another worker is mid-round and will take the
+    /// jobs in its next claim (`EffectCrew`). Whether to claim again at once.
+    private func round() async throws -> Bool {
+        guard crew.begin() else { return false }
+        do {
+            return crew.end(claimed: try await runOnce().claimed)
+        } catch {
+            crew.abandon()
+            throw error
         }
     }
 

@@ -85,10 +85,11 @@ package final class EffectWorkers: Service, Sendable {
             batchSize: configuration.batchSize, lease: configuration.lease, pollInterval: configuration.pollInterval, retry: configuration.retry,
             eraseOnDelete: configuration.eraseOnDelete, callbacks: callbacks,
             appleTokens: configuration.appleRevocations != nil && configuration.revokeOnAppleEvents ? .revoke : .forget)
+        let crew = EffectCrew(batchSize: configuration.batchSize)
         effects = (0..<configuration.workers).map { [effectDoorbell] index in
             EffectWorker(
                 name: "\(identity)/\(index)", configuration: effect, store: store, doorbell: effectDoorbell,
-                callbackDoorbell: callbacks ? doorbells[.callbacks] : nil, logger: logger, metrics: metrics)
+                callbackDoorbell: callbacks ? doorbells[.callbacks] : nil, logger: logger, metrics: metrics, crew: crew)
         }
         maintainer = QueueMaintainer(
             configuration: .init(maxAttempts: configuration.maxAttempts, retention: configuration.retention, interval: configuration.maintenanceInterval),
