@@ -7,9 +7,9 @@ import NIOCore
 import NIOHTTP1
 import ServiceLifecycle
 import SiwaApp
-import SiwaRuntime
 import SiwaAppleStandIn
 import SiwaDomain
+import SiwaRuntime
 import UnixSignals
 
 /// `standin`: Apple's auth endpoints on this machine, beside the key-set stand-in of `keys`/`send`.

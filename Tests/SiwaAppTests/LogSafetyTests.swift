@@ -4,9 +4,9 @@ import Logging
 import NIOCore
 import NIOHTTP1
 import SiwaApp
-import SiwaRuntime
 import SiwaDomain
 import SiwaEmbeddedPostgres
+import SiwaRuntime
 import SiwaTestSupport
 import Testing
 
