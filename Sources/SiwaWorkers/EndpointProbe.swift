@@ -167,17 +167,20 @@ package struct EndpointProbe: Sendable {
     static func handshake(host: String, port: Int, tls: TLSConfiguration, timeout: Duration) async throws -> Session {
         let context = try NIOSSLContext(configuration: tls)
         let group = MultiThreadedEventLoopGroup.singleton
-        let channel = try await ClientBootstrap(group: group)
+        let serverHostname = Self.resolve(host) == [host] ? nil : host
+        // The waiter comes back from the initializer, not from a pipeline lookup after connect: a
+        // handshake that fails at once closes the channel and empties its pipeline first.
+        let (channel, waiter) = try await ClientBootstrap(group: group)
             .connectTimeout(.nanoseconds(timeout.nanoseconds))
-            .channelInitializer { channel in
+            .connect(host: host, port: port) { channel in
                 channel.eventLoop.makeCompletedFuture {
-                    try channel.pipeline.syncOperations.addHandler(try NIOSSLClientHandler(context: context, serverHostname: Self.resolve(host) == [host] ? nil : host))
-                    try channel.pipeline.syncOperations.addHandler(HandshakeWaiter())
+                    try channel.pipeline.syncOperations.addHandler(try NIOSSLClientHandler(context: context, serverHostname: serverHostname))
+                    let waiter = HandshakeWaiter()
+                    try channel.pipeline.syncOperations.addHandler(waiter)
+                    return (channel, waiter)
                 }
             }
-            .connect(host: host, port: port).get()
         defer { channel.close(promise: nil) }
-        let waiter = try await channel.pipeline.handler(type: HandshakeWaiter.self).get()
         let deadline = channel.eventLoop.scheduleTask(in: .nanoseconds(timeout.nanoseconds)) {
             waiter.complete(.failure(ChannelError.connectTimeout(.nanoseconds(timeout.nanoseconds))))
         }
