@@ -102,6 +102,22 @@ struct VerifierTests {
         #expect(reason("\(Base64URL.encode(Data("not json".utf8))).e30.c2ln") == .malformedRequest)
     }
 
+    @Test("A token is split at its dots as String.split would: empty segments kept, at most four, the count named")
+    func segments() throws {
+        for text in ["", ".", "a..b", "é.ü.ß", "a.b.c.d.e", "..."] {
+            let split = text.split(separator: ".", maxSplits: 3, omittingEmptySubsequences: false)
+            #expect(CompactJWS.segments(text) == split, "\(text)")
+        }
+        for (text, count) in [("a.b", 2), ("a.b.c.d.e", 4), ("abc", 1)] {
+            do {
+                _ = try CompactJWS(text)
+                Issue.record("\(text) parsed")
+            } catch {
+                #expect(error.message.hasSuffix("found \(count)"), "\(error.message)")
+            }
+        }
+    }
+
     @Test("iss other than Apple is wrong_issuer")
     func issuer() throws {
         do {
