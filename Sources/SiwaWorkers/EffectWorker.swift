@@ -119,7 +119,7 @@ package final class EffectWorker: Service, Sendable {
         guard !round.claimed.isEmpty else { return EffectRound() }
         if !round.applied.isEmpty { callbackDoorbell?.ring() }
         let elapsed = ContinuousClock.now - started
-        for effect in round.applied { logApplied(effect, batch: round.claimed.count, elapsed: elapsed) }
+        logApplied(round.applied, batch: round.claimed.count, elapsed: elapsed)
         return EffectRound(claimed: round.claimed.count, applied: round.applied.count)
     }
 
@@ -139,7 +139,7 @@ package final class EffectWorker: Service, Sendable {
             switch outcome {
             case .applied(let effect):
                 callbackDoorbell?.ring()
-                logApplied(effect, batch: 1, elapsed: elapsed)
+                logApplied([effect], batch: 1, elapsed: elapsed)
                 return true
             case .failed(let error, let discarded):
                 let result = discarded ? "discarded" : "retrying"
@@ -163,16 +163,18 @@ package final class EffectWorker: Service, Sendable {
         }
     }
 
-    /// The one log line (and metrics) of an applied effect.
-    private func logApplied(_ effect: AppliedEffect, batch: Int, elapsed: Duration) {
-        metrics?.attempt(lane: Lane.effects.rawValue, outcome: "applied", took: elapsed)
-        metrics?.effect(type: effect.type, effect: effect.effect)
-        logger.info(
-            "job",
-            metadata: [
-                "outcome": "applied", "job_id": "\(effect.jobID)", "jti": "\(effect.jti)", "aud": "\(effect.aud)", "type": "\(effect.type)",
-                "effect": "\(effect.effect)", "revoked_sessions": "\(effect.revokedSessions)", "worker": "\(name)",
-                "batch": "\(batch)", "batch_ms": "\(Double(elapsed.components.attoseconds / 1_000_000_000_000) / 1000 + Double(elapsed.components.seconds) * 1000)",
-            ])
+    /// The log line of each applied effect of a batch, and their metrics (counted per batch).
+    private func logApplied(_ effects: [AppliedEffect], batch: Int, elapsed: Duration) {
+        metrics?.applied(effects, took: elapsed)
+        let (worker, size): (Logger.MetadataValue, Logger.MetadataValue) = ("\(name)", "\(batch)")
+        let batchMillis: Logger.MetadataValue = "\(Double(elapsed.components.attoseconds / 1_000_000_000_000) / 1000 + Double(elapsed.components.seconds) * 1000)"
+        for effect in effects {
+            logger.info(
+                "job",
+                metadata: [
+                    "outcome": "applied", "job_id": "\(effect.jobID)", "jti": "\(effect.jti)", "aud": "\(effect.aud)", "type": "\(effect.type)",
+                    "effect": "\(effect.effect)", "revoked_sessions": "\(effect.revokedSessions)", "worker": worker, "batch": size, "batch_ms": batchMillis,
+                ])
+        }
     }
 }

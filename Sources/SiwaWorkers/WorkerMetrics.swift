@@ -32,11 +32,29 @@ package struct WorkerMetrics: Sendable {
         durations[lane]?.record(duration)
     }
 
-    /// An applied effect: its event type and what it changed (`consent_revoked`, `none`, …).
-    func effect(type: String, effect: String) {
+    /// The effects of a batch applied in `duration`: an `applied` attempt each, and each counted by
+    /// its event type and what it changed (`consent_revoked`, `none`, …). Each counter is looked up
+    /// once per batch, not once per effect.
+    func applied(_ effects: [AppliedEffect], took duration: Duration) {
+        guard !effects.isEmpty else { return }
         registry.makeCounter(
-            descriptor: MetricNameDescriptor(namespace: "siwa", metricName: "effects", unitName: "total", helpText: "Effects applied by event type and what changed"),
-            labels: [("type", type), ("effect", effect)]
-        ).increment()
+            descriptor: MetricNameDescriptor(namespace: "siwa", metricName: "job_attempts", unitName: "total", helpText: "Job attempts by lane and outcome"),
+            labels: [("lane", Lane.effects.rawValue), ("outcome", "applied")]
+        ).increment(by: Int64(effects.count))
+        let histogram = durations[Lane.effects.rawValue]
+        for _ in effects { histogram?.record(duration) }
+        var counts: [Pair: Int64] = [:]
+        for effect in effects { counts[Pair(type: effect.type, effect: effect.effect), default: 0] += 1 }
+        for (pair, count) in counts {
+            registry.makeCounter(
+                descriptor: MetricNameDescriptor(namespace: "siwa", metricName: "effects", unitName: "total", helpText: "Effects applied by event type and what changed"),
+                labels: [("type", pair.type), ("effect", pair.effect)]
+            ).increment(by: count)
+        }
+    }
+
+    private struct Pair: Hashable {
+        var type: String
+        var effect: String
     }
 }
