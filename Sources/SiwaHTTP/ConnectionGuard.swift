@@ -201,9 +201,11 @@ package enum ConnectionPhaseEvent: Sendable {
     case responseWritten
 }
 
-/// First in the pipeline (raw bytes, before TLS): keeps one deadline at a time, on the event loop
-/// (a NIO scheduled task), and closes the connection when it passes; tells `ConnectionRegistry`
-/// whether a request is in progress.
+/// First in the pipeline (raw bytes, before TLS): keeps the current phase's deadline and closes
+/// the connection when it passes; tells `ConnectionRegistry` whether a request is in progress.
+/// One NIO timer per connection, re-armed lazily: a phase whose deadline is no earlier than the
+/// armed timer's leaves it, and the timer, firing early, arms itself for the deadline then due.
+/// Keep-alive traffic so schedules no timer per request (BENCHMARKS.md, issue 32, lever 5).
 package final class ConnectionDeadlines: ChannelDuplexHandler, RemovableChannelHandler {
     package typealias InboundIn = Any
     package typealias OutboundIn = Any
@@ -233,7 +235,10 @@ package final class ConnectionDeadlines: ChannelDuplexHandler, RemovableChannelH
     private let connections: ConnectionRegistry?
     private let onCut: @Sendable (ConnectionCut) -> Void
     private var phase: Phase?
-    private var deadline: Scheduled<Void>?
+    /// The current phase's deadline and the cut it makes; nil while its answer is being made.
+    private var due: (at: NIODeadline, cut: ConnectionCut)?
+    /// The armed timer and when it fires: never later than `due`.
+    private var timer: (task: Scheduled<Void>, at: NIODeadline)?
     /// Half-closures seen: once both halves are shut the connection is closed whole, so it is not
     /// held (and counted) until its idle deadline.
     private var inputClosed = false
@@ -312,7 +317,6 @@ package final class ConnectionDeadlines: ChannelDuplexHandler, RemovableChannelH
     }
 
     private func enter(_ next: Phase, _ context: ChannelHandlerContext) {
-        cancel()
         // Admitted idle: only a change is reported (an idle connection's age is its first report's).
         if next.isIdle != (phase?.isIdle ?? true) { connections?.update(context.channel, idle: next.isIdle) }
         phase = next
@@ -324,18 +328,31 @@ package final class ConnectionDeadlines: ChannelDuplexHandler, RemovableChannelH
             case .request: (limits.requestTimeout, .requestTimeout)
             case .responding: nil
             }
-        guard let (duration, cut) = limit else { return }
-        let onCut = self.onCut
-        let loopBound = NIOLoopBound(context, eventLoop: context.eventLoop)
-        deadline = context.eventLoop.scheduleTask(in: .nanoseconds(Int64(duration.components.seconds) * 1_000_000_000 + duration.components.attoseconds / 1_000_000_000)) {
-            onCut(cut)
-            loopBound.value.close(promise: nil)
-        }
+        due = limit.map { (duration, cut) in (context.eventLoop.now + TimeAmount(duration), cut) }
+        if let due, timer.map({ due.at < $0.at }) ?? true { arm(at: due.at, context) }
+    }
+
+    /// The timer fired: cuts the connection if its current deadline has passed, else arms the
+    /// timer again for that deadline (none while an answer is being made).
+    private func fired(_ context: ChannelHandlerContext) {
+        timer = nil
+        guard let due else { return }
+        guard due.at <= context.eventLoop.now else { return arm(at: due.at, context) }
+        self.due = nil
+        onCut(due.cut)
+        context.close(promise: nil)
+    }
+
+    private func arm(at deadline: NIODeadline, _ context: ChannelHandlerContext) {
+        timer?.task.cancel()
+        let loopBound = NIOLoopBound((self, context), eventLoop: context.eventLoop)
+        timer = (context.eventLoop.scheduleTask(deadline: deadline) { loopBound.value.0.fired(loopBound.value.1) }, deadline)
     }
 
     private func cancel() {
-        deadline?.cancel()
-        deadline = nil
+        timer?.task.cancel()
+        timer = nil
+        due = nil
     }
 }
 
