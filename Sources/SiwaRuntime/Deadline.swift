@@ -35,6 +35,42 @@ package func withDeadline<T: Sendable>(_ limit: Duration, _ operation: @escaping
     }
 }
 
+/// As `withDeadline`, for an operation another task runs: `submit` hands it a `Completion`, to
+/// call once with the operation's result. `expired` runs when the limit passes first (the
+/// operation is then still running, or still waiting to start, wherever it was handed).
+package func withDeadline<T: Sendable>(
+    _ limit: Duration, submit: (Completion<T>) -> Void, expired: @escaping @Sendable () -> Void = {}
+) async throws -> T {
+    let race = Race<T>()
+    return try await withTaskCancellationHandler {
+        try await withCheckedThrowingContinuation { (continuation: CheckedContinuation<T, any Error>) in
+            let timer = after(limit) {
+                if race.finish(.failure(DeadlineExceeded(limit: limit))) { expired() }
+            }
+            race.set(continuation, work: nil)
+            submit(Completion(race: race, timer: timer))
+        }
+    } onCancel: {
+        race.cancel()
+    }
+}
+
+/// The answer to a `withDeadline(_:submit:expired:)` caller: the first result given wins.
+package struct Completion<T: Sendable>: Sendable {
+    fileprivate let race: Race<T>
+    fileprivate let timer: Scheduled<Void>
+
+    /// Answers the caller (unless its deadline or cancellation answered it first).
+    package func callAsFunction(_ result: Result<T, any Error>) {
+        race.finish(result)
+        timer.cancel()
+    }
+
+    /// The caller has its answer already (a result, its deadline or its cancellation): an
+    /// operation not yet started need not start.
+    package var isAnswered: Bool { race.isFinished }
+}
+
 /// Runs `body` after `delay` on an event loop: a timer that, cancelled, is freed at once (unlike
 /// a cancelled `Task.sleep`, see `withDeadline`).
 @discardableResult
@@ -44,7 +80,7 @@ package func after(_ delay: Duration, _ body: @escaping @Sendable () -> Void) ->
 
 /// The first result wins; later ones are dropped. Cancellation is a result too, and may come
 /// before the continuation and the operation's task are registered.
-private final class Race<T: Sendable>: Sendable {
+fileprivate final class Race<T: Sendable>: Sendable {
     private struct State {
         var result: Result<T, any Error>?
         var waiter: CheckedContinuation<T, any Error>?
@@ -53,7 +89,9 @@ private final class Race<T: Sendable>: Sendable {
     }
     private let state = Mutex(State())
 
-    func set(_ continuation: CheckedContinuation<T, any Error>, work: Task<Void, Never>) {
+    var isFinished: Bool { state.withLock { $0.result != nil } }
+
+    func set(_ continuation: CheckedContinuation<T, any Error>, work: Task<Void, Never>?) {
         let (ready, cancelled) = state.withLock { state -> (Result<T, any Error>?, Bool) in
             state.work = work
             guard let result = state.result else {
@@ -62,18 +100,21 @@ private final class Race<T: Sendable>: Sendable {
             }
             return (result, state.cancelled)
         }
-        if cancelled { work.cancel() }
+        if cancelled { work?.cancel() }
         if let ready { continuation.resume(with: ready) }
     }
 
-    func finish(_ result: Result<T, any Error>) {
-        let waiter = state.withLock { state -> CheckedContinuation<T, any Error>? in
-            guard state.result == nil else { return nil }
+    /// Whether `result` won (was the first).
+    @discardableResult
+    func finish(_ result: Result<T, any Error>) -> Bool {
+        let (won, waiter) = state.withLock { state -> (Bool, CheckedContinuation<T, any Error>?) in
+            guard state.result == nil else { return (false, nil) }
             state.result = result
             defer { state.waiter = nil }
-            return state.waiter
+            return (true, state.waiter)
         }
         waiter?.resume(with: result)
+        return won
     }
 
     func cancel() {

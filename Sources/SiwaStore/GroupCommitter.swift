@@ -49,6 +49,8 @@ package final class GroupCommitter: Service, Sendable {
     private let logger: Logger
     private let onBatch: @Sendable (Int) -> Void
     private let state = Mutex(State())
+    /// A kept connection per commit slot, free ones on top (see `KeptConnection`).
+    private let slots: Mutex<[KeptConnection]>
     /// Batches taken, for `run` to commit.
     private let batches: AsyncStream<[Pending]>
     private let batchesIn: AsyncStream<[Pending]>.Continuation
@@ -65,6 +67,7 @@ package final class GroupCommitter: Service, Sendable {
         self.timeout = timeout
         self.logger = logger
         self.onBatch = onBatch
+        self.slots = Mutex((0..<maximumInFlight).map { _ in KeptConnection(client: store.client) })
         (batches, batchesIn) = AsyncStream.makeStream()
     }
 
@@ -80,6 +83,7 @@ package final class GroupCommitter: Service, Sendable {
                 self.batchesIn.finish()
             }
         }
+        for slot in slots.withLock({ $0 }) { slot.close() }
     }
 
     /// Requests waiting for a commit slot at most, by default: far above what a peak keeps queued
@@ -220,9 +224,12 @@ package final class GroupCommitter: Service, Sendable {
 
     private func commit(_ batch: [Pending]) async {
         onBatch(batch.count)
+        // A slot is free: at most `maximumInFlight` batches commit at once.
+        let slot = slots.withLock { $0.popLast() }
+        defer { if let slot { slots.withLock { $0.append(slot) } } }
         var unresolved: [Pending] = []
         do {
-            let outcomes = try await store.record(batch.map(\.item))
+            let outcomes = try await store.record(batch.map(\.item), kept: slot)
             for (pending, outcome) in zip(batch, outcomes) {
                 if let outcome {
                     pending.waiter.resume(.success(outcome))

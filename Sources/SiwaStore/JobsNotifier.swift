@@ -23,9 +23,12 @@ package final class JobsNotifier: Service, Sendable {
     private let minimumInterval: Duration
     private let state = Mutex(State())
     private let doorbell = Doorbell()
+    /// Under load a NOTIFY goes out every `minimumInterval`: on a connection kept meanwhile.
+    private let kept: KeptConnection
 
     package init(client: PostgresClient, minimumInterval: Duration = .milliseconds(5), logger: Logger) {
         self.client = client
+        self.kept = KeptConnection(client: client)
         self.minimumInterval = minimumInterval
         self.logger = logger
     }
@@ -50,6 +53,7 @@ package final class JobsNotifier: Service, Sendable {
             Schedule(interval: .seconds(3600), doorbell: doorbell), once: { await self.runOnce() },
             pace: { $0 ? .after(self.minimumInterval) : .idle }
         ) { _ in }
+        kept.close()
     }
 
     /// Sends one NOTIFY if jobs were enqueued since the last; returns whether it did.
@@ -61,7 +65,8 @@ package final class JobsNotifier: Service, Sendable {
         }
         guard pending else { return false }
         do {
-            try await client.bounded.query("SELECT pg_notify('siwa_jobs', '')", logger: logger)
+            let logger = self.logger
+            try await kept.withConnection { _ = try await $0.query("SELECT pg_notify('siwa_jobs', '')", logger: logger) }
         } catch {
             logger.debug("NOTIFY siwa_jobs failed; workers elsewhere find the jobs when they poll", metadata: ["error": "\(loggable(error))"])
         }

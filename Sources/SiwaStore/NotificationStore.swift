@@ -88,11 +88,12 @@ package struct NotificationStore: Sendable {
     /// Each outcome is `accepted` (inserted now), `duplicate` (same jti, or the same
     /// aud/sub/type/event_time under another jti, already stored — its deliveries are counted), or
     /// nil when neither could be decided in this snapshot (a copy committed concurrently by another
-    /// process): the caller submits it again. Idle workers are told after the commit.
-    package func record(_ batch: [Incoming]) async throws -> [RecordOutcome?] {
+    /// process): the caller submits it again. Idle workers are told after the commit. `kept`: the
+    /// connection to commit on (the group committer's), else one leased for this batch.
+    package func record(_ batch: [Incoming], kept: KeptConnection? = nil) async throws -> [RecordOutcome?] {
         guard !batch.isEmpty else { return [] }
         let logger = self.logger
-        let (outcomes, jobs) = try await client.bounded.transaction(logger: logger) { connection -> ([RecordOutcome?], Int) in
+        let insert: @Sendable (PostgresConnection) async throws -> ([RecordOutcome?], Int) = { connection in
             var outcomes = [RecordOutcome?](repeating: nil, count: batch.count)
             var firstIndexOfJTI: [String: Int] = [:]
             for (index, item) in batch.enumerated() where firstIndexOfJTI[item.notification.jti] == nil {
@@ -113,6 +114,12 @@ package struct NotificationStore: Sendable {
             }
             return (outcomes, jobs)
         }
+        let (outcomes, jobs) =
+            if let kept {
+                try await kept.transaction(logger: logger, insert)
+            } else {
+                try await client.bounded.transaction(logger: logger, insert)
+            }
         if jobs > 0 { jobsNotifier.jobsEnqueued() }
         return outcomes
     }

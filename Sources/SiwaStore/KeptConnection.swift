@@ -1,0 +1,195 @@
+import Logging
+import NIOCore
+import PostgresNIO
+import SiwaRuntime
+import Synchronization
+
+/// A pool connection kept while calls keep coming (a commit slot's batches, the jobs notifier's
+/// NOTIFYs), given back after `linger` without one. postgres-nio arms an idle timer (a task group,
+/// a `Task.sleep`, a dispatch timer) each time a connection goes back to the pool, so leasing per
+/// batch paid that per batch (BENCHMARKS.md, issue 32, lever 7). At rest nothing is kept: right
+/// after an outage the one connection back is free for the readiness ping. Calls are bounded as
+/// `BoundedPostgres`'s: answered within `limit`, at once when the caller is cancelled; a call past
+/// its limit keeps the connection it is stuck on, and the next call leases another.
+package final class KeptConnection: Sendable {
+    package static let defaultLinger: Duration = .milliseconds(250)
+
+    private let client: PostgresClient
+    private let limit: Duration
+    private let linger: Duration
+    private let holder = Mutex<Holder?>(nil)
+
+    package init(client: PostgresClient, limit: Duration = BoundedPostgres.defaultLimit, linger: Duration = KeptConnection.defaultLinger) {
+        self.client = client
+        self.limit = limit
+        self.linger = linger
+    }
+
+    /// `body` on the kept connection (leased now if none is kept).
+    package func withConnection<Result: Sendable>(_ body: @escaping @Sendable (PostgresConnection) async throws -> Result) async throws -> Result {
+        let holding = Mutex<Holder?>(nil)
+        return try await withDeadline(
+            limit,
+            submit: { (completion: Completion<Result>) in
+                let work = Work(
+                    run: { connection in
+                        do { completion(.success(try await body(connection))) } catch { completion(.failure(error)) }
+                    },
+                    fail: { completion(.failure($0)) },
+                    isAnswered: { completion.isAnswered })
+                holding.withLock { $0 = self.submit(work) }
+            },
+            expired: { holding.withLock { $0 }.map(self.retire) })
+    }
+
+    /// `PostgresClient.transaction` on the kept connection: the closure's own error, or BEGIN's or
+    /// COMMIT's, not postgres-nio's wrapper.
+    package func transaction<Result: Sendable>(logger: Logger, _ body: @escaping @Sendable (PostgresConnection) async throws -> Result) async throws -> Result {
+        try await withConnection { connection in
+            do {
+                return try await connection.withTransaction(logger: logger) { connection in try await body(connection) }
+            } catch let error as PostgresTransactionError {
+                throw error.closureError ?? error.beginError ?? error.commitError ?? error
+            }
+        }
+    }
+
+    /// Gives the connection back once the call in progress (if any) ends.
+    package func close() {
+        let current = holder.withLock { holder in
+            defer { holder = nil }
+            return holder
+        }
+        for work in current?.mailbox.close() ?? [] { work.fail(CancellationError()) }
+    }
+
+    /// Hands `work` to the holder of the kept connection, or to a new one (which leases it).
+    private func submit(_ work: Work) -> Holder {
+        let (chosen, started) = holder.withLock { holder -> (Holder, Bool) in
+            if let current = holder, current.mailbox.post(work) { return (current, false) }
+            let fresh = Holder()
+            _ = fresh.mailbox.post(work)
+            holder = fresh
+            return (fresh, true)
+        }
+        if started { start(chosen) }
+        return chosen
+    }
+
+    /// A call held by `stuck` passed its limit: later calls go to a new holder, with the calls
+    /// still waiting in its mailbox.
+    private func retire(_ stuck: Holder) {
+        holder.withLock { holder in
+            if holder === stuck { holder = nil }
+        }
+        for work in stuck.mailbox.close() where !work.isAnswered() { _ = submit(work) }
+    }
+
+    /// Leases a connection and runs the holder's calls on it until `linger` passes without one.
+    /// A connection found closed (a database restart) is given back and another leased.
+    private func start(_ holder: Holder) {
+        let (client, linger) = (self.client, self.linger)
+        Task {
+            var pending: Work? = nil
+            var leases = 0
+            repeat {
+                leases += 1
+                do {
+                    try await client.withConnection { connection in
+                        while true {
+                            let next: Work?
+                            if let waiting = pending {
+                                (next, pending) = (waiting, nil)
+                            } else {
+                                next = await holder.mailbox.next(within: linger)
+                            }
+                            guard let work = next else { return }
+                            if work.isAnswered() { continue }
+                            if connection.isClosed && leases < 3 {
+                                pending = work
+                                return
+                            }
+                            await work.run(connection)
+                        }
+                    }
+                } catch {
+                    // No connection: the call waiting for one fails with the pool's error.
+                    pending?.fail(error)
+                    pending = nil
+                    for work in holder.mailbox.close() { work.fail(error) }
+                }
+            } while pending != nil
+        }
+    }
+
+    private struct Work: Sendable {
+        var run: @Sendable (PostgresConnection) async -> Void
+        var fail: @Sendable (any Error) -> Void
+        var isAnswered: @Sendable () -> Bool
+    }
+
+    private final class Holder: Sendable {
+        let mailbox = Mailbox()
+    }
+
+    /// The calls waiting for a holder. Closed once it has been quiet for `linger` (or retired),
+    /// under the same lock as posting, so no call is posted to a holder that has stopped taking them.
+    private final class Mailbox: Sendable {
+        private struct State {
+            var works: [Work] = []
+            var waiter: (id: Int, continuation: CheckedContinuation<Work?, Never>)?
+            var nextID = 0
+            var closed = false
+        }
+        private let state = Mutex(State())
+
+        /// False when closed.
+        func post(_ work: Work) -> Bool {
+            let (posted, waiter) = state.withLock { state -> (Bool, CheckedContinuation<Work?, Never>?) in
+                guard !state.closed else { return (false, nil) }
+                guard let waiter = state.waiter else {
+                    state.works.append(work)
+                    return (true, nil)
+                }
+                state.waiter = nil
+                return (true, waiter.continuation)
+            }
+            waiter?.resume(returning: work)
+            return posted
+        }
+
+        /// The next call, or nil when closed or after `linger` without one (which closes it).
+        func next(within linger: Duration) async -> Work? {
+            await withCheckedContinuation { (continuation: CheckedContinuation<Work?, Never>) in
+                let (ready, id) = state.withLock { state -> (Work??, Int) in
+                    if !state.works.isEmpty { return (.some(state.works.removeFirst()), 0) }
+                    if state.closed { return (.some(nil), 0) }
+                    state.nextID += 1
+                    state.waiter = (state.nextID, continuation)
+                    return (nil, state.nextID)
+                }
+                if let ready { return continuation.resume(returning: ready) }
+                after(linger) {
+                    let waiter = self.state.withLock { state -> CheckedContinuation<Work?, Never>? in
+                        guard let waiter = state.waiter, waiter.id == id else { return nil }
+                        state.waiter = nil
+                        state.closed = true
+                        return waiter.continuation
+                    }
+                    waiter?.resume(returning: nil)
+                }
+            }
+        }
+
+        /// Closes it; returns the calls still waiting, not started.
+        func close() -> [Work] {
+            let (works, waiter) = state.withLock { state -> ([Work], CheckedContinuation<Work?, Never>?) in
+                state.closed = true
+                defer { state.works = []; state.waiter = nil }
+                return (state.works, state.waiter?.continuation)
+            }
+            waiter?.resume(returning: nil)
+            return works
+        }
+    }
+}
