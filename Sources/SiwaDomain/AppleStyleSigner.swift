@@ -42,7 +42,12 @@ package struct AppleStyleSigner: Sendable {
 
     /// Signs arbitrary header and claims (tests use this to forge every kind of bad token).
     package func sign(header: JSONValue, claims: JSONValue) throws -> String {
-        let input = Base64URL.encode(Data(header.jsonText.utf8)) + "." + Base64URL.encode(Data(claims.jsonText.utf8))
+        try sign(header: header, payload: Data(claims.jsonText.utf8))
+    }
+
+    /// Signs an arbitrary payload, byte for byte (tests: bytes no JSON writer would produce).
+    package func sign(header: JSONValue, payload: Data) throws -> String {
+        let input = Base64URL.encode(Data(header.jsonText.utf8)) + "." + Base64URL.encode(payload)
         let signature = try privateKey.signature(for: SHA256.hash(data: Data(input.utf8)), padding: .insecurePKCS1v1_5)
         return input + "." + Base64URL.encode(signature.rawRepresentation)
     }

@@ -102,6 +102,22 @@ struct VerifierTests {
         #expect(reason("\(Base64URL.encode(Data("not json".utf8))).e30.c2ln") == .malformedRequest)
     }
 
+    @Test("Signed claims holding a NUL are malformed: escaped, named as such; raw, not JSON at all")
+    func nulInClaims() throws {
+        let escaped = try signed { $0["nonce"] = .string("a\u{0}b") }
+        do {
+            _ = try verifier.verify(escaped, keys: Self.keys, now: Self.now)
+            Issue.record("an escaped NUL verified")
+        } catch {
+            #expect(error.reason == .malformedRequest && error.message.contains("NUL"), "\(error.message)")
+        }
+        var raw = Data(claims { _ in }.jsonText.dropLast().utf8)  // without its closing brace
+        raw += Data(#","n":"a"#.utf8) + [0] + Data(#"b"}"#.utf8)
+        let token = try Self.signer.sign(header: .object(["kid": .string(Self.signer.kid), "alg": .string("RS256")]), payload: raw)
+        #expect(reason(token) == .malformedRequest)
+        #expect(reason(try signed { $0["nonce"] = .string("a b") }) == nil)
+    }
+
     @Test("A token is split at its dots as String.split would: empty segments kept, at most four, the count named")
     func segments() throws {
         for text in ["", ".", "a..b", "é.ü.ß", "a.b.c.d.e", "..."] {
