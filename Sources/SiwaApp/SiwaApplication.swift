@@ -50,7 +50,8 @@ package struct SiwaApplication: Sendable {
     ) {
         let registry = PrometheusCollectorRegistry()
         let metrics = ReceiverMetrics(registry: registry, audiences: config.apple.bundleIDs)
-        let store = NotificationStore(client: client, logger: logger)
+        let keepConnections = config.database.poolSize >= KeptConnection.minimumPool
+        let store = NotificationStore(client: client, keepConnections: keepConnections, logger: logger)
         let rejectionStore = RejectionStore(client: client, logger: logger)
         let keys = AppleKeyCache(
             configuration: config.apple.keys, fetcher: keyFetcher, persistence: store, logger: logger, onRefresh: { metrics.count(keyRefresh: $0) })
@@ -58,7 +59,9 @@ package struct SiwaApplication: Sendable {
         let rejections = RejectionRecorder(
             store: rejectionStore, limitPerMinute: config.rejections.perMinute, tokensPerAudiencePerHour: config.rejections.otherAppTokensPerHour, metrics: metrics,
             logger: logger)
-        let committer = GroupCommitter(store: store, maximumQueued: config.http.commitQueueLimit, timeout: config.database.timeout, logger: logger) {
+        let committer = GroupCommitter(
+            store: store, maximumQueued: config.http.commitQueueLimit, timeout: config.database.timeout, keepConnections: keepConnections, logger: logger
+        ) {
             metrics.batchSize.record(Double($0))
         }
         self.committer = committer

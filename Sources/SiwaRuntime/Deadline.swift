@@ -42,16 +42,22 @@ package func withDeadline<T: Sendable>(
     _ limit: Duration, submit: (Completion<T>) -> Void, expired: @escaping @Sendable () -> Void = {}
 ) async throws -> T {
     let race = Race<T>()
+    let timer = after(limit) {
+        if race.finish(.failure(DeadlineExceeded(limit: limit))) { expired() }
+    }
     return try await withTaskCancellationHandler {
         try await withCheckedThrowingContinuation { (continuation: CheckedContinuation<T, any Error>) in
-            let timer = after(limit) {
-                if race.finish(.failure(DeadlineExceeded(limit: limit))) { expired() }
-            }
             race.set(continuation, work: nil)
+            // Cancelled before it was handed over: nothing to start.
+            guard !race.isFinished else { return }
             submit(Completion(race: race, timer: timer))
         }
     } onCancel: {
-        race.cancel()
+        // The operation may be stuck where it was handed: as at the deadline.
+        if race.cancel() {
+            timer.cancel()
+            expired()
+        }
     }
 }
 
@@ -117,15 +123,18 @@ fileprivate final class Race<T: Sendable>: Sendable {
         return won
     }
 
-    func cancel() {
-        let (waiter, work) = state.withLock { state -> (CheckedContinuation<T, any Error>?, Task<Void, Never>?) in
-            guard state.result == nil else { return (nil, nil) }
+    /// Whether the cancellation won (came before any result).
+    @discardableResult
+    func cancel() -> Bool {
+        let (won, waiter, work) = state.withLock { state -> (Bool, CheckedContinuation<T, any Error>?, Task<Void, Never>?) in
+            guard state.result == nil else { return (false, nil, nil) }
             state.result = .failure(CancellationError())
             state.cancelled = true
             defer { state.waiter = nil }
-            return (state.waiter, state.work)
+            return (true, state.waiter, state.work)
         }
         work?.cancel()
         waiter?.resume(throwing: CancellationError())
+        return won
     }
 }

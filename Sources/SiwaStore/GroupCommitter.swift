@@ -49,7 +49,8 @@ package final class GroupCommitter: Service, Sendable {
     private let logger: Logger
     private let onBatch: @Sendable (Int) -> Void
     private let state = Mutex(State())
-    /// A kept connection per commit slot, free ones on top (see `KeptConnection`).
+    /// A kept connection per commit slot, free ones on top (see `KeptConnection`); none: each
+    /// batch leases one.
     private let slots: Mutex<[KeptConnection]>
     /// Batches taken, for `run` to commit.
     private let batches: AsyncStream<[Pending]>
@@ -58,7 +59,7 @@ package final class GroupCommitter: Service, Sendable {
     /// `onBatch` is told each batch's size (for the `siwa_commit_batch_size` histogram).
     package init(
         store: NotificationStore, maximumBatch: Int = 512, maximumInFlight: Int = 2, maximumQueued: Int = GroupCommitter.defaultMaximumQueued,
-        timeout: Duration, logger: Logger, onBatch: @escaping @Sendable (Int) -> Void = { _ in }
+        timeout: Duration, keepConnections: Bool = false, logger: Logger, onBatch: @escaping @Sendable (Int) -> Void = { _ in }
     ) {
         self.store = store
         self.maximumBatch = maximumBatch
@@ -67,7 +68,7 @@ package final class GroupCommitter: Service, Sendable {
         self.timeout = timeout
         self.logger = logger
         self.onBatch = onBatch
-        self.slots = Mutex((0..<maximumInFlight).map { _ in KeptConnection(client: store.client) })
+        self.slots = Mutex(keepConnections ? (0..<maximumInFlight).map { _ in KeptConnection(client: store.client) } : [])
         (batches, batchesIn) = AsyncStream.makeStream()
     }
 
@@ -224,9 +225,17 @@ package final class GroupCommitter: Service, Sendable {
 
     private func commit(_ batch: [Pending]) async {
         onBatch(batch.count)
-        // A slot is free: at most `maximumInFlight` batches commit at once.
+        // A slot is free: at most `maximumInFlight` batches commit at once. It is back before
+        // `finish` starts the next batch.
         let slot = slots.withLock { $0.popLast() }
-        defer { if let slot { slots.withLock { $0.append(slot) } } }
+        let unresolved = await record(batch, on: slot)
+        if let slot { slots.withLock { $0.append(slot) } }
+        finish(unresolved: unresolved)
+    }
+
+    /// Commits `batch` on `slot` and answers its requests; returns those to try again (a copy
+    /// committed concurrently elsewhere made their outcome undecidable in this snapshot).
+    private func record(_ batch: [Pending], on slot: KeptConnection?) async -> [Pending] {
         var unresolved: [Pending] = []
         do {
             let outcomes = try await store.record(batch.map(\.item), kept: slot)
@@ -246,7 +255,7 @@ package final class GroupCommitter: Service, Sendable {
             // again); in a batch, each notification is recorded alone so only that row fails.
             guard batch.count > 1 else {
                 batch[0].waiter.resume(.failure(NotificationRefused(cause: error)))
-                return finish(unresolved: [])
+                return []
             }
             logger.warning("batch refused by the database; recording its notifications one by one", metadata: ["size": "\(batch.count)", "error": "\(loggable(error))"])
             for pending in batch {
@@ -262,7 +271,7 @@ package final class GroupCommitter: Service, Sendable {
         } catch {
             for pending in batch { pending.waiter.resume(.failure(error)) }
         }
-        finish(unresolved: unresolved)
+        return unresolved
     }
 
     /// Frees the batch's commit slot and starts the next batch, if one is waiting.

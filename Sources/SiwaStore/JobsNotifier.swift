@@ -23,12 +23,13 @@ package final class JobsNotifier: Service, Sendable {
     private let minimumInterval: Duration
     private let state = Mutex(State())
     private let doorbell = Doorbell()
-    /// Under load a NOTIFY goes out every `minimumInterval`: on a connection kept meanwhile.
-    private let kept: KeptConnection
+    /// Under load a NOTIFY goes out every `minimumInterval`: on a connection kept meanwhile (nil:
+    /// one leased per NOTIFY).
+    private let kept: KeptConnection?
 
-    package init(client: PostgresClient, minimumInterval: Duration = .milliseconds(5), logger: Logger) {
+    package init(client: PostgresClient, minimumInterval: Duration = .milliseconds(5), keepConnection: Bool = false, logger: Logger) {
         self.client = client
-        self.kept = KeptConnection(client: client)
+        self.kept = keepConnection ? KeptConnection(client: client) : nil
         self.minimumInterval = minimumInterval
         self.logger = logger
     }
@@ -53,7 +54,7 @@ package final class JobsNotifier: Service, Sendable {
             Schedule(interval: .seconds(3600), doorbell: doorbell), once: { await self.runOnce() },
             pace: { $0 ? .after(self.minimumInterval) : .idle }
         ) { _ in }
-        kept.close()
+        kept?.close()
     }
 
     /// Sends one NOTIFY if jobs were enqueued since the last; returns whether it did.
@@ -65,8 +66,12 @@ package final class JobsNotifier: Service, Sendable {
         }
         guard pending else { return false }
         do {
-            let logger = self.logger
-            try await kept.withConnection { _ = try await $0.query("SELECT pg_notify('siwa_jobs', '')", logger: logger) }
+            let (logger, notify): (Logger, PostgresQuery) = (self.logger, "SELECT pg_notify('siwa_jobs', '')")
+            if let kept {
+                try await kept.withConnection { _ = try await $0.query(notify, logger: logger) }
+            } else {
+                try await client.bounded.query(notify, logger: logger)
+            }
         } catch {
             logger.debug("NOTIFY siwa_jobs failed; workers elsewhere find the jobs when they poll", metadata: ["error": "\(loggable(error))"])
         }

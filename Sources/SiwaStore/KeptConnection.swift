@@ -13,6 +13,10 @@ import Synchronization
 /// its limit keeps the connection it is stuck on, and the next call leases another.
 package final class KeptConnection: Sendable {
     package static let defaultLinger: Duration = .milliseconds(250)
+    /// The smallest pool that lends connections to be kept (the commit slots and the notifier keep
+    /// three at most): a smaller one leases per call, first come first served, so the keepers never
+    /// hold back the effect workers, the API or the readiness ping.
+    package static let minimumPool = 8
 
     private let client: PostgresClient
     private let limit: Duration
@@ -25,11 +29,14 @@ package final class KeptConnection: Sendable {
         self.linger = linger
     }
 
-    /// `body` on the kept connection (leased now if none is kept).
-    package func withConnection<Result: Sendable>(_ body: @escaping @Sendable (PostgresConnection) async throws -> Result) async throws -> Result {
+    /// `body` on the kept connection (leased now if none is kept), answered within `limit` (nil:
+    /// the keeper's).
+    package func withConnection<Result: Sendable>(
+        limit: Duration? = nil, _ body: @escaping @Sendable (PostgresConnection) async throws -> Result
+    ) async throws -> Result {
         let holding = Mutex<Holder?>(nil)
         return try await withDeadline(
-            limit,
+            limit ?? self.limit,
             submit: { (completion: Completion<Result>) in
                 let work = Work(
                     run: { connection in
@@ -49,6 +56,9 @@ package final class KeptConnection: Sendable {
             do {
                 return try await connection.withTransaction(logger: logger) { connection in try await body(connection) }
             } catch let error as PostgresTransactionError {
+                // A failed ROLLBACK may leave the transaction open: the connection is not kept
+                // (closed, it is leased anew for the next call).
+                if error.rollbackError != nil { try? await connection.close() }
                 throw error.closureError ?? error.beginError ?? error.commitError ?? error
             }
         }
@@ -86,14 +96,14 @@ package final class KeptConnection: Sendable {
     }
 
     /// Leases a connection and runs the holder's calls on it until `linger` passes without one.
-    /// A connection found closed (a database restart) is given back and another leased.
+    /// A connection found closed (a database restart) is given back and another leased for the
+    /// call; a call that finds three in a row closed fails at once.
     private func start(_ holder: Holder) {
         let (client, linger) = (self.client, self.linger)
         Task {
             var pending: Work? = nil
-            var leases = 0
+            var closedInARow = 0
             repeat {
-                leases += 1
                 do {
                     try await client.withConnection { connection in
                         while true {
@@ -105,10 +115,17 @@ package final class KeptConnection: Sendable {
                             }
                             guard let work = next else { return }
                             if work.isAnswered() { continue }
-                            if connection.isClosed && leases < 3 {
+                            if connection.isClosed {
+                                closedInARow += 1
+                                guard closedInARow < 3 else {
+                                    work.fail(NoOpenConnection())
+                                    closedInARow = 0
+                                    continue
+                                }
                                 pending = work
                                 return
                             }
+                            closedInARow = 0
                             await work.run(connection)
                         }
                     }
@@ -120,6 +137,11 @@ package final class KeptConnection: Sendable {
                 }
             } while pending != nil
         }
+    }
+
+    /// The pool lent three connections in a row that were already closed.
+    package struct NoOpenConnection: Error, CustomStringConvertible {
+        package var description: String { "the database closed every connection the pool lent (is PostgreSQL restarting?)" }
     }
 
     private struct Work: Sendable {
@@ -137,8 +159,10 @@ package final class KeptConnection: Sendable {
     private final class Mailbox: Sendable {
         private struct State {
             var works: [Work] = []
-            var waiter: (id: Int, continuation: CheckedContinuation<Work?, Never>)?
-            var nextID = 0
+            var waiter: CheckedContinuation<Work?, Never>?
+            /// When the holder last began to wait (its quiet is measured from there).
+            var idleSince = ContinuousClock.now
+            var timerArmed = false
             var closed = false
         }
         private let state = Mutex(State())
@@ -152,32 +176,46 @@ package final class KeptConnection: Sendable {
                     return (true, nil)
                 }
                 state.waiter = nil
-                return (true, waiter.continuation)
+                return (true, waiter)
             }
             waiter?.resume(returning: work)
             return posted
         }
 
-        /// The next call, or nil when closed or after `linger` without one (which closes it).
+        /// The next call, or nil when closed or after `linger` without one (which closes it). One
+        /// timer per mailbox, re-armed lazily: a busy holder does not schedule one per call.
         func next(within linger: Duration) async -> Work? {
             await withCheckedContinuation { (continuation: CheckedContinuation<Work?, Never>) in
-                let (ready, id) = state.withLock { state -> (Work??, Int) in
-                    if !state.works.isEmpty { return (.some(state.works.removeFirst()), 0) }
-                    if state.closed { return (.some(nil), 0) }
-                    state.nextID += 1
-                    state.waiter = (state.nextID, continuation)
-                    return (nil, state.nextID)
+                let (ready, arm) = state.withLock { state -> (Work??, Bool) in
+                    if !state.works.isEmpty { return (.some(state.works.removeFirst()), false) }
+                    if state.closed { return (.some(nil), false) }
+                    state.waiter = continuation
+                    state.idleSince = .now
+                    defer { state.timerArmed = true }
+                    return (nil, !state.timerArmed)
                 }
                 if let ready { return continuation.resume(returning: ready) }
-                after(linger) {
-                    let waiter = self.state.withLock { state -> CheckedContinuation<Work?, Never>? in
-                        guard let waiter = state.waiter, waiter.id == id else { return nil }
-                        state.waiter = nil
-                        state.closed = true
-                        return waiter.continuation
+                if arm { armTimer(after: linger, linger: linger) }
+            }
+        }
+
+        private func armTimer(after delay: Duration, linger: Duration) {
+            after(delay) {
+                let (quiet, again) = self.state.withLock { state -> (CheckedContinuation<Work?, Never>?, Duration?) in
+                    // Busy (no waiter): its next wait arms the timer again.
+                    guard let waiter = state.waiter else {
+                        state.timerArmed = false
+                        return (nil, nil)
                     }
-                    waiter?.resume(returning: nil)
+                    let due = state.idleSince + linger
+                    guard ContinuousClock.now >= due else { return (nil, due - .now) }
+                    state.waiter = nil
+                    state.closed = true
+                    state.timerArmed = false
+                    return (waiter, nil)
                 }
+                if let again { self.armTimer(after: again, linger: linger) }
+                quiet?.resume(returning: nil)
             }
         }
 
@@ -186,7 +224,7 @@ package final class KeptConnection: Sendable {
             let (works, waiter) = state.withLock { state -> ([Work], CheckedContinuation<Work?, Never>?) in
                 state.closed = true
                 defer { state.works = []; state.waiter = nil }
-                return (state.works, state.waiter?.continuation)
+                return (state.works, state.waiter)
             }
             waiter?.resume(returning: nil)
             return works

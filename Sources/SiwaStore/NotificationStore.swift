@@ -48,10 +48,11 @@ package struct NotificationStore: Sendable {
     /// Told after each commit that enqueued jobs.
     package let jobsNotifier: JobsNotifier
 
-    package init(client: PostgresClient, logger: Logger) {
+    /// `keepConnections`: the notifier keeps its connection while busy (see `KeptConnection`).
+    package init(client: PostgresClient, keepConnections: Bool = false, logger: Logger) {
         self.client = client
         self.logger = logger
-        self.jobsNotifier = JobsNotifier(client: client, logger: logger)
+        self.jobsNotifier = JobsNotifier(client: client, keepConnection: keepConnections, logger: logger)
     }
 
     // MARK: NotificationsRecord

@@ -39,12 +39,21 @@ struct KeptConnectionTests {
             kept.close()
         }
         try await Self.withClient(maximumConnections: 1) { client in
-            let kept = KeptConnection(client: client, linger: .milliseconds(50))
+            // The pool's only connection, kept: a lease waits until the keeper gives it back.
+            let kept = KeptConnection(client: client, linger: .seconds(3600))
             let keptBackend = try await kept.withConnection { try await Self.backend($0) }
-            // The pool's only connection: leasable only once the keeper has given it back.
-            let leased = try await withDeadline(.seconds(60)) { try await client.withConnection { try await Self.backend($0) } }
-            #expect(leased == keptBackend)
-            #expect(try await kept.withConnection { try await Self.backend($0) } == keptBackend, "leased again after its linger")
+            await #expect(throws: DeadlineExceeded.self, "leased while kept") {
+                try await withDeadline(.milliseconds(300)) { try await client.withConnection { _ in } }
+            }
+            kept.close()
+            #expect(try await withDeadline(.seconds(60)) { try await client.withConnection { try await Self.backend($0) } } == keptBackend)
+
+            // Given back by itself after `linger` without a call.
+            let lingering = KeptConnection(client: client, linger: .milliseconds(200))
+            _ = try await lingering.withConnection { try await Self.backend($0) }
+            let asked = ContinuousClock.now
+            _ = try await withDeadline(.seconds(60)) { try await client.withConnection { _ in } }
+            #expect(ContinuousClock.now - asked >= .milliseconds(100), "given back before its linger")
         }
     }
 
@@ -66,31 +75,59 @@ struct KeptConnectionTests {
         }
     }
 
-    @Test("a call past its limit is answered at the limit, and the next call runs at once on another connection")
+    /// Another session holds advisory lock 42 until `release` is yielded.
+    static func holdingLock(_ client: PostgresClient, _ body: () async throws -> Void) async throws {
+        let (locked, lockedIn) = AsyncStream<Void>.makeStream()
+        let (release, releaseIn) = AsyncStream<Void>.makeStream()
+        let holder = Task {
+            try await client.withConnection { connection in
+                _ = try await connection.query("SELECT pg_advisory_lock(42)", logger: Self.logger)
+                lockedIn.yield()
+                for await _ in release { break }
+                _ = try await connection.query("SELECT pg_advisory_unlock(42)", logger: Self.logger)
+            }
+        }
+        for await _ in locked { break }
+        try await body()
+        releaseIn.yield()
+        try await holder.value
+    }
+
+    @Test("a call past its limit is answered at the limit, and the next call runs on another connection")
     func stuckCallLeavesItsConnection() async throws {
         try await Self.withClient(maximumConnections: 3) { client in
-            let (locked, lockedIn) = AsyncStream<Void>.makeStream()
-            let (release, releaseIn) = AsyncStream<Void>.makeStream()
-            // Another session holds advisory lock 42 until told.
-            let holder = Task {
-                try await client.withConnection { connection in
-                    _ = try await connection.query("SELECT pg_advisory_lock(42)", logger: Self.logger)
-                    lockedIn.yield()
-                    for await _ in release { break }
-                    _ = try await connection.query("SELECT pg_advisory_unlock(42)", logger: Self.logger)
+            try await Self.holdingLock(client) {
+                let kept = KeptConnection(client: client)
+                let stuckBackend = try await kept.withConnection { try await Self.backend($0) }
+                let asked = ContinuousClock.now
+                await #expect(throws: DeadlineExceeded.self) {
+                    try await kept.withConnection(limit: .milliseconds(300)) { _ = try await $0.query("SELECT pg_advisory_lock(42)", logger: Self.logger) }
                 }
+                #expect(ContinuousClock.now - asked >= .milliseconds(300))
+                let next = try await kept.withConnection { try await Self.backend($0) }
+                #expect(next != stuckBackend)
+                kept.close()
             }
-            for await _ in locked { break }
-            let kept = KeptConnection(client: client, limit: .milliseconds(300))
-            let stuckBackend = try await kept.withConnection { try await Self.backend($0) }
-            await #expect(throws: DeadlineExceeded.self) {
-                try await kept.withConnection { _ = try await $0.query("SELECT pg_advisory_lock(42)", logger: Self.logger) }
+        }
+    }
+
+    @Test("a cancelled call is answered at once, and the next call runs on another connection")
+    func cancelledCallLeavesItsConnection() async throws {
+        try await Self.withClient(maximumConnections: 3) { client in
+            try await Self.holdingLock(client) {
+                let kept = KeptConnection(client: client)
+                let stuckBackend = try await kept.withConnection { try await Self.backend($0) }
+                let call = Task { try await kept.withConnection { _ = try await $0.query("SELECT pg_advisory_lock(42)", logger: Self.logger) } }
+                // Until PostgreSQL shows the call waiting for the lock.
+                try await withDeadline(.seconds(60)) {
+                    while try await QueueTests.count(client, "SELECT count(*)::bigint FROM pg_locks WHERE locktype = 'advisory' AND NOT granted") == 0 {}
+                }
+                call.cancel()
+                await #expect(throws: CancellationError.self) { try await call.value }
+                let next = try await kept.withConnection { try await Self.backend($0) }
+                #expect(next != stuckBackend)
+                kept.close()
             }
-            let next = try await kept.withConnection { try await Self.backend($0) }
-            #expect(next != stuckBackend)
-            releaseIn.yield()
-            try await holder.value
-            kept.close()
         }
     }
 }
