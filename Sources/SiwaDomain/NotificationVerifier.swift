@@ -164,12 +164,12 @@ package struct NotificationVerifier: Sendable {
 }
 
 extension Data {
-    /// Byte-sequence search, without bridging to strings.
     /// A zero byte anywhere (`memchr`: `contains(0)` walks `Data`'s iterator a byte at a time).
     fileprivate var containsNUL: Bool {
         withUnsafeBytes { bytes in bytes.baseAddress.map { memchr($0, 0, bytes.count) != nil } ?? false }
     }
 
+    /// Byte-sequence search, without bridging to strings.
     fileprivate func containsSequence(_ needle: [UInt8]) -> Bool {
         guard !needle.isEmpty, count >= needle.count else { return false }
         return withUnsafeBytes { haystack in

@@ -37,7 +37,13 @@ extension PostgresClient {
         do {
             return try await withTransaction(logger: logger, body)
         } catch let error as PostgresTransactionError {
-            throw error.closureError ?? error.beginError ?? error.commitError ?? error
+            throw error.cause
         }
     }
+}
+
+extension PostgresTransactionError {
+    /// What went wrong itself: the closure's error (a rolled-back transaction's cause), or BEGIN's
+    /// or COMMIT's — not postgres-nio's wrapper around them.
+    var cause: any Error { closureError ?? beginError ?? commitError ?? self }
 }

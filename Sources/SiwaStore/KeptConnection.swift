@@ -59,7 +59,7 @@ package final class KeptConnection: Sendable {
                 // A failed ROLLBACK may leave the transaction open: the connection is not kept
                 // (closed, it is leased anew for the next call).
                 if error.rollbackError != nil { try? await connection.close() }
-                throw error.closureError ?? error.beginError ?? error.commitError ?? error
+                throw error.cause
             }
         }
     }

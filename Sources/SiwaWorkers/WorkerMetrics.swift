@@ -25,11 +25,17 @@ package struct WorkerMetrics: Sendable {
     /// One attempt of a job in `lane` that ended with `outcome` (applied, delivered, retrying,
     /// discarded, lease_lost).
     func attempt(lane: String, outcome: String, took duration: Duration) {
+        attempts(lane: lane, outcome: outcome, count: 1, took: duration)
+    }
+
+    /// `count` attempts of jobs in `lane` that ended with `outcome`, each taking `duration`.
+    private func attempts(lane: String, outcome: String, count: Int, took duration: Duration) {
         registry.makeCounter(
             descriptor: MetricNameDescriptor(namespace: "siwa", metricName: "job_attempts", unitName: "total", helpText: "Job attempts by lane and outcome"),
             labels: [("lane", lane), ("outcome", outcome)]
-        ).increment()
-        durations[lane]?.record(duration)
+        ).increment(by: Int64(count))
+        let histogram = durations[lane]
+        for _ in 0..<count { histogram?.record(duration) }
     }
 
     /// The effects of a batch applied in `duration`: an `applied` attempt each, and each counted by
@@ -37,12 +43,7 @@ package struct WorkerMetrics: Sendable {
     /// once per batch, not once per effect.
     func applied(_ effects: [AppliedEffect], took duration: Duration) {
         guard !effects.isEmpty else { return }
-        registry.makeCounter(
-            descriptor: MetricNameDescriptor(namespace: "siwa", metricName: "job_attempts", unitName: "total", helpText: "Job attempts by lane and outcome"),
-            labels: [("lane", Lane.effects.rawValue), ("outcome", "applied")]
-        ).increment(by: Int64(effects.count))
-        let histogram = durations[Lane.effects.rawValue]
-        for _ in effects { histogram?.record(duration) }
+        attempts(lane: Lane.effects.rawValue, outcome: "applied", count: effects.count, took: duration)
         var counts: [Pair: Int64] = [:]
         for effect in effects { counts[Pair(type: effect.type, effect: effect.effect), default: 0] += 1 }
         for (pair, count) in counts {
