@@ -368,7 +368,16 @@ extension TransferStore {
             WHERE aud = \(aud) AND sub = \(old)
             """, logger: logger)
         try await connection.query("UPDATE sessions SET sub = \(user.sub) WHERE aud = \(aud) AND sub = \(old)", logger: logger)
-        try await connection.query("UPDATE jobs SET sub = \(user.sub) WHERE aud = \(aud) AND sub = \(old)", logger: logger)
+        // Its jobs, found by index: its notifications' (before they move) and its Apple revocations.
+        try await connection.query(
+            """
+            UPDATE jobs SET sub = \(user.sub)
+            WHERE id IN (
+                SELECT j.id FROM notifications n JOIN jobs j ON j.notification_id = n.id WHERE n.aud = \(aud) AND n.sub = \(old)
+                UNION ALL
+                SELECT id FROM jobs WHERE lane = \(Lane.appleRevocations.rawValue) AND aud = \(aud) AND sub = \(old))
+              AND aud = \(aud) AND sub = \(old)
+            """, logger: logger)
         try await NotificationStore.rekey(aud: aud, from: old, to: user.sub, on: connection, logger: logger)
         try await connection.query(
             """

@@ -124,10 +124,19 @@ struct TransferTests {
             try await client.query("INSERT INTO sessions (aud, sub) VALUES ('com.example.app', \(sub))")
             try await client.query(
                 """
-                INSERT INTO notifications (jti, aud, sub, type, raw_type, event_time, status, kid, issued_at, raw_jws, header, claims)
-                VALUES (\("jti-" + sub), 'com.example.app', \(sub), 'consent-revoked', 'consent-revoked', now(), 'applied', 'k', now(), 'x', '{}', '{}')
+                WITH n AS (
+                    INSERT INTO notifications (jti, aud, sub, type, raw_type, event_time, status, kid, issued_at, raw_jws, header, claims)
+                    VALUES (\("jti-" + sub), 'com.example.app', \(sub), 'consent-revoked', 'consent-revoked', now(), 'applied', 'k', now(), 'x', '{}', '{}')
+                    RETURNING id, aud, sub, event_time)
+                INSERT INTO jobs (notification_id, aud, sub, event_time, state, finished_at) SELECT id, aud, sub, event_time, 'completed', now() FROM n
                 """)
         }
+        // A revocation at Apple still queued for the first user: it moves with them too.
+        try await client.query(
+            """
+            INSERT INTO jobs (lane, kind, aud, sub, target, payload) VALUES ('apple_revocations', 'refresh_token', 'com.example.app', \(subs[0]),
+                'com.example.app', 'ciphertext')
+            """)
         mark = HTTPClientRequest(url: "\(standIn.base)/standin/users")
         mark.method = .POST
         mark.headers.add(name: "Content-Type", value: "application/json")
@@ -150,6 +159,7 @@ struct TransferTests {
         #expect(try await Self.count(client, "SELECT count(*) FROM accounts a JOIN account_sub_changes c ON c.aud = a.aud AND c.new_sub = a.sub") == 31)
         #expect(try await Self.count(client, "SELECT count(*) FROM sessions s JOIN account_sub_changes c ON c.aud = s.aud AND c.new_sub = s.sub") == 28)
         #expect(try await Self.count(client, "SELECT count(*) FROM notifications n JOIN account_sub_changes c ON c.aud = n.aud AND c.new_sub = n.sub") == 28)
+        #expect(try await Self.count(client, "SELECT count(*) FROM jobs j JOIN account_sub_changes c ON c.aud = j.aud AND c.new_sub = j.sub") == 29)
         // The two users Apple refused (revoked the app) keep their accounts, sessions and history as they were.
         #expect(try await Self.count(client, "SELECT count(*) FROM sessions WHERE sub IN ('\(subs[7])', '\(subs[8])')") == 2)
         #expect(try await Self.count(client, "SELECT count(*) FROM accounts WHERE aud = 'com.example.app' AND erased_at IS NULL") == 33)
