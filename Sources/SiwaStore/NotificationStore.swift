@@ -327,7 +327,9 @@ package struct NotificationStore: Sendable {
                   AND NOT status::text = ANY(\(ProcessingStatus.open.map(\.rawValue))::text[])
                 ORDER BY received_at LIMIT \(limit)
             ), pruned AS (
-                DELETE FROM notifications WHERE id IN (SELECT id FROM old) RETURNING id
+                -- Status again: a replay may have reopened one since this snapshot (its row lock made this wait).
+                DELETE FROM notifications WHERE id IN (SELECT id FROM old) AND NOT status::text = ANY(\(ProcessingStatus.open.map(\.rawValue))::text[])
+                RETURNING id
             ), emptied AS (
                 -- Minutes whose notifications were all pruned (their counts folded to zero).
                 DELETE FROM notification_counts WHERE minute < now() - \(seconds) * interval '1 second' AND count = 0

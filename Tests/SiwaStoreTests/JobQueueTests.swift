@@ -101,6 +101,47 @@ struct JobQueueTests {
         }
     }
 
+    @Test("the history pruner and a replay of the same notification at once: a notification replayed while the pruner waits is kept with its jobs; one pruned while the replay waits is not replayed, and no job is left without it")
+    func pruneAndReplayRace() async throws {
+        try await Self.withAppliedEffects(2) { (client: PostgresClient, queue: JobQueue) async throws in
+            let notifications = NotificationStore(client: client, logger: Self.logger)
+            let jtis = try await Self.strings(client, "SELECT jti FROM notifications ORDER BY id")
+            // A replay of the first holds its row (as replayEffect's statement does until it commits); the pruner waits on it.
+            try await client.withConnection { replay in
+                try await replay.query("BEGIN", logger: Self.logger)
+                try await replay.query("UPDATE notifications SET status = 'pending' WHERE jti = \(jtis[0])", logger: Self.logger)
+                try await replay.query("UPDATE jobs SET state = 'available', finished_at = NULL WHERE lane = 'effects' AND notification_id = (SELECT id FROM notifications WHERE jti = \(jtis[0]))", logger: Self.logger)
+                let pruning = Task { try await notifications.prune(retention: .zero) }
+                let waiting = "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE 'WITH old AS%'"
+                #expect(try await DatabaseEvents.waitForLockWaiters(client, waiting, reach: 1), "the pruner never waited on the replay")
+                try await replay.query("COMMIT", logger: Self.logger)
+                #expect(try await pruning.value == 1, "only the notification nobody reopened")
+            }
+            #expect(try await Self.strings(client, "SELECT jti FROM notifications") == [jtis[0]])
+            #expect(try await QueueTests.count(client, "SELECT count(*) FROM jobs WHERE state = 'available' AND lane = 'effects'") == 1)
+            #expect(try await QueueTests.count(client, "SELECT count(*) FROM jobs j LEFT JOIN notifications n ON n.id = j.notification_id WHERE n.id IS NULL") == 0)
+
+            // The pruner's delete (its jobs go with it) holds the row until it commits; replayEffect waits on it.
+            try await client.query("UPDATE notifications SET status = 'applied'")
+            try await client.withConnection { pruner in
+                try await pruner.query("BEGIN", logger: Self.logger)
+                try await pruner.query("DELETE FROM notifications WHERE jti = \(jtis[0])", logger: Self.logger)
+                let replaying = Task { try await queue.replayEffect(jti: jtis[0]) }
+                let waiting = "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE 'WITH target AS%'"
+                #expect(try await DatabaseEvents.waitForLockWaiters(client, waiting, reach: 1), "the replay never waited on the pruner")
+                try await pruner.query("COMMIT", logger: Self.logger)
+                #expect(try await replaying.value == false, "nothing left to replay")
+            }
+            #expect(try await QueueTests.count(client, "SELECT count(*) FROM jobs") == 0, "no job without its notification")
+        }
+    }
+
+    static func strings(_ client: PostgresClient, _ sql: String) async throws -> [String] {
+        var values: [String] = []
+        for try await (value,) in try await client.query(PostgresQuery(unsafeSQL: sql)).decode((String,).self) { values.append(value) }
+        return values
+    }
+
     @Test("a failed effect job waits out its backoff: claimed only once the time given is past it")
     func retryAfterBackoff() async throws {
         try await QueueTests.withDatabase { client in

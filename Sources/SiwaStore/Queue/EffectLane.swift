@@ -237,6 +237,7 @@ extension JobQueue {
             WITH target AS (
                 SELECT id, aud, sub, event_time FROM notifications
                 WHERE jti = \(jti) AND type = ANY(\(EventType.allCases.map(\.rawValue))::text[])
+                FOR UPDATE  -- a notification the pruner is deleting is waited for, then not found
             ), marked AS (
                 \(unescaped: NotificationStore.followEffectJobSQL("SELECT id, '\(JobState.available.rawValue)' FROM target"))
             )
