@@ -27,6 +27,7 @@ let embedded: [(file: String, bytes: [UInt8])] = [
     ("019_endpoint_alerts.sql", PackageResources._19_endpoint_alerts_sql),
     ("020_endpoint_checks.sql", PackageResources._20_endpoint_checks_sql),
     ("021_open_effects_index.sql", PackageResources._21_open_effects_index_sql),
+    ("022_notifications_half_pages.sql", PackageResources._22_notifications_half_pages_sql),
 ]
 
 /// A numbered SQL migration from `sql/` (built into the binary, so it runs from any directory).
