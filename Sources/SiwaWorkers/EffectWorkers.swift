@@ -16,7 +16,9 @@ package final class EffectWorkers: Service, Sendable {
     /// The worker side's settings; `init` hands each loop its part.
     package struct Configuration: Sendable {
         package var workers = 4
-        package var batchSize = 200
+        /// Jobs one claim takes at most: a backlog drains in batches this size (BENCHMARKS.md);
+        /// a steady flow's batches are smaller.
+        package var batchSize = 400
         package var lease: Duration = EffectStore.defaultLease
         package var pollInterval: Duration = .milliseconds(100)
         package var maxAttempts = 25
