@@ -136,6 +136,28 @@ struct JobQueueTests {
         }
     }
 
+    @Test("a replay of a notification whose job a batch holds waits for the batch, which applies and commits, then replays: no deadlock")
+    func replayWaitsForTheBatch() async throws {
+        try await QueueTests.withDatabase { client in
+            let queue = JobQueue(client: client, logger: Self.logger)
+            try await QueueTests.insertJob(client, jti: "held", sub: "user-1", seconds: 0, logger: Self.logger)
+            try await client.withConnection { batch in
+                // A batch's order: its claim locks the job, its completion updates the notification.
+                try await batch.query("BEGIN", logger: Self.logger)
+                try await batch.query("SELECT id FROM jobs WHERE lane = 'effects' FOR UPDATE", logger: Self.logger)
+                let replaying = Task { try await queue.replayEffect(jti: "held") }
+                let waiting = "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE 'WITH target AS%'"
+                #expect(try await DatabaseEvents.waitForLockWaiters(client, waiting, reach: 1), "the replay never waited on the batch")
+                try await batch.query("UPDATE notifications SET status = 'applied' WHERE jti = 'held'", logger: Self.logger)
+                try await batch.query("UPDATE jobs SET state = 'completed', finished_at = now() WHERE lane = 'effects'", logger: Self.logger)
+                try await batch.query("COMMIT", logger: Self.logger)
+                #expect(try await replaying.value == true)
+            }
+            #expect(try await Self.strings(client, "SELECT status::text FROM notifications") == ["pending"])
+            #expect(try await Self.strings(client, "SELECT state::text FROM jobs") == ["available"])
+        }
+    }
+
     static func strings(_ client: PostgresClient, _ sql: String) async throws -> [String] {
         var values: [String] = []
         for try await (value,) in try await client.query(PostgresQuery(unsafeSQL: sql)).decode((String,).self) { values.append(value) }

@@ -237,7 +237,7 @@ extension JobQueue {
             WITH target AS (
                 SELECT id, aud, sub, event_time FROM notifications
                 WHERE jti = \(jti) AND type = ANY(\(EventType.allCases.map(\.rawValue))::text[])
-                FOR UPDATE  -- a notification the pruner is deleting is waited for, then not found
+                FOR KEY SHARE  -- the pruner's delete is waited for (then nothing is found); a batch's status update is not
             ), marked AS (
                 \(unescaped: NotificationStore.followEffectJobSQL("SELECT id, '\(JobState.available.rawValue)' FROM target"))
             )
