@@ -318,17 +318,18 @@ package struct NotificationStore: Sendable {
     @discardableResult
     package func prune(retention: Duration, limit: Int = 1000) async throws -> Int {
         let seconds = Int(retention.components.seconds)
+        let open = ProcessingStatus.open.map(\.rawValue)
         var deleted = 0
         for try await (n,) in try await client.bounded.query(
             """
             WITH old AS (
                 SELECT id FROM notifications
                 WHERE received_at < now() - \(seconds) * interval '1 second'
-                  AND NOT status::text = ANY(\(ProcessingStatus.open.map(\.rawValue))::text[])
+                  AND NOT status::text = ANY(\(open)::text[])
                 ORDER BY received_at LIMIT \(limit)
             ), pruned AS (
                 -- Status again: a replay may have reopened one since this snapshot (its row lock made this wait).
-                DELETE FROM notifications WHERE id IN (SELECT id FROM old) AND NOT status::text = ANY(\(ProcessingStatus.open.map(\.rawValue))::text[])
+                DELETE FROM notifications WHERE id IN (SELECT id FROM old) AND NOT status::text = ANY(\(open)::text[])
                 RETURNING id
             ), emptied AS (
                 -- Minutes whose notifications were all pruned (their counts folded to zero).
