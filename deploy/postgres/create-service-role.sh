@@ -13,8 +13,12 @@
 set -eu
 password_file=${SIWA_DB_PASSWORD_FILE:-/run/secrets/siwa-db-password}
 [ -s "$password_file" ] || { echo "create-service-role.sh: $password_file is missing or empty" >&2; exit 1; }
+# The password never goes on a command line (any user sees those in `ps`): psql reads the file
+# itself, into a variable (the backquoted `cat` is given the file's name, not its contents; one
+# trailing newline is dropped), and `:'password'` quotes it as a literal.
 psql -X -q -v ON_ERROR_STOP=1 --dbname "${PGDATABASE:-postgres}" \
-  -v role="${SIWA_DB_ROLE:-siwa}" -v database="${SIWA_DB_NAME:-siwa}" -v password="$(cat "$password_file")" <<'SQL'
+  -v role="${SIWA_DB_ROLE:-siwa}" -v database="${SIWA_DB_NAME:-siwa}" -v password_file="$password_file" <<'SQL'
+\set password `cat -- :'password_file'`
 CREATE ROLE :"role" LOGIN NOSUPERUSER NOCREATEDB NOCREATEROLE NOREPLICATION NOBYPASSRLS PASSWORD :'password';
 CREATE DATABASE :"database" OWNER :"role";
 REVOKE ALL ON DATABASE :"database" FROM PUBLIC;
