@@ -65,7 +65,7 @@ package struct EndpointProbe: Sendable {
             findings.append(.init(.url, .warn, "no path: siwa-events receives on /apple/notifications"))
         }
 
-        let addresses = Self.resolve(host)
+        let addresses = await Self.resolve(host)
         if addresses.isEmpty {
             findings.append(.init(.dns, .fail, "\(host) does not resolve: add an A/AAAA record for it"))
         } else if addresses.allSatisfy(Self.isPrivate) {
@@ -126,7 +126,17 @@ package struct EndpointProbe: Sendable {
         return EndpointReport(url: text, checkedAt: now, findings: findings, certificateExpiresAt: expiresAt)
     }
 
-    static func resolve(_ host: String) -> [String] {
+    /// The host's addresses, numeric, without duplicates; none when it does not resolve.
+    /// `getaddrinfo` blocks for as long as the resolver takes (its whole timeout when DNS hangs):
+    /// it runs on a thread of NIO's pool, never on an event loop, which in `serve` is also Swift
+    /// concurrency's executor (a lookup there stalls both listeners).
+    static func resolve(_ host: String) async -> [String] {
+        // The singleton pool is never shut down: `runIfActive` does not fail.
+        (try? await NIOThreadPool.singleton.runIfActive { lookUp(host) }) ?? []
+    }
+
+    /// `resolve`'s blocking lookup.
+    private static func lookUp(_ host: String) -> [String] {
         var hints = addrinfo()
         hints.ai_socktype = Int32(SOCK_STREAM.rawValue)
         var result: UnsafeMutablePointer<addrinfo>?
@@ -167,7 +177,7 @@ package struct EndpointProbe: Sendable {
     static func handshake(host: String, port: Int, tls: TLSConfiguration, timeout: Duration) async throws -> Session {
         let context = try NIOSSLContext(configuration: tls)
         let group = MultiThreadedEventLoopGroup.singleton
-        let serverHostname = Self.resolve(host) == [host] ? nil : host
+        let serverHostname = await Self.resolve(host) == [host] ? nil : host
         // The waiter comes back from the initializer, not from a pipeline lookup after connect: a
         // handshake that fails at once closes the channel and empties its pipeline first.
         let (channel, waiter) = try await ClientBootstrap(group: group)
