@@ -20,16 +20,18 @@ package struct SpikeCounts: Sendable, Equatable {
 package struct OperationalSignals: Sendable, Equatable {
     /// Seconds the oldest ready job (any lane) has waited.
     package var queueLag = 0
-    /// Jobs discarded in the window (alert deliveries excepted).
-    package var discarded = 0
+    /// Jobs discarded in the window, by lane (each lane its own `jobs_discarded` series).
+    package var discardedByLane: [String: Int] = [:]
+    /// Jobs discarded in the window, every lane.
+    package var discarded: Int { discardedByLane.values.reduce(0, +) }
     /// Deliveries refused for a bad signature or an unknown key in the window.
     package var badSignatures = 0
     /// Calls Apple refused with `invalid_client` in the window.
     package var appleInvalidClient = 0
 
-    package init(queueLag: Int = 0, discarded: Int = 0, badSignatures: Int = 0, appleInvalidClient: Int = 0) {
+    package init(queueLag: Int = 0, discardedByLane: [String: Int] = [:], badSignatures: Int = 0, appleInvalidClient: Int = 0) {
         self.queueLag = queueLag
-        self.discarded = discarded
+        self.discardedByLane = discardedByLane
         self.badSignatures = badSignatures
         self.appleInvalidClient = appleInvalidClient
     }
@@ -59,7 +61,7 @@ package struct AlertRuleSettings: Sendable, Equatable {
     package var queueLag: Duration = .seconds(120)
     /// bad_signatures fires at this many in the spike window.
     package var badSignatures = 20
-    /// jobs_discarded fires at this many discards in the spike window (alert deliveries excepted).
+    /// jobs_discarded fires at this many discards of one lane in the spike window.
     package var discardedJobs = 1
     package var transferDeadline = TransferDeadlineSettings()
     package var quiet = QuietSettings()
@@ -101,10 +103,13 @@ package enum AlertRules {
         let signals = observed.signals
         var observations: [AlertKey: AlertObservation] = [
             AlertKey(kind: .queueLag): .atLeast(Int(settings.queueLag.timeInterval), value: signals.queueLag),
-            AlertKey(kind: .jobsDiscarded): .atLeast(settings.discardedJobs, value: signals.discarded),
             AlertKey(kind: .badSignatures): .atLeast(settings.badSignatures, value: signals.badSignatures),
             AlertKey(kind: .appleCredentials): .atLeast(1, value: signals.appleInvalidClient),
         ]
+        // One series per lane: the alert names the lane, and so what to run.
+        for (lane, count) in signals.discardedByLane where count > 0 {
+            observations[AlertKey(kind: .jobsDiscarded, type: lane)] = .atLeast(settings.discardedJobs, value: count)
+        }
         if let report = observed.endpoint, let endpoint = EndpointHealthRule.observe(report, now: now, certificateDays: settings.endpoint.certificateDays) {
             observations[endpoint.key] = endpoint.observation
         }

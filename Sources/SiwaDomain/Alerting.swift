@@ -325,6 +325,17 @@ package struct AlertMessage: Sendable, Equatable {
         return .object(object)
     }
 
+    /// What to run for a lane's discarded jobs, once their cause is fixed.
+    static func discardedHint(lane: String) -> String {
+        switch lane {
+        case "effects": ": fix the cause, then `siwa-events jobs retry --discarded`"
+        case "callbacks": ": see `siwa-events callbacks list --failed`, then `siwa-events callbacks redeliver`"
+        case "apple_revocations":
+            ": their tokens are kept, unrevoked, until Apple takes them: see `siwa-events apple revocations --failed`, then `siwa-events apple retry --discarded`"
+        default: ""
+        }
+    }
+
     /// "6 h 10 m" for 370 minutes.
     static func minutes(_ minutes: Int) -> String {
         minutes < 60 ? "\(minutes) m" : minutes % 60 == 0 ? "\(minutes / 60) h" : "\(minutes / 60) h \(minutes % 60) m"
@@ -346,7 +357,8 @@ package struct AlertMessage: Sendable, Equatable {
             let ratio = episode.ratio.map { String(format: ", %.1f×", $0) } ?? ""
             return "\(what) for \(key.aud ?? "every app"): \(episode.peak) in \(window) (\(versus)\(ratio))"
         case .jobsDiscarded:
-            return "\(episode.peak) jobs discarded after their last attempt in \(window)"
+            guard let lane = key.type else { return "\(episode.peak) jobs discarded after their last attempt in \(window)" }
+            return "\(episode.peak) \(lane) jobs discarded after their last attempt in \(window)" + Self.discardedHint(lane: lane)
         case .queueLag:
             return "the oldest ready job waited \(episode.peak) s (threshold \(Int(episode.threshold)) s)"
         case .badSignatures:

@@ -221,7 +221,7 @@ package struct AccountStore: Sendable {
             ).decode((Date,).self) {
                 erasedAt = at
             }
-            let queued = try await AppleTokenStore.enqueueRevocations(of: [(aud, sub)], on: connection, logger: logger)
+            let queued = try await AppleTokenStore.enqueueRevocations(of: [.init(aud: aud, sub: sub)], on: connection, logger: logger)
             var revoked = 0
             for try await (n,) in try await connection.query(
                 """

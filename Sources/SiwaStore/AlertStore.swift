@@ -175,7 +175,7 @@ package struct AlertStore: Sendable {
     /// is measured at `now` (nil: PostgreSQL's).
     package func operationalSignals(since: Date, now: Date? = nil) async throws -> OperationalSignals {
         let queue = try await JobQueue(client: client, logger: logger).signals(since: since, now: now)
-        var signals = OperationalSignals(queueLag: queue.queueLag, discarded: queue.discarded)
+        var signals = OperationalSignals(queueLag: queue.queueLag, discardedByLane: queue.discarded)
         for try await (bad, refused) in try await client.bounded.query(
             """
             SELECT coalesce((SELECT sum(recorded + sampled_out) FROM rejection_counts

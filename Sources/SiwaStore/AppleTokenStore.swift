@@ -62,20 +62,35 @@ package struct AppleTokenStore: Sendable {
 
     // MARK: Revoke, Forget
 
-    /// Moves each of the users' stored tokens into a revocation job (ciphertext as payload) and
-    /// deletes it, in the caller's transaction: the token leaves with the account, yet is never
-    /// lost before Apple has taken the revocation. Tells revocation deliverers at commit. Returns
-    /// the jobs enqueued.
+    /// A user whose kept tokens go, and which: those kept at or before `cutoff` (nil: all of them).
+    /// A revoking event's cutoff is its event time, as for sessions: a sign-in after it is new
+    /// consent, and its token stays (a late `consent-revoked` must not lose it unrevoked).
+    package struct TokenCutoff: Sendable, Hashable {
+        package var aud: String
+        package var sub: String
+        package var cutoff: Date?
+
+        package init(aud: String, sub: String, cutoff: Date? = nil) {
+            self.aud = aud
+            self.sub = sub
+            self.cutoff = cutoff
+        }
+    }
+
+    /// Moves each of the users' stored tokens (kept at or before their cutoff) into a revocation
+    /// job (ciphertext as payload) and deletes it, in the caller's transaction: the token leaves
+    /// with the account, yet is never lost before Apple has taken the revocation. Tells revocation
+    /// deliverers at commit. Returns the jobs enqueued.
     @discardableResult
-    static func enqueueRevocations(of users: [(aud: String, sub: String)], on connection: PostgresConnection, logger: Logger) async throws -> Int {
+    static func enqueueRevocations(of users: [TokenCutoff], on connection: PostgresConnection, logger: Logger) async throws -> Int {
         guard !users.isEmpty else { return 0 }
         var count = 0
         for try await (n, _) in try await connection.query(
             """
             WITH taken AS (
                 DELETE FROM apple_tokens t
-                USING unnest(\(users.map(\.aud))::text[], \(users.map(\.sub))::text[]) AS u(aud, sub)
-                WHERE t.aud = u.aud AND t.sub = u.sub
+                USING unnest(\(users.map(\.aud))::text[], \(users.map(\.sub))::text[], \(NullableArray(users.map(\.cutoff)))::timestamptz[]) AS u(aud, sub, cutoff)
+                WHERE t.aud = u.aud AND t.sub = u.sub AND (u.cutoff IS NULL OR t.updated_at <= u.cutoff)
                 RETURNING t.aud, t.sub, t.client_id, t.token
             ), queued AS (
                 INSERT INTO jobs (lane, kind, aud, sub, target, payload, run_at)
@@ -93,11 +108,12 @@ package struct AppleTokenStore: Sendable {
         return count
     }
 
-    /// The body of a data-modifying CTE that deletes the kept tokens of the users `users` selects
-    /// (columns `aud`, `sub`) without revoking them (Apple has ended them: `account-delete`,
-    /// `consent-revoked`): the effect batch runs it inside its session revocation, one round trip.
+    /// The body of a data-modifying CTE that deletes, without revoking them (Apple has ended them:
+    /// `account-delete`, `consent-revoked`), the kept tokens of the users `users` selects (columns
+    /// `aud`, `sub`, `cutoff`: those kept at or before it, or all when it is NULL): the effect
+    /// batch runs it inside its session revocation, one round trip.
     static func forgetSQL(users: String) -> String {
-        "DELETE FROM apple_tokens t USING (\(users)) u WHERE t.aud = u.aud AND t.sub = u.sub"
+        "DELETE FROM apple_tokens t USING (\(users)) u WHERE t.aud = u.aud AND t.sub = u.sub AND (u.cutoff IS NULL OR t.updated_at <= u.cutoff)"
     }
 
     // MARK: Calls

@@ -189,12 +189,14 @@ package struct EffectStore: Sendable {
             }
         }
 
-        // Kept Apple tokens of the users Apple revoked or deleted: forgotten with their sessions'
-        // revocation (above), or queued for /auth/revoke.
+        // Kept Apple tokens of the users Apple revoked or deleted, kept at or before the event's
+        // cutoff (as their sessions): forgotten with the sessions' revocation (above), or queued
+        // for /auth/revoke.
         if !plan.revocations.isEmpty, appleTokens == .revoke {
-            var seen = Set<AccountKey>()
-            let users = plan.revocations.map(\.user).filter { seen.insert($0).inserted }.map { (aud: $0.aud, sub: $0.sub) }
-            try await AppleTokenStore.enqueueRevocations(of: users, on: connection, logger: logger)
+            let users = Set(plan.revocations.map {
+                AppleTokenStore.TokenCutoff(aud: $0.user.aud, sub: $0.user.sub, cutoff: $0.cutoff.map { Date(timeIntervalSince1970: Double($0) / 1000) })
+            })
+            try await AppleTokenStore.enqueueRevocations(of: Array(users), on: connection, logger: logger)
         }
 
         // Erasure: the address leaves every place we hold it.
@@ -281,7 +283,7 @@ package struct EffectStore: Sendable {
     /// and those attributed to a later revoking event (the earliest revoking event is recorded).
     /// With `forgetAppleTokens`, the users' kept Apple tokens are deleted in the same statement.
     struct RevokeSessions: PostgresPreparedStatement {
-        static let name = "siwa_sessions_revoke_v2"
+        static let name = "siwa_sessions_revoke_v3"
         static let sql = """
             WITH r AS (
                 SELECT r.aud, r.sub, r.reason, r.jti,
@@ -290,7 +292,7 @@ package struct EffectStore: Sendable {
                 FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::int8[], $6::int8[])
                     AS r(aud, sub, reason, jti, cutoff_ms, event_ms)
             ), forgotten AS (
-                \(AppleTokenStore.forgetSQL(users: "SELECT DISTINCT aud, sub FROM r WHERE $7::bool"))
+                \(AppleTokenStore.forgetSQL(users: "SELECT DISTINCT aud, sub, cutoff FROM r WHERE $7::bool"))
             ), target AS (
                 SELECT s.id, s.revoked_at IS NULL AS was_active, r.reason, r.jti, r.event_time
                 FROM sessions s JOIN r ON s.aud = r.aud AND s.sub = r.sub

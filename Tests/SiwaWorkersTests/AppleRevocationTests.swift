@@ -180,6 +180,88 @@ struct AppleRevocationTests {
         await apple.stop()
     }
 
+    @Test("a late consent-revoked spares a token kept after its event time (forgotten or revoked only at or before it); deleting the account still revokes it", arguments: [false, true])
+    func lateConsentRevokedSparesNewerToken(revoke: Bool) async throws {
+        let apple = try await Apple.start(signer: Self.signer)
+        let h = try await Self.harness(apple, revokeOnAppleEvents: revoke)
+        // "early-1" kept their token before the event; "late-1" signed in again after it.
+        let early = try await apple.refreshToken(sub: "early-1")
+        _ = try await Self.keep(early, sub: "early-1", in: h)
+        try await h.client.query(
+            "UPDATE apple_tokens SET updated_at = timestamptz 'epoch' + \(Int(EffectHarness.base)) * interval '1 millisecond' WHERE sub = 'early-1'")
+        let late = try await apple.refreshToken(sub: "late-1")
+        _ = try await Self.keep(late, sub: "late-1", in: h)
+        let session = try await h.session(sub: "late-1", createdAt: 10_000)
+        try await h.post("consent-revoked", sub: "early-1", at: 5_000)
+        try await h.post("consent-revoked", sub: "late-1", at: 5_000)
+        #expect(try await h.drain() == 2)
+
+        // The newer sign-in's token and session stay; the older token went as before.
+        #expect(try await h.activeSessions(sub: "late-1") == [session])
+        #expect(try await h.h.count("SELECT count(*) FROM apple_tokens WHERE sub = 'late-1'") == 1)
+        #expect(try await h.h.count("SELECT count(*) FROM apple_tokens WHERE sub = 'early-1'") == 0)
+        #expect(try await h.h.count("SELECT count(*) FROM jobs WHERE lane = 'apple_revocations' AND sub = 'late-1'") == 0)
+        #expect(try await h.h.count("SELECT count(*) FROM jobs WHERE lane = 'apple_revocations' AND sub = 'early-1'") == (revoke ? 1 : 0))
+        #expect(try await Self.deliver(h) == (revoke ? 1 : 0))
+        #expect(apple.revocations(of: late) == 0)
+        #expect(apple.revocations(of: early) == (revoke ? 1 : 0))
+
+        // The user's account deletion later revokes the token the late event spared.
+        let erasure = try await AccountStore(client: h.client, logger: h.h.logs.logger()).erase(aud: Harness.aud, sub: "late-1", actor: "test")
+        #expect(erasure.appleRevocations == 1)
+        #expect(try await Self.deliver(h) == 1)
+        #expect(apple.revocations(of: late) == 1)
+        await h.stop()
+        await apple.stop()
+    }
+
+    @Test("a revocation out of attempts keeps its token past the jobs' retention: the pruner leaves it, jobs_discarded names its lane, apple retry --discarded sends it at any age")
+    func discardedRevocationOutlivesRetention() async throws {
+        let apple = try await Apple.start(signer: Self.signer)
+        let h = try await EffectHarness.start { configuration in
+            configuration.appleRevocations = AppleRevocations(client: apple.client, cipher: Self.cipher)
+            configuration.backoff = RetryBackoff(base: .zero, cap: .zero)
+            configuration.maxAttempts = 2
+        }
+        let token = try await apple.refreshToken(sub: "stuck-1")
+        _ = try await Self.keep(token, sub: "stuck-1", in: h)
+        _ = try await AccountStore(client: h.client, logger: h.h.logs.logger()).erase(aud: Harness.aud, sub: "stuck-1", actor: "test")
+        apple.service.failNext(2, of: .revoke, status: 503)
+        #expect(try await Self.deliver(h) == 1)
+        #expect(try await Self.deliver(h) == 1)
+        #expect(try await h.h.count("SELECT count(*) FROM jobs WHERE lane = 'apple_revocations' AND state = 'discarded' AND payload IS NOT NULL") == 1)
+        // A finished effect job beside it, which the same round does prune.
+        try await h.post("email-enabled", sub: "other-1", at: 1_000, email: "other@privaterelay.appleid.com")
+        #expect(try await h.drain() == 1)
+
+        // The alert names the lane and what to run.
+        var configuration = AlertMonitor.Configuration()
+        configuration.rules.spike.window = .seconds(600)
+        let monitor = AlertMonitor(
+            configuration: configuration, store: AlertStore(client: h.client, logger: h.h.logs.logger()), logger: h.h.logs.logger(), identity: h.workers.identity)
+        let fired = try await monitor.evaluate(now: Date()).compactMap { decision -> AlertEpisode? in
+            if case .fire(let episode) = decision, episode.key.kind == .jobsDiscarded { episode } else { nil }
+        }
+        #expect(fired.map(\.key.type) == ["apple_revocations"], "\(fired)")
+        let alert = try #require(try await AlertStore(client: h.client, logger: h.h.logs.logger()).open().first { $0.episode.key.kind == .jobsDiscarded })
+        #expect(alert.message.subject.contains("apple_revocations") && alert.message.subject.contains("apple retry --discarded"), "\(alert.message.subject)")
+
+        // A year past the retention: the effect job goes, the revocation and its token stay.
+        let later = Date().addingTimeInterval(365 * 86_400)
+        #expect(try await h.workers.maintainer.runOnce(queueNow: later).pruned == 1)
+        #expect(try await h.h.count("SELECT count(*) FROM jobs WHERE lane = 'apple_revocations' AND state = 'discarded' AND payload IS NOT NULL") == 1)
+        try await h.client.query("UPDATE jobs SET finished_at = now() - interval '400 days' WHERE lane = 'apple_revocations'")
+        #expect(try await JobQueue(client: h.client, logger: h.h.logs.logger()).prune(retention: .seconds(86_400)) == 0)
+
+        // Apple is back: the operator's retry finds it, and Apple takes it.
+        #expect(try await JobQueue(client: h.client, logger: h.h.logs.logger()).retryAppleRevocations(id: nil, discarded: true) == 1)
+        #expect(try await Self.deliver(h) == 1)
+        #expect(apple.revocations(of: token) == 1)
+        #expect(try await h.h.count("SELECT count(*) FROM jobs WHERE lane = 'apple_revocations' AND state = 'completed' AND payload IS NULL") == 1)
+        await h.stop()
+        await apple.stop()
+    }
+
     @Test("Apple refusing our client secret (invalid_client) is recorded, retried, and fires the apple_credentials alert")
     func refusedCredentialsAlert() async throws {
         let good = try await Apple.start(signer: Self.signer)

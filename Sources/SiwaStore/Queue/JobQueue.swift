@@ -90,16 +90,19 @@ package struct JobQueue: Sendable {
     }
 
     /// Deletes up to `limit` jobs finished more than `retention` before `now` (their attempts stay
-    /// in job_attempts).
+    /// in job_attempts). A job whose payload is a secret it still holds (a discarded Apple
+    /// revocation: the token's only copy) is never pruned: only `apple retry` ends its wait.
     @discardableResult
     package func prune(retention: Duration, limit: Int = 10_000, now: Date? = nil) async throws -> Int {
         var count = 0
+        let secret = Lane.all.filter(\.payloadIsSecret).map(\.rawValue)
         for try await (n,) in try await client.bounded.query(
             """
             WITH pruned AS (
                 DELETE FROM jobs WHERE id IN (
                     SELECT id FROM jobs WHERE state IN ('completed', 'discarded')
                       AND finished_at < coalesce(\(now)::timestamptz, now()) - \(Int(retention.components.seconds)) * interval '1 second'
+                      AND NOT (lane = ANY(\(secret)::text[]) AND payload IS NOT NULL)
                     LIMIT \(limit))
                 RETURNING id
             ) SELECT count(*)::bigint FROM pruned
@@ -136,25 +139,27 @@ package struct JobQueue: Sendable {
         return result
     }
 
-    /// Seconds the oldest ready job (any lane) has waited at `now`, and jobs discarded since `since`.
+    /// Seconds the oldest ready job (any lane) has waited at `now`, and jobs discarded since `since`,
+    /// by lane.
     ///
     /// The oldest ready job is looked for through each lane's ready-jobs indexes in turn, so that
     /// it reads the ready jobs, not the table: one condition over all lanes matched no partial
     /// index and scanned every job kept. Available effect jobs are indexed in event order
     /// (sql/010), so their oldest is a walk of that index.
-    package func signals(since: Date, now: Date? = nil) async throws -> (queueLag: Int, discarded: Int) {
+    package func signals(since: Date, now: Date? = nil) async throws -> (queueLag: Int, discarded: [String: Int]) {
         let oldest = Lane.all.flatMap(Self.readyConditions).map { "(SELECT min(run_at) FROM jobs WHERE \($0) AND run_at <= clock.now)" }
-        var result = (0, 0)
-        for try await row in try await client.bounded.query(
+        var result = (queueLag: 0, discarded: [String: Int]())
+        for try await (lag, lanes, counts) in try await client.bounded.query(
             """
-            WITH clock AS (SELECT coalesce(\(now)::timestamptz, now()) AS now)
+            WITH clock AS (SELECT coalesce(\(now)::timestamptz, now()) AS now),
+            discarded AS (SELECT lane, count(*)::bigint AS n FROM jobs WHERE state = 'discarded' AND finished_at >= \(since) GROUP BY lane)
             SELECT
                 coalesce(extract(epoch FROM clock.now - least(\(unescaped: oldest.joined(separator: ", "))))::bigint, 0),
-                (SELECT count(*) FROM jobs WHERE state = 'discarded' AND finished_at >= \(since))::bigint
+                (SELECT coalesce(array_agg(lane ORDER BY lane), '{}') FROM discarded), (SELECT coalesce(array_agg(n ORDER BY lane), '{}') FROM discarded)
             FROM clock
             """, logger: logger
-        ).decode((Int, Int).self) {
-            result = row
+        ).decode((Int, [String], [Int]).self) {
+            result = (lag, Dictionary(uniqueKeysWithValues: zip(lanes, counts)))
         }
         return result
     }
