@@ -154,10 +154,10 @@ struct TransfersCommand: AsyncParsableCommand {
                 progress = try await store.progress(of: transfer)
                 print("\(progress.computed) of \(progress.total) users have a transfer_sub for team \(target)")
                 for (word, count) in progress.failed.sorted(by: { $0.key < $1.key }) {
-                    print("\(count) refused by Apple: \(word) (kept; `transfers prepare --target \(target) --retry-failed` asks again)")
+                    print("\(count) refused by Apple: \(printable(word)) (kept; `transfers prepare --target \(target) --retry-failed` asks again)")
                 }
                 if let stopped {
-                    printError("siwa-events: stopped with \(progress.pending) users left: \(stopped)")
+                    printError("siwa-events: stopped with \(progress.pending) users left: \(printable(stopped.description, limit: 1024))")
                     throw ExitCode(1)
                 }
             }
@@ -247,19 +247,22 @@ struct TransfersCommand: AsyncParsableCommand {
 
         /// The export's transfer_subs, after its header; errors name the line.
         static func read(_ path: String, clientID: String) throws -> [String] {
-            guard let handle = FileHandle(forReadingAtPath: path) else { throw ValidationError("cannot read \(path)") }
+            let shownPath = printable(path, limit: 1024)
+            guard let handle = FileHandle(forReadingAtPath: path) else { throw ValidationError("cannot read \(shownPath)") }
             defer { try? handle.close() }
             let data = (try? handle.read(upToCount: maximumFileSize + 1)) ?? Data()
-            guard data.count <= maximumFileSize else { throw ValidationError("\(path) is larger than \(maximumFileSize) bytes: not an export") }
+            guard data.count <= maximumFileSize else { throw ValidationError("\(shownPath) is larger than \(maximumFileSize) bytes: not an export") }
             let lines = String(decoding: data, as: UTF8.self).split(separator: "\n")
             guard let header = lines.first.flatMap({ JSONValue.parse(Data($0.utf8)) }), let exported = header["client_id"]?.stringValue else {
-                throw ValidationError("\(path) does not start with the header `transfers export` writes")
+                throw ValidationError("\(shownPath) does not start with the header `transfers export` writes")
             }
-            guard exported == clientID else { throw ValidationError("\(path) is for client ID \(exported), not \(clientID): pass --client-id \(exported)") }
+            guard exported == clientID else {
+                throw ValidationError("\(shownPath) is for client ID \(printable(exported)), not \(clientID): pass --client-id \(printable(exported))")
+            }
             var values: [String] = []
             for (index, line) in lines.dropFirst().enumerated() {
                 guard let value = JSONValue.parse(Data(line.utf8))?["transfer_sub"]?.stringValue, (1...512).contains(value.utf8.count) else {
-                    throw ValidationError("\(path) line \(index + 2) is not {\"transfer_sub\": \"…\"}")
+                    throw ValidationError("\(shownPath) line \(index + 2) is not {\"transfer_sub\": \"…\"}")
                 }
                 values.append(value)
             }
@@ -319,10 +322,10 @@ struct TransfersCommand: AsyncParsableCommand {
                 let progress = try await store.importProgress(of: transfer)
                 print("\(progress.exchanged) of \(progress.total) transfer_subs exchanged (\(progress.rekeyed) accounts re-keyed)")
                 for (word, count) in progress.failed.sorted(by: { $0.key < $1.key }) {
-                    print("\(count) refused by Apple: \(word) (kept; `transfers exchange --from \(from) --retry-failed` asks again)")
+                    print("\(count) refused by Apple: \(printable(word)) (kept; `transfers exchange --from \(from) --retry-failed` asks again)")
                 }
                 if let stopped {
-                    printError("siwa-events: stopped with \(progress.pending) transfer_subs left: \(stopped)")
+                    printError("siwa-events: stopped with \(progress.pending) transfer_subs left: \(printable(stopped.description, limit: 1024))")
                     throw ExitCode(1)
                 }
             }
@@ -347,17 +350,17 @@ struct TransfersCommand: AsyncParsableCommand {
                 if transfers.isEmpty { print("no transfers") }
                 for transfer in transfers where transfer.direction == .incoming {
                     let progress = try await store.importProgress(of: transfer)
-                    let failed = progress.failed.sorted(by: { $0.key < $1.key }).map { "\($0.value) \($0.key)" }.joined(separator: ", ")
+                    let failed = progress.failed.sorted(by: { $0.key < $1.key }).map { "\($0.value) \(printable($0.key))" }.joined(separator: ", ")
                     print(
-                        "incoming \(transfer.clientID) from team \(transfer.teamID): \(progress.exchanged)/\(progress.total) exchanged, \(progress.rekeyed) re-keyed"
+                        "incoming \(printable(transfer.clientID)) from team \(printable(transfer.teamID)): \(progress.exchanged)/\(progress.total) exchanged, \(progress.rekeyed) re-keyed"
                             + (failed.isEmpty ? "" : ", refused: \(failed)") + ", \(progress.pending) pending; "
                             + Start.describe(TransferWindow(transferredAt: transfer.transferredAt), at: Date()))
                 }
                 for transfer in transfers where transfer.direction == .outgoing {
                     let progress = try await store.progress(of: transfer)
-                    let failed = progress.failed.sorted(by: { $0.key < $1.key }).map { "\($0.value) \($0.key)" }.joined(separator: ", ")
+                    let failed = progress.failed.sorted(by: { $0.key < $1.key }).map { "\($0.value) \(printable($0.key))" }.joined(separator: ", ")
                     print(
-                        "\(transfer.direction.rawValue) \(transfer.clientID) team \(transfer.teamID): \(progress.computed)/\(progress.total) transfer_subs"
+                        "\(transfer.direction.rawValue) \(printable(transfer.clientID)) team \(printable(transfer.teamID)): \(progress.computed)/\(progress.total) transfer_subs"
                             + (failed.isEmpty ? "" : ", refused: \(failed)") + ", \(progress.pending) pending; "
                             + Start.describe(TransferWindow(transferredAt: transfer.transferredAt), at: Date()))
                 }
@@ -387,6 +390,14 @@ extension TransfersCommand {
         }
         return nil
     }
+}
+
+/// Text these commands did not write, as printed: another team's export (its client ID), what
+/// Apple answered (a refusal's word, why a run stopped), what the database holds of either. Cut to
+/// `limit` bytes (`UntrustedText`) and its control characters escaped (`terminalSafe`), so a file
+/// cannot retitle or clear the operator's terminal, move its cursor or fake a line.
+func printable(_ text: String, limit: Int = 128) -> String {
+    terminalSafe(UntrustedText.bounded(text, limit: limit))
 }
 
 /// Spaces calls `1/perSecond` apart (the CLI's rate limit).

@@ -190,6 +190,24 @@ struct TransferTests {
         _ = await standIn.process.waitForExit()
     }
 
+    @Test("import prints another team's file's strings escaped and cut: no escape sequence from the file reaches the terminal")
+    func importEscapesFileText() async throws {
+        let directory = try TestBinary.makeDirectory("transfers-escape")
+        defer { try? FileManager.default.removeItem(atPath: directory) }
+        let hostile = "com.example.\u{1B}]0;pwned\u{07}\u{1B}[2J\u{9B}31m" + String(repeating: "A", count: 5000)
+        let header = JSONValue.object(["client_id": .string(hostile), "target": .string("TEAMB23456"), "count": .number(1)]).jsonText
+        try "\(header)\n{\"transfer_sub\": \"x\"}\n".write(toFile: "\(directory)/hostile.ndjson", atomically: true, encoding: .utf8)
+        // The file is read (and refused: another client ID) before any database is opened.
+        let run = try await TestBinary.run(
+            ["transfers", "import", "hostile.ndjson", "--from", StandInProcess.teamID],
+            environment: ["SIWA_APPLE_BUNDLE_IDS": "com.example.app", "DATABASE_URL": "postgres://nobody@/nothing?host=/nonexistent"], directory: directory)
+        let output = run.stdout + run.stderr
+        #expect(run.status != 0 && output.contains("is for client ID com.example."), "\(run.status) \(output)")
+        #expect(!output.unicodeScalars.contains { $0 == "\u{1B}" || $0 == "\u{07}" || $0 == "\u{9B}" }, "\(output.debugDescription)")
+        #expect(output.contains(#"\u{1b}]0;pwned"#) && output.contains("bytes]"), "\(output)")
+        #expect(output.utf8.count < 2000, "the 5000-byte client ID is cut: \(output.utf8.count) bytes")
+    }
+
     static func computed(_ client: PostgresClient) async throws -> Int {
         try await count(client, "SELECT count(*) FROM transfer_subs WHERE transfer_sub IS NOT NULL")
     }
