@@ -75,7 +75,10 @@ package final class AppleAuthStandIn: Service, Sendable {
 
     /// The base URL (`http://HOST:PORT`), once listening; throws when `run` failed or ended first.
     package var url: URL {
-        get async throws { URL(string: "http://\(configuration.host):\(try await listening.port)")! }
+        get async throws {
+            let host = configuration.host.contains(":") && !configuration.host.hasPrefix("[") ? "[\(configuration.host)]" : configuration.host
+            return URL(string: "http://\(host):\(try await listening.port)")!
+        }
     }
 
     // MARK: What tests use (the same as the /standin routes)

@@ -7,10 +7,12 @@ import SiwaDomain
 /// The stand-in's own endpoints, for tests and for a user trying it: `POST /standin/codes` (a code,
 /// as Apple gives a device at sign-in), `GET /standin/revocations` (what `/auth/revoke` was sent),
 /// `POST /standin/failures` (the failure switch), `POST /standin/users` (a user's app-transfer
-/// marks: `{sub, is_private_email?, revoked?}`). Bodies are JSON or a form.
+/// marks: `{sub, is_private_email?, revoked?}`). No credential guards them, so they answer only
+/// this machine (`ControlRouteGuard`): a loopback `Host`, JSON bodies.
 extension AppleAuthStandIn {
     func addControlRoutes(to router: Router<BasicRequestContext>) {
-        router.post("/standin/codes") { request, _ -> Response in
+        let control = router.group("/standin").add(middleware: ControlRouteGuard())
+        control.post("codes") { request, _ -> Response in
             do throws(ControlError) {
                 let fields = try await self.readFields(request)
                 let authorization = try Self.authorization(fields, clientIDs: Set(self.configuration.teams.flatMap(\.clientIDs)))
@@ -20,7 +22,7 @@ extension AppleAuthStandIn {
                 return error.response
             }
         }
-        router.post("/standin/users") { request, _ -> Response in
+        control.post("users") { request, _ -> Response in
             do throws(ControlError) {
                 let fields = try await self.readFields(request)
                 guard let sub = fields["sub"]?.stringValue, !sub.isEmpty, sub.utf8.count <= TransferSubs.maximumSubLength else {
@@ -34,10 +36,10 @@ extension AppleAuthStandIn {
                 return error.response
             }
         }
-        router.get("/standin/revocations") { _, _ -> Response in
+        control.get("revocations") { _, _ -> Response in
             AppleAnswer.json(["revocations": .array(self.revocations.map(\.json))])
         }
-        router.post("/standin/failures") { request, _ -> Response in
+        control.post("failures") { request, _ -> Response in
             do throws(ControlError) {
                 let fields = try await self.readFields(request)
                 guard let endpoint = fields["endpoint"]?.stringValue.flatMap(StandInEndpoint.init(rawValue:)) else {
@@ -56,16 +58,8 @@ extension AppleAuthStandIn {
         }
     }
 
-    /// A JSON object or a form, as name → value (a form's values are strings).
+    /// The JSON object of the body (`ControlRouteGuard` let only `application/json` through), as name → value.
     private func readFields(_ request: Request) async throws(ControlError) -> [String: JSONValue] {
-        let contentType = request.headers[.contentType]
-        if FormBody.isForm(contentType: contentType) {
-            guard let form = await readForm(request) else { throw ControlError("the form is malformed or larger than \(configuration.maximumBodySize) bytes") }
-            return form.fields.mapValues(JSONValue.string)
-        }
-        guard contentType?.lowercased().hasPrefix("application/json") == true else {
-            throw ControlError("send application/json or application/x-www-form-urlencoded")
-        }
         guard let body = try? await request.body.collect(upTo: configuration.maximumBodySize),
             let object = JSONValue.parse(body.readableBytesView)?.objectValue
         else { throw ControlError("the body must be a JSON object of at most \(configuration.maximumBodySize) bytes") }
@@ -90,7 +84,7 @@ extension AppleAuthStandIn {
             redirectURI: try text("redirect_uri"))
     }
 
-    /// A true/false field (a JSON boolean or, from a form, the word); nil when absent.
+    /// A true/false field (a JSON boolean or the word); nil when absent.
     private static func flag(_ fields: [String: JSONValue], _ name: String) throws(ControlError) -> Bool? {
         switch fields[name] {
         case nil, .null?: nil
@@ -117,5 +111,39 @@ struct ControlError: Error {
 
     var response: Response {
         AppleAnswer.json(["error": "invalid_request", "message": .string(message)], status: .badRequest)
+    }
+}
+
+/// What every `/standin` route checks before it runs. They mint codes, mark users and flip the
+/// failure switch with no credential, for this machine's tests and user; a page in a browser here
+/// must not reach them:
+/// - the `Host` must be a loopback name or address (`LoopbackHost`): a page whose own domain
+///   resolves to 127.0.0.1 (DNS rebinding) sends that domain, and gets 421;
+/// - a body must be `application/json`, which a page cannot send to another origin without a
+///   CORS preflight (the stand-in answers none): a form or `text/plain` POST gets 415.
+struct ControlRouteGuard: RouterMiddleware {
+    typealias Context = BasicRequestContext
+
+    func handle(_ request: Request, context: Context, next: (Request, Context) async throws -> Response) async throws -> Response {
+        guard let authority = request.head.authority, LoopbackHost.contains(authority: authority) else {
+            let host = request.head.authority.map { "Host \(UntrustedText.bounded($0, limit: 128))" } ?? "a request without Host"
+            return AppleAnswer.json(
+                [
+                    "error": "misdirected_request",
+                    "message": .string("the /standin routes answer only this machine (Host localhost, 127.0.0.1 or [::1]), not \(host)"),
+                ], status: .misdirectedRequest)
+        }
+        if request.method != .get && request.method != .head && !Self.isJSON(request.headers[.contentType]) {
+            return AppleAnswer.json(
+                ["error": "unsupported_media_type", "message": "send the body as application/json (Content-Type: application/json)"],
+                status: .unsupportedMediaType)
+        }
+        return try await next(request, context)
+    }
+
+    /// Whether a `Content-Type` is `application/json` (parameters such as `charset` allowed).
+    static func isJSON(_ contentType: String?) -> Bool {
+        guard let mediaType = contentType?.split(separator: ";", maxSplits: 1).first else { return false }
+        return mediaType.trimmingCharacters(in: .whitespaces).lowercased() == "application/json"
     }
 }

@@ -42,7 +42,11 @@ struct StandInCommand: AsyncParsableCommand {
                     --migration-rate 10 --latency 50ms
                 """)
         @Option(help: "Directory written by `keys generate` (the team's .p8 keys are kept there too).") var keys: String
-        @Option(help: "Address to listen on.") var host = "127.0.0.1"
+        @Option(help: "Address to listen on: a loopback one unless --allow-remote.") var host = "127.0.0.1"
+        @Flag(
+            name: .customLong("allow-remote"),
+            help: "Listen on a --host other machines reach (Apple's routes only: /standin routes answer only Host localhost, 127.0.0.1 or [::1]).")
+        var allowRemote = false
         @Option(help: "Port to listen on (0: any free port, printed).") var port = 8090
         @Option(name: .customLong("team-id"), help: "Your Apple team ID: client secrets' iss.") var teamID: String
         @Option(name: .customLong("key-id"), help: "A Sign in with Apple key ID of the team (repeat for two keys, as in a rotation).")
@@ -60,6 +64,11 @@ struct StandInCommand: AsyncParsableCommand {
 
         func validate() throws {
             if host.isEmpty { throw ValidationError("--host must be an address such as 127.0.0.1") }
+            if !LoopbackHost.contains(host) && !allowRemote {
+                throw ValidationError(
+                    "--host \(host) is not a loopback address: other machines would reach the stand-in, which issues tokens with no real sign-in;"
+                        + " keep the default 127.0.0.1, or add --allow-remote if that is meant")
+            }
             if !(0...65535).contains(port) { throw ValidationError("--port must be between 0 and 65535 (0: any free port), not \(port)") }
             if !Self.isAppleID(teamID) {
                 throw ValidationError("--team-id must be a team ID as Apple shows it: up to 10 characters A-Z and 0-9 (got \"\(teamID)\")")
@@ -134,12 +143,14 @@ struct StandInCommand: AsyncParsableCommand {
                 try await withThrowingTaskGroup(of: Void.self) { tasks in
                     tasks.addTask { try await group.run() }
                     let url = try await standIn.url
+                    // A wildcard address is reached here at 127.0.0.1, the Host /standin routes answer.
+                    let local = ["0.0.0.0", "::", "[::]"].contains(host) ? URL(string: "http://127.0.0.1:\(url.port ?? port)")! : url
                     let lines = ["standin listening on \(url.absoluteString)"] + keyLines + [
                         "client IDs: \(Self.list(clientIDs).joined(separator: ", "))",
                         "usermigrationinfo: \(migrationRate > 0 ? "at most \(migrationRate) requests/s" : "no rate limit")"
                             + (recipientTeamID.map { ", recipient team \($0)" } ?? ", no recipient team (--recipient-team-id)"),
                         "id_tokens verify with: SIWA_APPLE_JWKS_URL=\(directory.appendingPathComponent("jwks.json").absoluteString)",
-                        "a code: siwa-events standin code --url \(url.absoluteString) --client-id \(Self.list(clientIDs)[0]) --sub 001234.abcdef.0001",
+                        "a code: siwa-events standin code --url \(local.absoluteString) --client-id \(Self.list(clientIDs)[0]) --sub 001234.abcdef.0001",
                     ]
                     FileHandle.standardOutput.write(Data((lines.joined(separator: "\n") + "\n").utf8))  // unbuffered: a pipe's reader sees it now
                     try await tasks.waitForAll()

@@ -162,7 +162,7 @@ struct MigrationEndpointTests {
     @Test("/standin/users needs a sub and true/false marks")
     func usersRoute() async throws {
         try await StandIn.run { standIn in
-            let good = try await standIn.post("standin/users", form: [("sub", "001.a.1"), ("revoked", "true")])
+            let good = try await standIn.post("standin/users", body: #"{"sub":"001.a.1","revoked":true}"#, contentType: "application/json")
             #expect(good.status == 200 && good.json == ["sub": "001.a.1", "is_private_email": .bool(false), "revoked": .bool(true)], "\(good.body)")
             let noSub = try await standIn.post("standin/users", body: #"{"revoked":true}"#, contentType: "application/json")
             #expect(noSub.status == 400 && noSub.json?["message"]?.stringValue?.contains("sub is required") == true)

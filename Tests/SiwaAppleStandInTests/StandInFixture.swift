@@ -98,17 +98,21 @@ struct StandIn {
         try await post(path, body: Self.encode(form), contentType: "application/x-www-form-urlencoded", authorization: authorization)
     }
 
-    func post(_ path: String, body: String, contentType: String?, authorization: String? = nil) async throws -> Answer {
+    /// `host`: the `Host` header to send instead of the URL's (another name for this address).
+    func post(_ path: String, body: String, contentType: String?, authorization: String? = nil, host: String? = nil) async throws -> Answer {
         var request = HTTPClientRequest(url: url.appendingPathComponent(path).absoluteString)
         request.method = .POST
+        if let host { request.headers.replaceOrAdd(name: "Host", value: host) }
         if let contentType { request.headers.add(name: "Content-Type", value: contentType) }
         if let authorization { request.headers.add(name: "Authorization", value: authorization) }
         request.body = .bytes(ByteBuffer(string: body))
         return try await send(request)
     }
 
-    func get(_ path: String) async throws -> Answer {
-        try await send(HTTPClientRequest(url: url.appendingPathComponent(path).absoluteString))
+    func get(_ path: String, host: String? = nil) async throws -> Answer {
+        var request = HTTPClientRequest(url: url.appendingPathComponent(path).absoluteString)
+        if let host { request.headers.replaceOrAdd(name: "Host", value: host) }
+        return try await send(request)
     }
 
     private func send(_ request: HTTPClientRequest) async throws -> Answer {

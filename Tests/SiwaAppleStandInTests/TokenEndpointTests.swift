@@ -168,7 +168,7 @@ struct TokenEndpointTests {
         }
     }
 
-    @Test("POST /standin/codes issues a code from JSON or a form, and names what is wrong")
+    @Test("POST /standin/codes issues a code from JSON, and names what is wrong")
     func codesEndpoint() async throws {
         try await StandIn.run { standIn in
             let json = try await standIn.post(
@@ -180,9 +180,11 @@ struct TokenEndpointTests {
             let claims = try #require(JSONValue.parse(CompactJWS(idToken).payload))
             #expect(claims["email"] == "a@example.com" && claims["is_private_email"] == .bool(false))
 
-            let form = try await standIn.post("standin/codes", form: [("client_id", StandIn.otherClientID), ("sub", "001.http.2"), ("redirect_uri", "https://example.com/cb")])
-            let fromForm = try #require(form.json?["code"]?.stringValue, "\(form.body)")
-            #expect(try await standIn.exchange(fromForm, clientID: StandIn.otherClientID, redirectURI: "https://example.com/cb").status == 200)
+            let web = try await standIn.post(
+                "standin/codes", body: #"{"client_id":"com.example.web","sub":"001.http.2","redirect_uri":"https://example.com/cb"}"#,
+                contentType: "application/json")
+            let fromWeb = try #require(web.json?["code"]?.stringValue, "\(web.body)")
+            #expect(try await standIn.exchange(fromWeb, clientID: StandIn.otherClientID, redirectURI: "https://example.com/cb").status == 200)
 
             let unknown = try await standIn.post("standin/codes", body: #"{"client_id":"com.example.nope","sub":"1"}"#, contentType: "application/json")
             #expect(unknown.status == 400 && unknown.json?["message"]?.stringValue?.contains("client_id") == true, "\(unknown.body)")

@@ -109,6 +109,11 @@ struct StandInCommandTests {
          "--recipient-team-id"),
         (["serve", "--keys", "keys", "--team-id", "TEAMID1234", "--key-id", "KEYID12345", "--client-ids", "a", "--recipient-team-id", "TEAMB23456",
           "--recipient-key-id", "KEYID12345"], "--recipient-key-id"),
+        // Not loopback: other machines would reach routes that mint codes; said on purpose only.
+        (["serve", "--keys", "keys", "--team-id", "TEAMID1234", "--key-id", "KEYID12345", "--client-ids", "a", "--host", "0.0.0.0"], "--allow-remote"),
+        (["serve", "--keys", "keys", "--team-id", "TEAMID1234", "--key-id", "KEYID12345", "--client-ids", "a", "--host", "::"], "--allow-remote"),
+        (["serve", "--keys", "keys", "--team-id", "TEAMID1234", "--key-id", "KEYID12345", "--client-ids", "a", "--host", "192.168.1.10"], "--allow-remote"),
+        (["serve", "--keys", "keys", "--team-id", "TEAMID1234", "--key-id", "KEYID12345", "--client-ids", "a", "--host", "127.0.0.1.nip.io"], "--allow-remote"),
         (["serve", "--keys", "keys", "--team-id", "TEAMID1234", "--key-id", "KEYID12345", "--client-ids", "a", "--migration-rate", "-1"],
          "--migration-rate"),
         (["code", "--url", "127.0.0.1:8090", "--client-id", "a", "--sub", "1"], "--url"),
@@ -121,6 +126,26 @@ struct StandInCommandTests {
         let run = try await TestBinary.run(["standin"] + arguments, directory: directory)
         #expect(run.status == 64 && run.stderr.contains(flag), "\(run.status) \(run.stderr)")
         #expect(!FileManager.default.fileExists(atPath: "\(directory)/keys"), "nothing is written for a refused command")
+    }
+
+    @Test("standin serve --host 0.0.0.0 --allow-remote serves; its code line names 127.0.0.1, where `standin code` gets a code")
+    func allowRemote() async throws {
+        let directory = try TestBinary.makeDirectory("standin-remote")
+        defer { try? FileManager.default.removeItem(atPath: directory) }
+        #expect(try await TestBinary.run(["keys", "generate", "--dir", "keys"], directory: directory).status == 0)
+        let (process, output) = try ChildOutput.start(
+            TestBinary.url.path,
+            ["standin", "serve", "--keys", "keys", "--port", "0", "--team-id", "TEAMID1234", "--key-id", "KEYID12345", "--client-ids", "com.example.app",
+             "--host", "0.0.0.0", "--allow-remote"],
+            environment: ProcessInfo.processInfo.environment, workingDirectory: directory)
+        defer { process.signal(SIGKILL) }
+        #expect(await output.wait(forLineWith: ["a code: siwa-events standin code"], within: .seconds(60)), "\(output.text)")
+        let line = try #require(output.text.split(separator: "\n").first { $0.hasPrefix("a code: ") }, "\(output.text)")
+        let url = try #require(line.split(separator: " ").first { $0.hasPrefix("http://127.0.0.1:") }, "\(line)")
+        let coded = try await TestBinary.run(["standin", "code", "--url", String(url), "--client-id", "com.example.app", "--sub", "001.remote.1"], directory: directory)
+        #expect(coded.status == 0 && !coded.stdout.isEmpty, "\(coded.status) \(coded.stdout) \(coded.stderr)")
+        process.signal(SIGTERM)
+        #expect(await process.waitForExit() == 0, "\(output.text)")
     }
 
     private static func post(_ url: String, _ form: String, bearer: String? = nil) async throws -> (status: Int, body: String) {
