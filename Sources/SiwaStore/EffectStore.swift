@@ -419,9 +419,10 @@ package struct EffectStore: Sendable {
     }
 
     /// Erases the users' email address from the notifications that may carry it and from kept
-    /// rejection tokens. Accounts are the caller's part.
+    /// rejection tokens, and takes them out of every app transfer. Accounts are the caller's part.
     static func eraseAddresses(of users: [(aud: String, sub: String)], on connection: PostgresConnection, logger: Logger) async throws {
         try await NotificationStore.eraseAddresses(of: users, on: connection, logger: logger)
         try await RejectionStore.eraseKeptTokens(subs: users.map(\.sub), on: connection, logger: logger)
+        try await TransferStore.forget(erased: users, on: connection, logger: logger)
     }
 }

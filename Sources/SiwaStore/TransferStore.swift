@@ -133,8 +133,9 @@ package struct TransferStore: Sendable {
         var subs: [String] = []
         for try await (sub,) in try await client.bounded.query(
             """
-            SELECT sub FROM transfer_subs WHERE transfer_id = \(transfer.id) AND transfer_sub IS NULL AND error IS NULL
-            ORDER BY sub LIMIT \(limit)
+            SELECT s.sub FROM transfer_subs s JOIN transfers t ON t.id = s.transfer_id
+            WHERE s.transfer_id = \(transfer.id) AND s.transfer_sub IS NULL AND s.error IS NULL AND \(unescaped: Self.notErased(aud: "t.aud", sub: "s.sub"))
+            ORDER BY s.sub LIMIT \(limit)
             """, logger: logger
         ).decode((String,).self) {
             subs.append(sub)
@@ -188,16 +189,48 @@ package struct TransferStore: Sendable {
         return progress
     }
 
-    /// Every computed identifier, in `sub` order: what the recipient needs, and only that.
+    /// Every computed identifier of a user not erased, in `sub` order: what the recipient needs,
+    /// and only that.
     package func transferSubs(of transfer: Transfer) async throws -> [String] {
         var subs: [String] = []
         for try await (value,) in try await client.bounded.query(
-            "SELECT transfer_sub FROM transfer_subs WHERE transfer_id = \(transfer.id) AND transfer_sub IS NOT NULL ORDER BY sub",
+            """
+            SELECT s.transfer_sub FROM transfer_subs s JOIN transfers t ON t.id = s.transfer_id
+            WHERE s.transfer_id = \(transfer.id) AND s.transfer_sub IS NOT NULL AND \(unescaped: Self.notErased(aud: "t.aud", sub: "s.sub"))
+            ORDER BY s.sub
+            """,
             logger: logger
         ).decode((String,).self) {
             subs.append(value)
         }
         return subs
+    }
+}
+
+extension TransferStore {
+    // MARK: Erasure
+
+    /// A condition true when the account `aud`/`sub` (SQL expressions) is not erased.
+    static func notErased(aud: String, sub: String) -> String {
+        "NOT EXISTS (SELECT 1 FROM accounts e WHERE e.aud = \(aud) AND e.sub = \(sub) AND e.erased_at IS NOT NULL)"
+    }
+
+    /// Erased users leave every transfer, in the caller's transaction: their identifiers for
+    /// another team (asked for or not) and the exchanges of those not made yet, so no later
+    /// `prepare`, `export`, `import` or `exchange` hands them on.
+    static func forget(erased users: [(aud: String, sub: String)], on connection: PostgresConnection, logger: Logger) async throws {
+        guard !users.isEmpty else { return }
+        try await connection.query(
+            """
+            WITH gone AS (
+                DELETE FROM transfer_subs s USING transfers t, unnest(\(users.map(\.aud))::text[], \(users.map(\.sub))::text[]) AS u(aud, sub)
+                WHERE t.id = s.transfer_id AND t.aud = u.aud AND s.sub = u.sub
+                RETURNING t.client_id, s.transfer_sub
+            )
+            DELETE FROM transfer_imports i USING transfers t, gone g
+            WHERE t.id = i.transfer_id AND t.direction = 'incoming' AND t.client_id = g.client_id AND i.transfer_sub = g.transfer_sub
+              AND i.new_sub IS NULL
+            """, logger: logger)
     }
 }
 
@@ -237,7 +270,8 @@ extension TransferStore {
             """
             WITH added AS (
                 INSERT INTO transfer_imports (transfer_id, transfer_sub)
-                SELECT \(transfer.id), v FROM unnest(\(transferSubs)::text[]) AS v
+                SELECT me.id, v FROM unnest(\(transferSubs)::text[]) AS v, transfers me
+                WHERE me.id = \(transfer.id) AND NOT EXISTS (\(unescaped: Self.erasedAccountSQL(transferSub: "v", clientID: "me.client_id")))
                 ON CONFLICT DO NOTHING
                 RETURNING 1
             )
@@ -260,6 +294,7 @@ extension TransferStore {
                 INSERT INTO transfer_imports (transfer_id, transfer_sub)
                 SELECT \(transfer.id), s.transfer_sub FROM transfer_subs s JOIN transfers t ON t.id = s.transfer_id
                 WHERE t.direction = 'outgoing' AND t.client_id = \(transfer.clientID) AND t.team_id = \(ourTeam) AND s.transfer_sub IS NOT NULL
+                  AND \(unescaped: Self.notErased(aud: "t.aud", sub: "s.sub"))
                 ON CONFLICT DO NOTHING
                 RETURNING 1
             )
@@ -301,6 +336,24 @@ extension TransferStore {
         let logger = self.logger
         let aud = transfer.aud
         return try await client.bounded.transaction(logger: logger) { connection in
+            var erased = false
+            for try await (found,) in try await connection.query(
+                """
+                SELECT EXISTS (SELECT 1 FROM (SELECT \(transferSub)::text AS v, \(transfer.clientID)::text AS c) x
+                               WHERE EXISTS (\(unescaped: Self.erasedAccountSQL(transferSub: "x.v", clientID: "x.c"))))
+                """, logger: logger
+            ).decode((Bool,).self) {
+                erased = found
+            }
+            if erased {
+                // Erased here: neither moved to the new sub nor created under it.
+                try await connection.query(
+                    """
+                    UPDATE transfer_imports SET error = 'erased', attempts = attempts + 1, updated_at = now()
+                    WHERE transfer_id = \(transfer.id) AND transfer_sub = \(transferSub)
+                    """, logger: logger)
+                return false
+            }
             let old = try await Self.rekeyAccount(
                 aud: aud, clientID: transfer.clientID, transferSub: transferSub, to: user, transferID: transfer.id, on: connection, logger: logger)
             if old == nil {
@@ -337,6 +390,16 @@ extension TransferStore {
         return old
     }
 
+    /// A query selecting 1 when `transferSub` (an SQL expression) names, through this database's
+    /// prepared identifiers for client `clientID`, an account erased here.
+    static func erasedAccountSQL(transferSub: String, clientID: String) -> String {
+        """
+        SELECT 1 FROM transfer_subs s JOIN transfers t ON t.id = s.transfer_id
+        JOIN accounts a ON a.aud = t.aud AND a.sub = s.sub
+        WHERE s.transfer_sub = \(transferSub) AND t.direction = 'outgoing' AND t.client_id = \(clientID) AND a.erased_at IS NOT NULL
+        """
+    }
+
     /// Moves the account held under the old sub that `transferSub` names (through the sender's
     /// prepared identifiers) to `user.sub`, with its sessions, notifications and queued jobs; the
     /// old sub is kept in `account_sub_changes`, the old team's kept Apple tokens dropped. Nil when
@@ -351,7 +414,7 @@ extension TransferStore {
             SELECT s.sub FROM transfer_subs s JOIN transfers t ON t.id = s.transfer_id
             JOIN accounts a ON a.aud = t.aud AND a.sub = s.sub
             WHERE s.transfer_sub = \(transferSub) AND t.direction = 'outgoing' AND t.client_id = \(clientID) AND t.aud = \(aud)
-              AND s.sub <> \(user.sub) AND NOT EXISTS (SELECT 1 FROM accounts n WHERE n.aud = t.aud AND n.sub = \(user.sub))
+              AND s.sub <> \(user.sub) AND NOT EXISTS (SELECT 1 FROM accounts n WHERE n.aud = t.aud AND n.sub = \(user.sub)) AND a.erased_at IS NULL
             LIMIT 1
             FOR UPDATE OF a
             """, logger: logger
@@ -368,14 +431,12 @@ extension TransferStore {
             WHERE aud = \(aud) AND sub = \(old)
             """, logger: logger)
         try await connection.query("UPDATE sessions SET sub = \(user.sub) WHERE aud = \(aud) AND sub = \(old)", logger: logger)
-        // Its jobs, found by index: its notifications' (before they move) and its Apple revocations.
+        // Its notifications' jobs, found by index (before the notifications move). Its queued Apple
+        // revocations stay under the sub their ciphertext is sealed for, so they still decrypt.
         try await connection.query(
             """
             UPDATE jobs SET sub = \(user.sub)
-            WHERE id IN (
-                SELECT j.id FROM notifications n JOIN jobs j ON j.notification_id = n.id WHERE n.aud = \(aud) AND n.sub = \(old)
-                UNION ALL
-                SELECT id FROM jobs WHERE lane = \(Lane.appleRevocations.rawValue) AND aud = \(aud) AND sub = \(old))
+            WHERE id IN (SELECT j.id FROM notifications n JOIN jobs j ON j.notification_id = n.id WHERE n.aud = \(aud) AND n.sub = \(old))
               AND aud = \(aud) AND sub = \(old)
             """, logger: logger)
         try await NotificationStore.rekey(aud: aud, from: old, to: user.sub, on: connection, logger: logger)

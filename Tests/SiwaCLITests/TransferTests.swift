@@ -131,7 +131,8 @@ struct TransferTests {
                 INSERT INTO jobs (notification_id, aud, sub, event_time, state, finished_at) SELECT id, aud, sub, event_time, 'completed', now() FROM n
                 """)
         }
-        // A revocation at Apple still queued for the first user: it moves with them too.
+        // A revocation at Apple still queued for the first user: it stays under the sub its
+        // ciphertext is sealed for (TransferErasureTests delivers one).
         try await client.query(
             """
             INSERT INTO jobs (lane, kind, aud, sub, target, payload) VALUES ('apple_revocations', 'refresh_token', 'com.example.app', \(subs[0]),
@@ -159,7 +160,8 @@ struct TransferTests {
         #expect(try await Self.count(client, "SELECT count(*) FROM accounts a JOIN account_sub_changes c ON c.aud = a.aud AND c.new_sub = a.sub") == 31)
         #expect(try await Self.count(client, "SELECT count(*) FROM sessions s JOIN account_sub_changes c ON c.aud = s.aud AND c.new_sub = s.sub") == 28)
         #expect(try await Self.count(client, "SELECT count(*) FROM notifications n JOIN account_sub_changes c ON c.aud = n.aud AND c.new_sub = n.sub") == 28)
-        #expect(try await Self.count(client, "SELECT count(*) FROM jobs j JOIN account_sub_changes c ON c.aud = j.aud AND c.new_sub = j.sub") == 29)
+        #expect(try await Self.count(client, "SELECT count(*) FROM jobs j JOIN account_sub_changes c ON c.aud = j.aud AND c.new_sub = j.sub") == 28)
+        #expect(try await Self.count(client, "SELECT count(*) FROM jobs WHERE lane = 'apple_revocations' AND sub = '\(subs[0])'") == 1)
         // The two users Apple refused (revoked the app) keep their accounts, sessions and history as they were.
         #expect(try await Self.count(client, "SELECT count(*) FROM sessions WHERE sub IN ('\(subs[7])', '\(subs[8])')") == 2)
         #expect(try await Self.count(client, "SELECT count(*) FROM accounts WHERE aud = 'com.example.app' AND erased_at IS NULL") == 33)
