@@ -71,7 +71,8 @@ package struct SiwaApplication: Sendable {
             rejections: rejections, metrics: metrics, trustedProxies: config.http.trustedProxies, logger: logger)
         let endpointChecks = EndpointCheckStore(client: client, logger: logger)
         self.health = HealthController(
-            store: store, keys: config.receives ? keys : nil, databaseTimeout: config.database.timeout, endpoint: (config.alerts.endpoint, endpointChecks), clock: clock)
+            store: store, keys: config.receives ? keys : nil, databaseTimeout: config.database.timeout, endpoint: (config.alerts.endpoint, endpointChecks),
+            queue: JobQueue(client: client, logger: logger), clock: clock)
         self.adminHosts = config.http.adminHosts
         let effects = EffectStore(client: client, logger: logger)
         self.effects = effects

@@ -159,7 +159,10 @@ struct Doctor: SettingsCommand {
         let logger = (try? makeLogger(settings)) ?? Logger(label: "siwa-events")
         do {
             let role = try await Database.with(database, logger: logger) { database in
-                (try await ConnectedRole.read(database.client, logger: logger), database.description)
+                (
+                    try await ConnectedRole.read(database.client, logger: logger), database.description,
+                    try? await JobQueue(client: database.client, logger: logger).appleRevocationBacklog()
+                )
             }
             if let url = database.url, let warning = DatabaseURL.transportWarning(url) { report.warn("database", warning) }
             if let problem = role.0.superuserProblem {
@@ -167,10 +170,27 @@ struct Doctor: SettingsCommand {
             } else {
                 report.ok("database", "\(role.1): connected as \(role.0.name), not a superuser")
             }
+            if let backlog = role.2 { Self.checkRevocations(&report, backlog) }
         } catch let error as ConfigurationError where database.url == nil {
             report.warn("database", "not checked: \(error.description)")
         } catch {
             report.fail("database", "\(error)")
+        }
+    }
+}
+
+extension Doctor {
+    /// Revocations of kept Apple tokens Apple has not taken: a discarded one holds a token that
+    /// stays unrevoked until an operator retries it.
+    static func checkRevocations(_ report: inout DoctorReport, _ backlog: JobQueue.AppleRevocationBacklog) {
+        let waiting = "\(backlog.waiting) revocation\(backlog.waiting == 1 ? "" : "s") of kept Apple tokens waiting"
+        if backlog.discarded > 0 {
+            report.warn(
+                "apple-revocations",
+                "\(waiting), \(backlog.discarded) discarded after their last attempt: their tokens stay unrevoked; "
+                    + "see `siwa-events apple revocations --failed`, then `siwa-events apple retry --discarded`")
+        } else {
+            report.ok("apple-revocations", "\(waiting), none discarded")
         }
     }
 }

@@ -16,16 +16,19 @@ package struct HealthController: Sendable {
     let databaseTimeout: Duration
     /// The endpoint check's settings and results (nil: the admin `/health` is not served).
     let endpoint: (settings: EndpointHealthSettings, checks: EndpointCheckStore)?
+    /// The queue, for the Apple revocations still waiting that the admin `/health` counts.
+    let queue: JobQueue?
     let clock: @Sendable () -> Date
 
     package init(
         store: NotificationStore, keys: AppleKeyCache?, databaseTimeout: Duration, endpoint: (settings: EndpointHealthSettings, checks: EndpointCheckStore)? = nil,
-        clock: @escaping @Sendable () -> Date = { Date() }
+        queue: JobQueue? = nil, clock: @escaping @Sendable () -> Date = { Date() }
     ) {
         self.store = store
         self.keys = keys
         self.databaseTimeout = databaseTimeout
         self.endpoint = endpoint
+        self.queue = queue
         self.clock = clock
     }
 
@@ -62,13 +65,18 @@ package struct HealthController: Sendable {
         if audience == .admin, let endpoint { registerEndpoint(on: router, endpoint) }
     }
 
-    /// `GET /health`: `{"endpoint": null}` without SIWA_PUBLIC_URL, else the URL, its `status`
+    /// `GET /health`: `endpoint` is null without SIWA_PUBLIC_URL, else the URL, its `status`
     /// (`unchecked`, `healthy`, `unhealthy`), the `cause` (the failing check, or `certificate`),
-    /// when it was checked, the certificate's expiry and days left, and each check's finding.
+    /// when it was checked, the certificate's expiry and days left, and each check's finding;
+    /// `apple_revocations` counts the revocations Apple has not taken (`waiting`, `discarded`).
     private func registerEndpoint(on router: Router<SiwaRequestContext>, _ endpoint: (settings: EndpointHealthSettings, checks: EndpointCheckStore)) {
-        let (databaseTimeout, clock) = (self.databaseTimeout, self.clock)
+        let (databaseTimeout, clock, queue) = (self.databaseTimeout, self.clock, self.queue)
         router.get("/health") { _, _ in
-            guard let url = endpoint.settings.url else { return Response.json(.object(["endpoint": .null])) }
+            var answer: [String: JSONValue] = ["endpoint": .null]
+            if let queue {
+                answer["apple_revocations"] = try await withDeadline(databaseTimeout) { try await queue.appleRevocationBacklog() }.json
+            }
+            guard let url = endpoint.settings.url else { return Response.json(.object(answer)) }
             var object: [String: JSONValue] = ["url": .string(URLRedaction.redacted(url)), "status": .string("unchecked")]
             if let report = try await withDeadline(databaseTimeout, { try await endpoint.checks.latest(url: url.absoluteString) }) {
                 let now = clock()
@@ -81,7 +89,8 @@ package struct HealthController: Sendable {
                 object["checks"] = .array(
                     report.findings.map { .object(["check": .string($0.check.rawValue), "level": .string($0.level.rawValue), "detail": .string($0.detail)]) })
             }
-            return Response.json(.object(["endpoint": .object(object)]))
+            answer["endpoint"] = .object(object)
+            return Response.json(.object(answer))
         }
     }
 }

@@ -62,6 +62,13 @@ struct DashboardTests {
                     .init(.route, .fail, "POST https://siwa.example.com/apple/notifications failed: handshake failed"),
                 ], certificateExpiresAt: nil))
 
+        // A revocation of a kept Apple token that ran out of attempts: its token still held.
+        try await e.client.query(
+            """
+            INSERT INTO jobs (lane, kind, aud, sub, target, payload, state, finished_at)
+            VALUES ('apple_revocations', 'refresh_token', \(Harness.aud), 'dash-deleted', \(Harness.aud), 'v1.00000000.AAAA', 'discarded', now())
+            """)
+
         // A user as Apple names them, with a session, whose consent revocation is applied and
         // called back: the first callback answered 500, the retry 200.
         let sub = "001847.5f2c9e0b7a4d4c1e8b3f6a2d9c0e7b14.1032"

@@ -121,6 +121,7 @@ struct EndpointHealthTests {
 
         var health = try await h.server.request(.GET, "/health")
         #expect(health.status == 200)
+        #expect(health.json?["apple_revocations"] == .object(["waiting": .number(0), "discarded": .number(0)]), "\(health.body)")
         var endpoint = try #require(health.json?["endpoint"], "\(health.body)")
         #expect(endpoint["url"] == .string("https://localhost:\(port)/apple/notifications"))
         #expect(endpoint["status"] == .string("unhealthy") && endpoint["cause"] == .string("tls"), "\(health.body)")

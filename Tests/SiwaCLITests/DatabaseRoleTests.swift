@@ -43,8 +43,24 @@ struct DatabaseRoleTests {
                 #expect(doctor.stdout.contains("FAIL  database:") && doctor.stdout.contains("a superuser"), "\(doctor.stdout)")
             } else {
                 #expect(doctor.stdout.contains("ok    database:") && doctor.stdout.contains("connected as \(role), not a superuser"), "\(doctor.stdout)")
+                #expect(doctor.stdout.contains("ok    apple-revocations: 0 revocations of kept Apple tokens waiting, none discarded"), "\(doctor.stdout)")
             }
         }
+        // A revocation out of attempts holds a token Apple never took: doctor says so, and what to run.
+        try await TestBinary.withDatabase(superuserURL) { client in
+            try await client.query(
+                """
+                INSERT INTO jobs (lane, kind, aud, sub, target, payload, state, finished_at)
+                VALUES ('apple_revocations', 'refresh_token', 'com.example.role', 'gone', 'com.example.role', 'v1.00000000.AAAA', 'discarded', now()),
+                       ('apple_revocations', 'refresh_token', 'com.example.role', 'going', 'com.example.role', 'v1.00000000.AAAA', 'retryable', NULL)
+                """)
+        }
+        let stuck = try await TestBinary.run(
+            ["doctor", "--url", "http://127.0.0.1:\(nothing.port)/apple/notifications", "--timeout", "2s"], environment: ["DATABASE_URL": ownerURL],
+            directory: directory)
+        #expect(
+            stuck.stdout.contains("warn  apple-revocations: 1 revocation of kept Apple tokens waiting, 1 discarded after their last attempt")
+                && stuck.stdout.contains("apple retry --discarded"), "\(stuck.stdout)")
         // Nothing to check where there is no database: said, not failed.
         let nowhere = try await TestBinary.run(
             ["doctor", "--url", "http://127.0.0.1:\(nothing.port)/apple/notifications", "--timeout", "2s"],

@@ -159,6 +159,9 @@ try:
     wait.until(EC.text_to_be_present_in_element((By.CSS_SELECTOR, "#alerts tbody tr.firing"), "revocation_spike"))
     assert "42" in driver.find_element(By.CSS_SELECTOR, "#alerts tbody tr.firing").text, "the alert's peak is not shown"
     assert "1 firing" in driver.find_element(By.ID, "alerts-counts").text, "the firing count is missing"
+    # Apple token revocations Apple has not taken: one discarded, with what to run.
+    revocations = driver.find_element(By.ID, "revocations-note").text
+    assert "1 discarded" in revocations and "apple retry --discarded" in revocations, f"revocations note: {revocations!r}"
     # The endpoint card: the latest check, unhealthy on tls, each finding as text (never markup).
     wait.until(EC.visibility_of_element_located((By.ID, "endpoint-card")))
     assert driver.find_element(By.ID, "endpoint-status").text.startswith("unhealthy"), driver.find_element(By.ID, "endpoint-status").text

@@ -558,6 +558,18 @@ async function transfers() {
   labelCells($("#transfers"));
 }
 
+// Revocations of kept Apple tokens that Apple has not taken (admin /health): shown while any
+// wait; discarded ones keep their tokens unrevoked until an operator retries them.
+function revocations(backlog) {
+  const note = $("#revocations-note");
+  note.hidden = !backlog || backlog.waiting + backlog.discarded === 0;
+  if (note.hidden) return;
+  const parts = ["Apple token revocations: ", countChip("waiting", backlog.waiting, backlog.waiting ? "warn" : "good"), " ",
+    countChip("discarded", backlog.discarded, backlog.discarded ? "bad" : "good")];
+  if (backlog.discarded) parts.push(" — their tokens stay unrevoked: see siwa-events apple revocations --failed, then siwa-events apple retry --discarded");
+  note.replaceChildren(...parts);
+}
+
 // The endpoint registered with Apple (admin /health, no scope needed): shown when SIWA_PUBLIC_URL
 // is set. The findings quote what the endpoint answered: text only, like everything else.
 async function endpoint() {
@@ -568,6 +580,7 @@ async function endpoint() {
     $("#endpoint-card").hidden = true;
     return;
   }
+  revocations(data.apple_revocations);
   const result = data.endpoint;
   $("#endpoint-card").hidden = result == null;
   if (result == null) return;

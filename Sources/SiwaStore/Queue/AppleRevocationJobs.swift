@@ -35,6 +35,24 @@ extension JobQueue {
         }
     }
 
+    /// Revocations Apple has not taken yet: `waiting` (ready, retrying or being sent) and
+    /// `discarded` (out of attempts: their tokens stay, unrevoked, until `apple retry`).
+    package struct AppleRevocationBacklog: Sendable, Equatable {
+        package var waiting = 0
+        package var discarded = 0
+
+        package var json: JSONValue { .object(["waiting": .number(Double(waiting)), "discarded": .number(Double(discarded))]) }
+    }
+
+    /// The lane's backlog, read through the queue's partial indexes (`depth`).
+    package func appleRevocationBacklog() async throws -> AppleRevocationBacklog {
+        var backlog = AppleRevocationBacklog()
+        for depth in try await depth() where depth.lane == .appleRevocations {
+            if depth.state == .discarded { backlog.discarded += depth.count } else if depth.state.isOpen { backlog.waiting += depth.count }
+        }
+        return backlog
+    }
+
     /// Newest first; `failed`: only those retrying or discarded; `aud`/`sub`: one user's.
     package func listAppleRevocations(failed: Bool, aud: String? = nil, sub: String? = nil, limit: Int) async throws -> [AppleRevocationSummary] {
         var result: [AppleRevocationSummary] = []
