@@ -9,24 +9,27 @@ import SiwaEmbeddedPostgres
 import SiwaTestSupport
 import Testing
 
-/// The settings' single definition: the README's table, `--help` and the flags all come from it.
+/// The settings' single definition: docs/reference.md's table, `--help` and the flags all come from it.
 @Suite("Settings: one definition each")
 struct SettingsTests {
     static let packageRoot = URL(fileURLWithPath: #filePath).deletingLastPathComponent().deletingLastPathComponent().deletingLastPathComponent()
 
-    @Test("The README's configuration table is the one the settings' definitions make")
-    func readmeTable() throws {
-        let readme = try String(contentsOf: Self.packageRoot.appendingPathComponent("README.md"), encoding: .utf8)
+    @Test("docs/reference.md's configuration table is the one the settings' definitions make")
+    func referenceTable() throws {
+        let document = "docs/reference.md"
+        let reference = try String(contentsOf: Self.packageRoot.appendingPathComponent(document), encoding: .utf8)
         let (begin, end) = Settings.tableMarkers
-        let start = try #require(readme.range(of: begin), "README.md lacks \(begin)")
-        let stop = try #require(readme.range(of: end, range: start.upperBound..<readme.endIndex), "README.md lacks \(end)")
-        let table = readme[start.upperBound..<stop.lowerBound].trimmingCharacters(in: .whitespacesAndNewlines)
+        let start = try #require(reference.range(of: begin), "\(document) lacks \(begin)")
+        let stop = try #require(reference.range(of: end, range: start.upperBound..<reference.endIndex), "\(document) lacks \(end)")
+        let table = reference[start.upperBound..<stop.lowerBound].trimmingCharacters(in: .whitespacesAndNewlines)
         let expected = Settings.markdownTable()
         if table != expected {
             let file = Self.packageRoot.appendingPathComponent(".build/settings-table.md")
             try? expected.write(to: file, atomically: true, encoding: .utf8)
-            Issue.record("README.md's settings table differs from the settings in Sources/SiwaApp/Settings/; the table they make is in \(file.path)")
+            Issue.record("\(document)'s settings table differs from the settings in Sources/SiwaApp/Settings/; the table they make is in \(file.path)")
         }
+        let readme = try String(contentsOf: Self.packageRoot.appendingPathComponent("README.md"), encoding: .utf8)
+        #expect(!readme.contains(begin), "README.md still holds a settings table: it lives in \(document)")
     }
 
     @Test("Each setting has a variable and a flag of its own, every group has settings, and `all` lists them group by group")
@@ -177,7 +180,7 @@ struct SettingsTests {
         #expect(listed.status == 0, "\(listed.stderr)")
     }
 
-    @Test("--help says a secret's flag is visible to other local users and names its _FILE variable; the README's table names it too")
+    @Test("--help says a secret's flag is visible to other local users and names its _FILE variable; docs/reference.md's table names it too")
     func helpNamesSecretFiles() async throws {
         let serve = try await TestBinary.run(["serve", "--help"], directory: "/tmp")
         let text = serve.stdout.split(whereSeparator: \.isWhitespace).joined(separator: " ")

@@ -9,16 +9,18 @@ package enum Settings {
     /// The setting read from an environment variable.
     package static func named(variable: String) -> SettingInfo? { all.first { $0.variable == variable } }
 
-    /// The README lines between these markers are `markdownTable()` (a test compares).
+    /// The lines of docs/reference.md between these markers are `markdownTable()` (a test compares).
     package static let tableMarkers = (begin: "<!-- settings table: generated from Sources/SiwaApp/Settings/ -->", end: "<!-- end of settings table -->")
 
-    /// The README's configuration reference: one row per setting, in `all`'s order; a secret's row
-    /// names its `_FILE` variable too.
+    /// The configuration reference of docs/reference.md: one row per setting, in `all`'s order; a
+    /// secret's row names its `_FILE` variable too. A setting's `docs` writes a link from the
+    /// repository's root (`docs/reference.md#callbacks`); the table, in docs/, links from there.
     package static func markdownTable() -> String {
         var lines = ["| Variable | Flag | Default | Meaning |", "|---|---|---|---|"]
         for setting in all {
             let variable = setting.fileVariable.map { "`\(setting.variable)` or `\($0)` (secret)" } ?? "`\(setting.variable)`"
-            lines.append("| \(variable) | `--\(setting.flag)` | \(setting.shownDefault) | \(setting.docs) |")
+            let docs = setting.docs.replacing("](docs/reference.md#", with: "](#").replacing("](docs/", with: "](")
+            lines.append("| \(variable) | `--\(setting.flag)` | \(setting.shownDefault) | \(docs) |")
         }
         return lines.joined(separator: "\n")
     }
