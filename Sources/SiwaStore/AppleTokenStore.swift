@@ -93,10 +93,7 @@ package struct AppleTokenStore: Sendable {
                 WHERE t.aud = u.aud AND t.sub = u.sub AND (u.cutoff IS NULL OR t.updated_at <= u.cutoff)
                 RETURNING t.aud, t.sub, t.client_id, t.token
             ), queued AS (
-                INSERT INTO jobs (lane, kind, aud, sub, target, payload, run_at)
-                SELECT \(Lane.appleRevocations.rawValue), \(AppleTokenKind.refreshToken.rawValue), aud, sub, client_id, token, now()
-                FROM taken
-                RETURNING id
+                \(unescaped: JobQueue.enqueueAppleRevocationsSQL(from: "taken"))
             ), told AS (
                 SELECT pg_notify('siwa_jobs', \(Lane.appleRevocations.rawValue)) FROM (SELECT 1 FROM queued LIMIT 1) q
             )
@@ -279,35 +276,27 @@ package struct AppleTokenStore: Sendable {
 
     /// How many stored ciphertexts (kept tokens and pending revocations) each key id encrypts.
     package func ciphertextsByKey() async throws -> [String: Int] {
-        var counts: [String: Int] = [:]
+        var counts = try await JobQueue(client: client, logger: logger).appleRevocationPayloadsByKey()
         for try await (key, n) in try await client.bounded.query(
-            """
-            SELECT key_id, count(*)::bigint FROM (
-                SELECT key_id FROM apple_tokens
-                UNION ALL
-                SELECT split_part(payload, '.', 2) FROM jobs WHERE lane = \(Lane.appleRevocations.rawValue) AND payload IS NOT NULL
-            ) k GROUP BY 1
-            """, logger: logger
+            "SELECT key_id, count(*)::bigint FROM apple_tokens GROUP BY 1", logger: logger
         ).decode((String, Int).self) {
-            counts[key] = n
+            counts[key, default: 0] += n
         }
         return counts
     }
 
-    /// Up to `limit` stored ciphertexts under a key other than `currentKeyID`.
+    /// Up to `limit` stored ciphertexts of each place (kept tokens, pending revocations) under a
+    /// key other than `currentKeyID`.
     package func ciphertexts(notUnder currentKeyID: String, limit: Int) async throws -> [StoredCiphertext] {
         var found: [StoredCiphertext] = []
         for try await row in try await client.bounded.query(
-            """
-            (SELECT aud, sub, client_id, NULL::bigint, token FROM apple_tokens WHERE key_id <> \(currentKeyID) LIMIT \(limit))
-            UNION ALL
-            (SELECT aud, sub, target, id, payload FROM jobs
-             WHERE lane = \(Lane.appleRevocations.rawValue) AND payload IS NOT NULL AND split_part(payload, '.', 2) <> \(currentKeyID)
-             LIMIT \(limit))
-            """, logger: logger
-        ).decode((String, String, String, Int?, String).self) {
-            let place: StoredCiphertext.Place = row.3.map { .revocationJob(id: $0) } ?? .keptToken(clientID: row.2)
-            found.append(StoredCiphertext(place: place, owner: AppleTokenOwner(aud: row.0, sub: row.1), ciphertext: row.4))
+            "SELECT aud, sub, client_id, token FROM apple_tokens WHERE key_id <> \(currentKeyID) LIMIT \(limit)", logger: logger
+        ).decode((String, String, String, String).self) {
+            found.append(StoredCiphertext(place: .keptToken(clientID: row.2), owner: AppleTokenOwner(aud: row.0, sub: row.1), ciphertext: row.3))
+        }
+        let queue = JobQueue(client: client, logger: logger)
+        for job in try await queue.appleRevocationPayloads(notUnder: currentKeyID, limit: limit) {
+            found.append(StoredCiphertext(place: .revocationJob(id: job.id), owner: job.owner, ciphertext: job.ciphertext))
         }
         return found
     }
@@ -315,26 +304,23 @@ package struct AppleTokenStore: Sendable {
     /// Replaces `stored` with `replacement` if it is still what is stored (a sign-in or a
     /// completed revocation in between wins). Returns whether it was replaced.
     package func replace(_ stored: StoredCiphertext, with replacement: String) async throws -> Bool {
-        let query: PostgresQuery
         switch stored.place {
+        case .revocationJob(let id):
+            return try await JobQueue(client: client, logger: logger).replaceAppleRevocationPayload(id: id, stored.ciphertext, with: replacement)
         case .keptToken(let clientID):
-            query = """
+            var replaced = false
+            for try await (n,) in try await client.bounded.query(
+                """
                 WITH r AS (UPDATE apple_tokens SET token = \(replacement)
                            WHERE aud = \(stored.owner.aud) AND sub = \(stored.owner.sub) AND client_id = \(clientID) AND token = \(stored.ciphertext)
                            RETURNING 1)
                 SELECT count(*)::bigint FROM r
-                """
-        case .revocationJob(let id):
-            query = """
-                WITH r AS (UPDATE jobs SET payload = \(replacement)
-                           WHERE id = \(id) AND lane = \(Lane.appleRevocations.rawValue) AND payload = \(stored.ciphertext)
-                           RETURNING 1)
-                SELECT count(*)::bigint FROM r
-                """
+                """, logger: logger
+            ).decode((Int,).self) {
+                replaced = n > 0
+            }
+            return replaced
         }
-        var replaced = false
-        for try await (n,) in try await client.bounded.query(query, logger: logger).decode((Int,).self) { replaced = n > 0 }
-        return replaced
     }
 
     /// Records a finished re-encryption in the audit log.

@@ -29,6 +29,7 @@ let embedded: [(file: String, bytes: [UInt8])] = [
     ("021_open_effects_index.sql", PackageResources._21_open_effects_index_sql),
     ("022_notifications_half_pages.sql", PackageResources._22_notifications_half_pages_sql),
     ("023_erasure_leaves_transfers.sql", PackageResources._23_erasure_leaves_transfers_sql),
+    ("024_lanes_by_subject.sql", PackageResources._24_lanes_by_subject_sql),
 ]
 
 /// A numbered SQL migration from `sql/` (built into the binary, so it runs from any directory).

@@ -431,14 +431,9 @@ extension TransferStore {
             WHERE aud = \(aud) AND sub = \(old)
             """, logger: logger)
         try await connection.query("UPDATE sessions SET sub = \(user.sub) WHERE aud = \(aud) AND sub = \(old)", logger: logger)
-        // Its notifications' jobs, found by index (before the notifications move). Its queued Apple
-        // revocations stay under the sub their ciphertext is sealed for, so they still decrypt.
-        try await connection.query(
-            """
-            UPDATE jobs SET sub = \(user.sub)
-            WHERE id IN (SELECT j.id FROM notifications n JOIN jobs j ON j.notification_id = n.id WHERE n.aud = \(aud) AND n.sub = \(old))
-              AND aud = \(aud) AND sub = \(old)
-            """, logger: logger)
+        // Its notifications' jobs (before the notifications move). Its queued Apple revocations
+        // stay under the sub their ciphertext is sealed for, so they still decrypt.
+        try await JobQueue.rekeyNotificationJobs(aud: aud, from: old, to: user.sub, on: connection, logger: logger)
         try await NotificationStore.rekey(aud: aud, from: old, to: user.sub, on: connection, logger: logger)
         try await connection.query(
             """

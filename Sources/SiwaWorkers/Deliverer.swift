@@ -34,6 +34,11 @@ package final class Deliverer: Service, Sendable {
     package struct Configuration: Sendable {
         package var lease: Duration
         package var pollInterval: Duration
+
+        package init(lease: Duration, pollInterval: Duration) {
+            self.lease = lease
+            self.pollInterval = pollInterval
+        }
     }
 
     package let lane: DeliveryLane
@@ -50,7 +55,10 @@ package final class Deliverer: Service, Sendable {
     /// Claims given up on shutdown (see `claimUnlessStopping`).
     private let abandonedClaims = Atomic<Int>(0)
 
-    init(lane: DeliveryLane, worker: String, configuration: Configuration, queue: JobQueue, doorbell: Doorbell, logger: Logger, metrics: WorkerMetrics?) {
+    package init(
+        lane: DeliveryLane, worker: String, configuration: Configuration, queue: JobQueue, doorbell: Doorbell = Doorbell(), logger: Logger,
+        metrics: WorkerMetrics? = nil
+    ) {
         self.lane = lane
         self.worker = worker
         self.configuration = configuration

@@ -38,6 +38,15 @@ package struct DeliveryLane: Sendable {
     package var concurrency: Int
     /// One attempt's limit, connection included; longer counts as a failed attempt.
     package var timeout: Duration
+
+    package init(lane: Lane, sender: any DeliverySender, event: String, retry: RetryPolicy, concurrency: Int, timeout: Duration) {
+        self.lane = lane
+        self.sender = sender
+        self.event = event
+        self.retry = retry
+        self.concurrency = concurrency
+        self.timeout = timeout
+    }
 }
 
 /// One POST of a webhook message, signed (Standard Webhooks headers) when a signer is given. Any

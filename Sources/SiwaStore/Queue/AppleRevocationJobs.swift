@@ -3,9 +3,68 @@ import Logging
 import PostgresNIO
 import SiwaDomain
 
-/// The `apple_revocations` lane as an operator sees it: its jobs with their last call to Apple,
-/// and putting one back. Jobs are enqueued by `AppleTokenStore.enqueueRevocations`.
+/// The `apple_revocations` lane: its statements. Jobs are enqueued in the transaction that takes
+/// the tokens from `apple_tokens` (`AppleTokenStore.enqueueRevocations`, through
+/// `enqueueAppleRevocationsSQL`); an operator lists them, puts them back, and re-seals their
+/// payloads under a new key.
 extension JobQueue {
+    /// The body of a data-modifying CTE that queues one revocation per row of `taken` (columns
+    /// `aud`, `sub`, `client_id`, `token`: the ciphertext becomes the payload), returning `id`.
+    static func enqueueAppleRevocationsSQL(from taken: String) -> String {
+        """
+        INSERT INTO jobs (lane, kind, aud, sub, target, payload, run_at)
+        SELECT '\(Lane.appleRevocations.rawValue)', '\(AppleTokenKind.refreshToken.rawValue)', aud, sub, client_id, token, now()
+        FROM \(taken)
+        RETURNING id
+        """
+    }
+
+    /// How many pending revocations' payloads each key id encrypts.
+    func appleRevocationPayloadsByKey() async throws -> [String: Int] {
+        var counts: [String: Int] = [:]
+        for try await (key, n) in try await client.bounded.query(
+            """
+            SELECT split_part(payload, '.', 2), count(*)::bigint FROM jobs
+            WHERE lane = \(Lane.appleRevocations.rawValue) AND payload IS NOT NULL GROUP BY 1
+            """, logger: logger
+        ).decode((String, Int).self) {
+            counts[key] = n
+        }
+        return counts
+    }
+
+    /// Up to `limit` pending revocations whose payload is under a key other than `currentKeyID`.
+    func appleRevocationPayloads(notUnder currentKeyID: String, limit: Int) async throws -> [(id: Int, owner: AppleTokenOwner, ciphertext: String)] {
+        var found: [(id: Int, owner: AppleTokenOwner, ciphertext: String)] = []
+        for try await row in try await client.bounded.query(
+            """
+            SELECT id, aud, sub, payload FROM jobs
+            WHERE lane = \(Lane.appleRevocations.rawValue) AND payload IS NOT NULL AND split_part(payload, '.', 2) <> \(currentKeyID)
+            LIMIT \(limit)
+            """, logger: logger
+        ).decode((Int, String, String, String).self) {
+            found.append((row.0, AppleTokenOwner(aud: row.1, sub: row.2), row.3))
+        }
+        return found
+    }
+
+    /// Replaces a pending revocation's payload if it is still `stored` (a completed revocation in
+    /// between wins). Returns whether it was replaced.
+    func replaceAppleRevocationPayload(id: Int, _ stored: String, with replacement: String) async throws -> Bool {
+        var replaced = false
+        for try await (n,) in try await client.bounded.query(
+            """
+            WITH r AS (UPDATE jobs SET payload = \(replacement)
+                       WHERE id = \(id) AND lane = \(Lane.appleRevocations.rawValue) AND payload = \(stored)
+                       RETURNING 1)
+            SELECT count(*)::bigint FROM r
+            """, logger: logger
+        ).decode((Int,).self) {
+            replaced = n > 0
+        }
+        return replaced
+    }
+
     /// A revocation job as `apple revocations` lists it (never its payload).
     package struct AppleRevocationSummary: Sendable {
         package var id: Int
@@ -77,26 +136,10 @@ extension JobQueue {
         return result
     }
 
-    /// Puts revocations back in the queue with fresh attempts: one by id, or every discarded one.
-    /// A completed revocation (its token cleared) or one being sent right now is left alone.
+    /// Puts revocations back in the queue with fresh attempts: one by id, or every discarded one
+    /// (`retry` of the lane).
     @discardableResult
     package func retryAppleRevocations(id: Int?, discarded: Bool) async throws -> Int {
-        var count = 0
-        for try await (n,) in try await client.bounded.query(
-            """
-            WITH retried AS (
-                UPDATE jobs SET state = 'available', run_at = now(), attempt = 0, finished_at = NULL, last_error = NULL,
-                    last_status = NULL, locked_by = NULL, lease_expires_at = NULL
-                WHERE lane = \(Lane.appleRevocations.rawValue) AND state IN ('available', 'retryable', 'discarded')
-                  AND ((\(id)::bigint IS NOT NULL AND id = \(id)) OR (\(discarded) AND state = 'discarded'))
-                RETURNING id
-            )
-            SELECT count(*)::bigint FROM retried
-            """, logger: logger
-        ).decode((Int,).self) {
-            count = n
-        }
-        if count > 0 { try await client.bounded.query("SELECT pg_notify('siwa_jobs', \(Lane.appleRevocations.rawValue))", logger: logger) }
-        return count
+        try await retry(lane: .appleRevocations, id: id, discarded: discarded)
     }
 }

@@ -90,19 +90,20 @@ package struct JobQueue: Sendable {
     }
 
     /// Deletes up to `limit` jobs finished more than `retention` before `now` (their attempts stay
-    /// in job_attempts). A job whose payload is a secret it still holds (a discarded Apple
-    /// revocation: the token's only copy) is never pruned: only `apple retry` ends its wait.
+    /// in job_attempts). A discarded job is pruned only in a lane known to hold no secret: one of
+    /// a secret lane still holds its payload (a discarded Apple revocation: the token's only copy)
+    /// and waits for `jobs retry --lane … --discarded`, however old.
     @discardableResult
     package func prune(retention: Duration, limit: Int = 10_000, now: Date? = nil) async throws -> Int {
         var count = 0
-        let secret = Lane.all.filter(\.payloadIsSecret).map(\.rawValue)
+        let prunable = Lane.all.filter { !$0.payloadIsSecret }.map(\.rawValue)
         for try await (n,) in try await client.bounded.query(
             """
             WITH pruned AS (
                 DELETE FROM jobs WHERE id IN (
                     SELECT id FROM jobs WHERE state IN ('completed', 'discarded')
                       AND finished_at < coalesce(\(now)::timestamptz, now()) - \(Int(retention.components.seconds)) * interval '1 second'
-                      AND NOT (lane = ANY(\(secret)::text[]) AND payload IS NOT NULL)
+                      AND (state = 'completed' OR lane = ANY(\(prunable)::text[]))
                     LIMIT \(limit))
                 RETURNING id
             ) SELECT count(*)::bigint FROM pruned

@@ -1,10 +1,11 @@
 import SiwaDomain
 
-/// A lane of the job queue: which kind of work a job is (`jobs.lane`), declared once here. The
-/// listener's doorbells, the depth and lag reads of monitoring, and the metrics' labels are built
-/// from `all`. A new lane is: a declaration here, a migration (its name in the lane CHECKs of
-/// `jobs` and `job_attempts`, and a partial index of its ready jobs) and, for a delivery lane, a
-/// sender with its `DeliveryLane` (SiwaWorkers).
+/// A lane of the job queue: which kind of work a job is (`jobs.lane`), declared once as a value.
+/// The listener's doorbells, the depth and lag reads of monitoring, the metrics' labels, the
+/// generic list and retry (`jobs list|retry --lane`) and the pruner's care for secrets are built
+/// from `all`. The schema takes any lane whose jobs have one of the known subjects (sql/024), so a
+/// new lane is this declaration (in `all`, to be run by `serve`) and, for a delivery lane, a sender
+/// with its `DeliveryLane` (SiwaWorkers); a partial index of its ready jobs keeps its reads cheap.
 package struct Lane: RawRepresentable, Hashable, Sendable, CustomStringConvertible {
     /// How the ready (available or retryable) jobs of a lane are indexed; `depth` and `signals`
     /// read each lane through its own partial indexes, never the whole table.
@@ -15,13 +16,28 @@ package struct Lane: RawRepresentable, Hashable, Sendable, CustomStringConvertib
         case onePerState
     }
 
+    /// What a job of the lane is about (which of `jobs`' subject columns it sets).
+    package enum Subject: String, Sendable {
+        /// A notification (`notification_id`).
+        case notification
+        /// An alert's message to a sink (`alert_id`, `target`).
+        case alert
+        /// A user (`aud`, `sub`) and a target (`target`).
+        case user
+    }
+
     package let rawValue: String
+    package let subject: Subject
     package let readyIndex: ReadyIndex
-    /// The payload is a secret (an encrypted token): cleared when the job completes.
+    /// The payload is a secret (an encrypted token): cleared when the job completes, and a job
+    /// still holding it is never pruned.
     package let payloadIsSecret: Bool
 
-    private init(_ name: String, readyIndex: ReadyIndex = .oneForBoth, payloadIsSecret: Bool = false) {
+    /// Declares a lane named `name`: lowercase letters, digits and `_`, at most 40 (sql/024).
+    package init(_ name: String, subject: Subject, readyIndex: ReadyIndex = .oneForBoth, payloadIsSecret: Bool = false) {
+        precondition(Self.isValidName(name), "a lane's name is lowercase letters, digits and _ (at most 40): \(name)")
         self.rawValue = name
+        self.subject = subject
         self.readyIndex = readyIndex
         self.payloadIsSecret = payloadIsSecret
     }
@@ -34,16 +50,22 @@ package struct Lane: RawRepresentable, Hashable, Sendable, CustomStringConvertib
 
     package var description: String { rawValue }
 
+    static func isValidName(_ name: String) -> Bool {
+        (1...40).contains(name.utf8.count) && name.utf8.first.map { (UInt8(ascii: "a")...UInt8(ascii: "z")).contains($0) } == true
+            && name.utf8.allSatisfy { (UInt8(ascii: "a")...UInt8(ascii: "z")).contains($0) || (UInt8(ascii: "0")...UInt8(ascii: "9")).contains($0) || $0 == UInt8(ascii: "_") }
+    }
+
     /// Apply a notification's effect to accounts and sessions (in a batch transaction, per-user gate).
-    package static let effects = Lane("effects", readyIndex: .onePerState)
+    package static let effects = Lane("effects", subject: .notification, readyIndex: .onePerState)
     /// Deliver an applied effect to the backend's callback URL.
-    package static let callbacks = Lane("callbacks")
+    package static let callbacks = Lane("callbacks", subject: .notification)
     /// Deliver an alert message to a sink.
-    package static let alerts = Lane("alerts")
-
+    package static let alerts = Lane("alerts", subject: .alert)
     /// Revoke a user's Apple token at `/auth/revoke` (its ciphertext is the payload).
-    package static let appleRevocations = Lane("apple_revocations", payloadIsSecret: true)
+    package static let appleRevocations = Lane("apple_revocations", subject: .user, payloadIsSecret: true)
 
+    /// The lanes this build runs: the listener's doorbells, depth, lag and metrics cover these.
+    /// A lane declared elsewhere (a test's) works with every statement that takes a `Lane`.
     package static let all: [Lane] = [.effects, .callbacks, .alerts, .appleRevocations]
 }
 

@@ -39,3 +39,18 @@ extension JobQueue {
         return result
     }
 }
+
+extension JobQueue {
+    // MARK: JobsRekey
+
+    /// Moves the jobs of a user's notifications from sub `old` to `new`, in the caller's
+    /// transaction (an app transfer's re-key; call it before the notifications move).
+    static func rekeyNotificationJobs(aud: String, from old: String, to new: String, on connection: PostgresConnection, logger: Logger) async throws {
+        try await connection.query(
+            """
+            UPDATE jobs SET sub = \(new)
+            WHERE id IN (SELECT j.id FROM notifications n JOIN jobs j ON j.notification_id = n.id WHERE n.aud = \(aud) AND n.sub = \(old))
+              AND aud = \(aud) AND sub = \(old)
+            """, logger: logger)
+    }
+}
