@@ -52,3 +52,11 @@ package func terminalSafe(_ text: String) -> String {
     LineLogHandler.appendEscaped(text, to: &escaped, quotes: false)
     return escaped
 }
+
+/// Text these commands did not write, as printed: another team's export (its client ID), what
+/// Apple answered (a refusal's word, why a run stopped), what the database holds of either. Cut to
+/// `limit` bytes (`UntrustedText`) and its control characters escaped (`terminalSafe`), so a file
+/// cannot retitle or clear the operator's terminal, move its cursor or fake a line.
+package func printable(_ text: String, limit: Int = 128) -> String {
+    terminalSafe(UntrustedText.bounded(text, limit: limit))
+}
