@@ -205,7 +205,7 @@ package enum ConnectionPhaseEvent: Sendable {
 /// the connection when it passes; tells `ConnectionRegistry` whether a request is in progress.
 /// One NIO timer per connection, re-armed lazily: a phase whose deadline is no earlier than the
 /// armed timer's leaves it, and the timer, firing early, arms itself for the deadline then due.
-/// Keep-alive traffic so schedules no timer per request (BENCHMARKS.md, issue 32, lever 5).
+/// Keep-alive traffic so schedules no timer per request (BENCHMARKS.md).
 package final class ConnectionDeadlines: ChannelDuplexHandler, RemovableChannelHandler {
     package typealias InboundIn = Any
     package typealias OutboundIn = Any

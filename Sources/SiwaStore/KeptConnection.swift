@@ -7,7 +7,7 @@ import Synchronization
 /// A pool connection kept while calls keep coming (a commit slot's batches, the jobs notifier's
 /// NOTIFYs), given back after `linger` without one. postgres-nio arms an idle timer (a task group,
 /// a `Task.sleep`, a dispatch timer) each time a connection goes back to the pool, so leasing per
-/// batch paid that per batch (BENCHMARKS.md, issue 32, lever 8). At rest nothing is kept: right
+/// batch paid that per batch (BENCHMARKS.md). At rest nothing is kept: right
 /// after an outage the one connection back is free for the readiness ping. Calls are bounded as
 /// `BoundedPostgres`'s: answered within `limit`, at once when the caller is cancelled; a call past
 /// its limit keeps the connection it is stuck on, and the next call leases another.

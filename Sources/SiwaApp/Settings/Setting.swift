@@ -51,7 +51,7 @@ package struct SettingInfo: Sendable, Equatable {
 }
 
 /// One setting, defined once: variable, flag, group, default, parser, help and the docs' text.
-/// The flags, the environment reading, `--help` and the README's table all come from these.
+/// The flags, the environment reading, `--help` and the table in docs/reference.md all come from these.
 package struct Setting<Value: Sendable>: Sendable {
     package let info: SettingInfo
     package let defaultValue: Value

@@ -1,7 +1,7 @@
 /// Every setting of siwa-events, each defined once beside the configuration that reads it (one file
-/// per group in this folder). `all` is the order of `--help` and the README's configuration table.
+/// per group in this folder). `all` is the order of `--help` and the configuration table of docs/reference.md.
 package enum Settings {
-    /// Every setting, group by group, in the order `--help` and the README list them.
+    /// Every setting, group by group, in the order `--help` and docs/reference.md list them.
     package static let all: [SettingInfo] = database + apple + appleCredentials + listeners + process + history + jobs + accounts + callbacks + alerts + endpoint + logging
 
     /// The setting a flag (without dashes) sets.
