@@ -1,4 +1,4 @@
--- Erased users leave every app transfer (issue 40): their identifiers for another team, asked
+-- Erased users leave every app transfer: their identifiers for another team, asked
 -- for or not, and the exchanges of those not made yet. Rows left by erasures made before this
 -- release go now, as later erasures take theirs in the same transaction.
 WITH gone AS (
