@@ -30,6 +30,7 @@ let embedded: [(file: String, bytes: [UInt8])] = [
     ("022_notifications_half_pages.sql", PackageResources._22_notifications_half_pages_sql),
     ("023_erasure_leaves_transfers.sql", PackageResources._23_erasure_leaves_transfers_sql),
     ("024_lanes_by_subject.sql", PackageResources._24_lanes_by_subject_sql),
+    ("025_caches_without_credentials.sql", PackageResources._25_caches_without_credentials_sql),
 ]
 
 /// A numbered SQL migration from `sql/` (built into the binary, so it runs from any directory).

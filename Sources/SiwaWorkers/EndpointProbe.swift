@@ -36,7 +36,8 @@ package struct EndpointProbe: Sendable {
         guard let url = URL(string: text), let scheme = url.scheme?.lowercased(), ["https", "http"].contains(scheme), let host = url.host, !host.isEmpty else {
             throw NotAWebURL()
         }
-        (self.text, self.url, self.scheme, self.host) = (text, url, scheme, host)
+        // The URL as findings quote it: without its userinfo (they reach /health and the logs).
+        (self.text, self.url, self.scheme, self.host) = (URLRedaction.scrubbed(text), url, scheme, host)
         self.port = url.port ?? (scheme == "https" ? 443 : 80)
         self.timeout = timeout
         self.expiryWarningDays = expiryWarningDays

@@ -15,13 +15,10 @@ import SiwaTestSupport
 import SiwaWorkers
 import Testing
 
-/// The security reviews' fixes each keep a test (issue 40). Most live beside their behaviour
-/// (AdminHostTests, VerifierTests, KeyCacheTests, SecurityDefinerTests, ConnectionLimitTests,
-/// CLITests, StartupErrorTests, SignInCompletionTests, BackendAPITests); these cover what those
-/// left open, each through real PostgreSQL, real HTTP or the real binary. What they found still
-/// open is kept as `withKnownIssue` (URLs quoted whole by parseWebURL, SIWA_PUBLIC_URL's password
-/// in /health, URLs with credentials as database keys): the fix turns each into a failure, so it
-/// drops the wrapper.
+/// The security reviews' fixes each keep a test. Most live beside their behaviour (AdminHostTests,
+/// VerifierTests, KeyCacheTests, SecurityDefinerTests, ConnectionLimitTests, CLITests,
+/// StartupErrorTests, SignInCompletionTests, BackendAPITests); these cover what those left open,
+/// each through real PostgreSQL, real HTTP or the real binary.
 @Suite("Security regressions: what the reviews fixed stays fixed")
 struct SecurityRegressionTests {
     static let logger = Logger(label: "security-regression", factory: { _ in SwiftLogNoOpLogHandler() })
@@ -216,26 +213,18 @@ struct SecurityRegressionTests {
             for answer in answers.dropLast() { #expect(!answer.contains(password), "\(password) in an answer: \(answer)") }
             if password != passwords[5] { #expect(!answers[2].contains(password), "\(password) in /health: \(answers[2])") }
         }
-        withKnownIssue("SIWA_PUBLIC_URL's password: /health's url check shows the URL whole (EndpointProbe's .url finding)") {
-            #expect(!answers[2].contains(passwords[5]), "\(answers[2])")
-        }
+        #expect(!answers[2].contains(passwords[5]), "\(answers[2])")
         let stored = try await TestBinary.withDatabase(try #require(plain.string)) { client in
             var found: [String] = []
             for password in passwords where try await DatabaseSearch.occurrences(of: password, in: client) > 0 { found.append(password) }
             return found
         }
-        #expect(Set(stored).isSubset(of: [passwords[1], passwords[5]]), "stored in the database: \(stored)")
-        withKnownIssue("the URL whole is the key of jwks_cache.source_url and endpoint_checks.url, credentials included") {
-            #expect(!stored.contains(passwords[1]), "SIWA_APPLE_JWKS_URL's password in jwks_cache")
-            #expect(!stored.contains(passwords[5]), "SIWA_PUBLIC_URL's password in endpoint_checks")
-        }
+        #expect(stored.isEmpty, "stored in the database: \(stored)")
         await apple.stop()
     }
 
     /// Settings whose malformed value is still quoted whole in the error (found by this test; to be fixed in
     /// Sources/SiwaApp/Settings/Setting.swift's parseWebURL): remove each from here once it is redacted.
-    static let echoedWhole: Set = ["SIWA_CALLBACK_URL", "SIWA_ALERT_WEBHOOK_URLS", "SIWA_ALERT_SLACK_URL", "SIWA_PUBLIC_URL"]
-
     @Test("A malformed secret or URL setting stops serve (exit 78) naming the variable, never showing the secret or a URL's password")
     func badSettingsNameNoSecret() async throws {
         let directory = try TestBinary.makeDirectory("bad-secret")
@@ -267,13 +256,7 @@ struct SecurityRegressionTests {
                     .merging(environment) { $1 },
                 directory: directory, within: .seconds(60))
             #expect(run.status == 78 && run.output.contains(variable), "\(variable): \(run.status) \(run.output.suffix(2000))")
-            if Self.echoedWhole.contains(variable) {
-                withKnownIssue("parseWebURL quotes a malformed URL whole (got \"…\"), userinfo and a secret setting's value included") {
-                    #expect(!run.output.contains(mark), "\(variable): the secret in the error: \(run.output.suffix(2000))")
-                }
-            } else {
-                #expect(!run.output.contains(mark), "\(variable): the secret in the error: \(run.output.suffix(2000))")
-            }
+            #expect(!run.output.contains(mark), "\(variable): the secret in the error: \(run.output.suffix(2000))")
         }
     }
 

@@ -151,15 +151,18 @@ extension Setting where Value == URL? {
         _ variable: String, flag: String, _ group: SettingGroup, shown: String, help: String, docs: String, secret: Bool = false
     ) -> Self {
         Self(variable, flag: flag, group, default: nil, shown: shown, help: help, docs: docs, secret: secret) { text throws(SettingValueError) in
-            try parseWebURL(text)
+            try parseWebURL(text, secret: secret)
         }
     }
 }
 
-/// `text` as an `https://` or `http://` URL with a host (a callback's, an alert webhook's).
-func parseWebURL(_ text: String) throws(SettingValueError) -> URL {
+/// `text` as an `https://` or `http://` URL with a host (a callback's, an alert webhook's). The
+/// error quotes the value only without a credential: never a secret setting's, never a userinfo.
+func parseWebURL(_ text: String, secret: Bool = false) throws(SettingValueError) -> URL {
     guard let url = URL(string: text), ["https", "http"].contains(url.scheme?.lowercased() ?? ""), url.host?.isEmpty == false else {
-        throw SettingValueError("must be an https:// or http:// URL (got \"\(text)\")")
+        let shown = URLRedaction.scrubbed(text)
+        let got = secret ? "the value is a secret, not shown" : shown.replacingOccurrences(of: "***@", with: "").contains("@") ? "the value holds an @, not shown" : "got \"\(shown)\""
+        throw SettingValueError("must be an https:// or http:// URL (\(got))")
     }
     return url
 }
