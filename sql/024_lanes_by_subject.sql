@@ -1,11 +1,12 @@
 -- A lane is declared in code (`Lane`): the schema no longer lists lane names. The built-in lanes
 -- keep their exact rules; any other lane's jobs must have one of the known subjects (a
 -- notification; an alert's message to a sink; a user and a target) and a payload until they
--- complete (a secret payload is cleared then), so adding a lane rewrites no constraint.
+-- complete (a secret payload is cleared then), so adding a lane rewrites no constraint. The
+-- name's format is `Lane`'s to check: a regular expression here cost 1.4 µs a row (BENCHMARKS.md).
 ALTER TABLE jobs DROP CONSTRAINT jobs_lane_check;
-ALTER TABLE jobs ADD CONSTRAINT jobs_lane_check CHECK (lane ~ '^[a-z][a-z0-9_]{0,39}$');
+ALTER TABLE jobs ADD CONSTRAINT jobs_lane_check CHECK (octet_length(lane) BETWEEN 1 AND 40);
 ALTER TABLE job_attempts DROP CONSTRAINT job_attempts_lane_check;
-ALTER TABLE job_attempts ADD CONSTRAINT job_attempts_lane_check CHECK (lane ~ '^[a-z][a-z0-9_]{0,39}$');
+ALTER TABLE job_attempts ADD CONSTRAINT job_attempts_lane_check CHECK (octet_length(lane) BETWEEN 1 AND 40);
 
 ALTER TABLE jobs DROP CONSTRAINT jobs_payload_by_lane;
 ALTER TABLE jobs ADD CONSTRAINT jobs_payload_by_lane CHECK (
