@@ -55,8 +55,29 @@ package struct EndpointProbe: Sendable {
 
     /// Runs every check once; `now` counts the certificate's days left.
     package func check(now: Date) async -> EndpointReport {
-        var findings: [EndpointFinding] = []
+        var findings = urlFindings()
+        let addresses = await Self.resolve(host)
+        findings.append(dnsFinding(addresses))
+        if let caFile { findings.append(.init(.tls, .warn, "also trusting \(caFile): Apple trusts only publicly trusted CAs")) }
         var expiresAt: Date?
+        if scheme == "https", !addresses.isEmpty {
+            let tls = await tlsFindings(now: now)
+            findings += tls.findings
+            expiresAt = tls.expiresAt
+        }
+        // Over a handshake that failed the POST cannot get through either, and the HTTP client
+        // would retry the connection until the timeout: it is not sent.
+        if findings.contains(where: { $0.check == .tls && $0.level == .fail }) {
+            findings.append(.init(.route, .fail, "POST \(url.path) not sent: the TLS handshake failed (above)"))
+        } else {
+            findings.append(await routeFinding())
+        }
+        return EndpointReport(url: text, checkedAt: now, findings: findings, certificateExpiresAt: expiresAt)
+    }
+
+    /// The URL: https, and a path.
+    func urlFindings() -> [EndpointFinding] {
+        var findings: [EndpointFinding] = []
         if scheme == "https" {
             findings.append(.init(.url, .ok, text))
         } else {
@@ -65,66 +86,71 @@ package struct EndpointProbe: Sendable {
         if url.path.isEmpty || url.path == "/" {
             findings.append(.init(.url, .warn, "no path: siwa-events receives on /apple/notifications"))
         }
+        return findings
+    }
 
-        let addresses = await Self.resolve(host)
+    /// The host resolves, and to an address Apple can reach.
+    func dnsFinding(_ addresses: [String]) -> EndpointFinding {
         if addresses.isEmpty {
-            findings.append(.init(.dns, .fail, "\(host) does not resolve: add an A/AAAA record for it"))
+            .init(.dns, .fail, "\(host) does not resolve: add an A/AAAA record for it")
         } else if addresses.allSatisfy(Self.isPrivate) {
-            findings.append(.init(.dns, .warn, "\(host) → \(addresses.joined(separator: ", ")): only private or loopback addresses, which Apple cannot reach"))
+            .init(.dns, .warn, "\(host) → \(addresses.joined(separator: ", ")): only private or loopback addresses, which Apple cannot reach")
         } else {
-            findings.append(.init(.dns, .ok, "\(host) → \(addresses.joined(separator: ", "))"))
+            .init(.dns, .ok, "\(host) → \(addresses.joined(separator: ", "))")
         }
+    }
 
-        if let caFile { findings.append(.init(.tls, .warn, "also trusting \(caFile): Apple trusts only publicly trusted CAs")) }
-        if scheme == "https", !addresses.isEmpty {
-            do {
-                let session = try await Self.handshake(host: host, port: port, tls: tls, timeout: timeout)
-                let expiry = Date(timeIntervalSince1970: TimeInterval(session.notValidAfter))
-                expiresAt = expiry
-                let days = EndpointHealthRule.days(until: expiry, now: now)
-                findings.append(.init(.tls, .ok, "\(session.version), certificate chain trusted for \(host), valid until \(iso8601(expiry)) (\(days) days)"))
-                if days < expiryWarningDays {
-                    findings.append(.init(.tls, .warn, "the certificate expires in \(days) days: renew it (Apple's deliveries fail the moment it expires)"))
-                }
-            } catch where error is NIOSSLError || error is NIOSSLExtraError {
-                // NIOSSLExtraError: the chain is trusted, but not for this name.
-                findings.append(
-                    .init(
-                        .tls, .fail,
-                        "handshake with \(host):\(port) failed (TLS 1.2+, full chain verification): \(error) — serve the full chain of a publicly trusted certificate for \(host)"))
-            } catch {
-                findings.append(.init(.tls, .fail, "cannot connect to \(host):\(port): \(error) — is the port open to the internet, and is something listening?"))
-            }
-        }
-
-        // Over a handshake that failed the POST cannot get through either, and the HTTP client
-        // would retry the connection until the timeout: it is not sent.
-        if findings.contains(where: { $0.check == .tls && $0.level == .fail }) {
-            findings.append(.init(.route, .fail, "POST \(url.path) not sent: the TLS handshake failed (above)"))
-            return EndpointReport(url: text, checkedAt: now, findings: findings, certificateExpiresAt: expiresAt)
-        }
+    /// A TLS 1.2+ handshake with full chain verification, and the certificate's days left.
+    func tlsFindings(now: Date) async -> (findings: [EndpointFinding], expiresAt: Date?) {
         do {
-            let (status, contentType, body) = try await Self.postMalformed(to: url, tls: tls, timeout: timeout)
-            let json = JSONValue.parse(Array(body.utf8))
-            let path = url.path
-            switch status {
-            case 400 where contentType.hasPrefix("application/json") && json?["error"] != nil:
-                findings.append(.init(.route, .ok, "POST \(path) with a malformed notification → 400 \(body.prefix(120))"))
-            case 404, 405:
-                findings.append(.init(.route, .fail, "POST \(path) → \(status): not siwa-events' route; the path is /apple/notifications and the proxy must pass POSTs through"))
-            case 300..<400:
-                findings.append(.init(.route, .fail, "POST \(path) → \(status) redirect: register the final URL with Apple, it must answer directly"))
-            case 200..<300:
-                findings.append(.init(.route, .fail, "POST \(path) → \(status) for a malformed notification: whatever answers accepts anything — not siwa-events"))
-            case 500...:
-                findings.append(.init(.route, .fail, "POST \(path) → \(status): the server or its proxy fails (\(body.prefix(200))); see its logs and /health/ready"))
-            default:
-                findings.append(.init(.route, .fail, "POST \(path) → \(status) \(contentType) \(body.prefix(200)): expected siwa-events' 400 JSON"))
+            let session = try await Self.handshake(host: host, port: port, tls: tls, timeout: timeout)
+            let expiry = Date(timeIntervalSince1970: TimeInterval(session.notValidAfter))
+            let days = EndpointHealthRule.days(until: expiry, now: now)
+            var findings: [EndpointFinding] = [
+                .init(.tls, .ok, "\(session.version), certificate chain trusted for \(host), valid until \(iso8601(expiry)) (\(days) days)")
+            ]
+            if days < expiryWarningDays {
+                findings.append(.init(.tls, .warn, "the certificate expires in \(days) days: renew it (Apple's deliveries fail the moment it expires)"))
             }
+            return (findings, expiry)
+        } catch where error is NIOSSLError || error is NIOSSLExtraError {
+            // NIOSSLExtraError: the chain is trusted, but not for this name.
+            return ([
+                .init(
+                    .tls, .fail,
+                    "handshake with \(host):\(port) failed (TLS 1.2+, full chain verification): \(error) — serve the full chain of a publicly trusted certificate for \(host)")
+            ], nil)
         } catch {
-            findings.append(.init(.route, .fail, "POST \(text) failed: \(error)"))
+            return ([.init(.tls, .fail, "cannot connect to \(host):\(port): \(error) — is the port open to the internet, and is something listening?")], nil)
         }
-        return EndpointReport(url: text, checkedAt: now, findings: findings, certificateExpiresAt: expiresAt)
+    }
+
+    /// The route answers a malformed notification with siwa-events' own 400 JSON.
+    func routeFinding() async -> EndpointFinding {
+        let path = url.path
+        let status: Int
+        let contentType: String
+        let body: String
+        do {
+            (status, contentType, body) = try await Self.postMalformed(to: url, tls: tls, timeout: timeout)
+        } catch {
+            return .init(.route, .fail, "POST \(text) failed: \(error)")
+        }
+        let json = JSONValue.parse(Array(body.utf8))
+        return switch status {
+        case 400 where contentType.hasPrefix("application/json") && json?["error"] != nil:
+            .init(.route, .ok, "POST \(path) with a malformed notification → 400 \(body.prefix(120))")
+        case 404, 405:
+            .init(.route, .fail, "POST \(path) → \(status): not siwa-events' route; the path is /apple/notifications and the proxy must pass POSTs through")
+        case 300..<400:
+            .init(.route, .fail, "POST \(path) → \(status) redirect: register the final URL with Apple, it must answer directly")
+        case 200..<300:
+            .init(.route, .fail, "POST \(path) → \(status) for a malformed notification: whatever answers accepts anything — not siwa-events")
+        case 500...:
+            .init(.route, .fail, "POST \(path) → \(status): the server or its proxy fails (\(body.prefix(200))); see its logs and /health/ready")
+        default:
+            .init(.route, .fail, "POST \(path) → \(status) \(contentType) \(body.prefix(200)): expected siwa-events' 400 JSON")
+        }
     }
 
     /// The host's addresses, numeric, without duplicates; none when it does not resolve.
