@@ -76,3 +76,53 @@ package struct AppleSignIn: Sendable {
         }
     }
 }
+
+extension SignInError {
+    /// What a client is told when its sign-in opened no session.
+    var apiError: APIError {
+        switch self {
+        case .notConfigured:
+            return AppleSignIn.notConfigured
+        case .unknownBundleID(let aud, let configured):
+            return .invalid("aud \(aud) is not one of SIWA_APPLE_BUNDLE_IDS (\(configured.joined(separator: ", ")))")
+        case .noBundleID(let clientID):
+            return .invalid("client ID \(clientID) has no bundle ID (SIWA_APPLE_CLIENT_IDS)")
+        case .identityTokenRejected(.malformed(let message)):
+            // Not a token Apple could have signed: as unacceptable as a bad signature.
+            return APIError(.unauthorized, code: "invalid_token", message: "identity_token: \(message)", reason: RejectionReason.malformedRequest.rawValue)
+        case .identityTokenRejected(.invalid(let reason, let message)):
+            return APIError(.unauthorized, code: "invalid_token", message: "identity_token: \(message)", reason: reason.rawValue)
+        case .keysUnavailable(let retryAfter):
+            return .unavailable("Apple's keys cannot be checked right now; retry later", retryAfter: retryAfter)
+        case .clientIDMismatch(let given, let identityToken):
+            return .invalid("client_id \(given) is not the identity token's aud (\(identityToken)): leave client_id out")
+        case .unknownClientID(let given, let configured):
+            return .invalid("client_id \(given) is not one of SIWA_APPLE_CLIENT_IDS (\(configured.joined(separator: ", ")))")
+        case .clientIDRequired(let configured):
+            return .invalid(
+                "client_id is required with authorization_code alone: \(configured.count) client IDs are configured (\(configured.joined(separator: ", "))); "
+                    + "name the one the code was issued to")
+        case .exchangeRefused(let failure, let clientID):
+            return AppleSignIn.error(for: failure, clientID: clientID)
+        case .incompleteGrant(let missing):
+            return APIError(.badGateway, code: "apple_error", message: "Apple's answer to the code exchange has no \(missing); no session was opened")
+        case .grantForAnotherClient(let idToken, let exchanged):
+            return APIError(.badGateway, code: "apple_error", message: "the id_token Apple returned is for client ID \(idToken), not \(exchanged)")
+        case .grantNonceMismatch(let error):
+            return APIError(.unauthorized, code: "invalid_token", message: "the id_token of the code: \(error.message)", reason: error.reason.rawValue)
+        case .grantUnverified(let error):
+            return APIError(
+                .badGateway, code: "apple_error", message: "the id_token Apple returned for the code does not verify: \(error.message)",
+                reason: error.reason.rawValue)
+        case .subMismatch:
+            return APIError(
+                .unauthorized, code: "invalid_token",
+                message: "the authorization code signs in another user than identity_token (its id_token has another sub); no session was opened",
+                reason: AppleSignIn.Reason.subMismatch.rawValue)
+        case .accountDeleted(let message):
+            return APIError(.conflict, code: "conflict", message: message, reason: "account_deleted")
+        case .consentRevoked(let message):
+            return APIError(.conflict, code: "conflict", message: message, reason: "consent_revoked")
+        }
+    }
+}

@@ -30,11 +30,9 @@ package struct BackendController: Sendable {
     static let maximumBodySize = 64 * 1024
 
     let accounts: AccountStore
-    let keys: AppleKeyCache
     let settings: Settings
-    let verifier: IdentityTokenVerifier
-    /// Sign-in completion by authorization code (nil: no Apple credentials configured).
-    let appleSignIn: AppleSignIn?
+    /// The sign-in workflow behind `POST /v1/sessions`.
+    let signIn: SignInCompletion
     /// The time identity tokens are checked at (tests verify real, long-expired tokens at theirs).
     let clock: @Sendable () -> Date
 
@@ -42,11 +40,11 @@ package struct BackendController: Sendable {
         accounts: AccountStore, keys: AppleKeyCache, settings: Settings, appleSignIn: AppleSignIn? = nil, clock: @escaping @Sendable () -> Date = { Date() }
     ) {
         self.accounts = accounts
-        self.keys = keys
         self.settings = settings
-        self.appleSignIn = appleSignIn
         self.clock = clock
-        self.verifier = IdentityTokenVerifier(clientIDs: Set(settings.clientIDs.keys), clockSkew: settings.clockSkew)
+        self.signIn = SignInCompletion(
+            accounts: accounts, keys: keys, bundleIDs: settings.bundleIDs, clientIDs: settings.clientIDs, clockSkew: settings.clockSkew,
+            apple: appleSignIn)
     }
 
     package func register(on group: RouterGroup<SiwaRequestContext>) {
@@ -64,208 +62,69 @@ package struct BackendController: Sendable {
         try context.require(.sessionsWrite)
         let body = try await JSONBody.object(request, limit: Self.maximumBodySize)
         let now = clock()
-        let expiresAt: Date
-        if let value = body["expires_at"] {
-            guard let date = JSONBody.date(value) else {
-                throw APIError.invalid("expires_at must be an ISO-8601 time like 2026-12-31T23:59:59Z")
-            }
-            guard date > now else { throw APIError.invalid("expires_at must be in the future") }
-            expiresAt = date
-        } else {
-            expiresAt = now.addingTimeInterval(settings.sessionTTL.timeInterval)
-        }
-
-        let aud: String
-        let sub: String
-        var identity: VerifiedIdentity?
-        var kept: (token: KeptAppleToken, exchange: AppleAuthRecord, refreshToken: String, signIn: AppleSignIn)?
-        if body["identity_token"] != nil || body["authorization_code"] != nil {
-            let signIn: AppleSignIn?
-            if body["authorization_code"] != nil {
-                try JSONBody.allowOnly(
-                    ["authorization_code", "redirect_uri", "client_id", "identity_token", "nonce", "expires_at"], in: body,
-                    hint: "with authorization_code, aud and sub come from Apple's id_token")
-                guard let appleSignIn else { throw AppleSignIn.notConfigured }
-                signIn = appleSignIn
-            } else {
-                try JSONBody.allowOnly(["identity_token", "nonce", "expires_at"], in: body, hint: "with identity_token, aud and sub come from the token")
-                signIn = nil
-            }
-            let nonce: String?
-            switch body["nonce"] {
-            case nil, .null?: nonce = nil
-            case .string(let text)? where !text.isEmpty && text.utf8.count <= 512: nonce = text
-            default: throw APIError.invalid("nonce must be the raw nonce string your app generated (1-512 characters)")
-            }
-            var sent: VerifiedIdentity?
-            if body["identity_token"] != nil {
-                guard let token = body["identity_token"]?.stringValue, !token.isEmpty else {
-                    throw APIError.invalid("identity_token must be a string: the id_token Apple returned to your app")
-                }
-                sent = try await verifyIdentity(token, nonce: nonce, now: now)
-            }
-            if let signIn {
-                // The nonce is checked on the identity token sent, else on the grant's id_token.
-                let completed = try await complete(
-                    body, identity: sent, nonce: sent == nil ? nonce : nil, with: signIn, now: now, logger: context.logger)
-                identity = completed.identity
-                kept = (completed.token, completed.exchange, completed.refreshToken, signIn)
-            } else {
-                identity = sent
-            }
-            guard let verified = identity, let bundleID = settings.clientIDs[verified.clientID] else {
-                throw APIError.invalid("client ID \(identity?.clientID ?? "") has no bundle ID (SIWA_APPLE_CLIENT_IDS)")
-            }
-            aud = bundleID
-            sub = verified.sub
-        } else {
-            try JSONBody.allowOnly(["aud", "sub", "expires_at"], in: body, hint: "send identity_token, authorization_code, or aud and sub")
-            aud = try JSONBody.string(body, "aud", hint: "your app's bundle ID")
-            sub = try JSONBody.string(body, "sub", hint: "Apple's user identifier")
-            guard settings.bundleIDs.contains(aud) else {
-                throw APIError.invalid("aud \(aud) is not one of SIWA_APPLE_BUNDLE_IDS (\(settings.bundleIDs.sorted().joined(separator: ", ")))")
-            }
-        }
+        let parsed = try signInRequest(body, now: now)
         do {
-            let session = try await accounts.createSession(
-                aud: aud, sub: sub, expiresAt: expiresAt, identity: identity, appleToken: kept?.token, exchange: kept?.exchange)
-            return .json(Self.json(session), status: .created)
-        } catch AccountStoreError.accountDeleted(let message) {
-            if let kept { await discard(kept.refreshToken, clientID: kept.token.clientID, with: kept.signIn, logger: context.logger) }
-            throw APIError(.conflict, code: "conflict", message: message, reason: "account_deleted")
-        } catch AccountStoreError.consentRevoked(let message) {
-            if let kept { await discard(kept.refreshToken, clientID: kept.token.clientID, with: kept.signIn, logger: context.logger) }
-            throw APIError(.conflict, code: "conflict", message: message, reason: "consent_revoked")
+            let outcome = try await signIn.signIn(parsed, now: now, logger: context.logger)
+            return .json(Self.json(outcome.session), status: .created)
+        } catch let error as SignInError {
+            throw error.apiError
         }
     }
 
-    /// Sign-in completion: the body's code exchanged at Apple, its id_token checked against the
-    /// identity token sent with it (`identity`) or against `nonce`, the refresh token encrypted for
-    /// the account. Returns the identity the account takes (the one sent, else the grant's).
-    private func complete(
-        _ body: [String: JSONValue], identity sent: VerifiedIdentity?, nonce: String?, with signIn: AppleSignIn, now: Date, logger: Logger
-    ) async throws -> (identity: VerifiedIdentity, token: KeptAppleToken, exchange: AppleAuthRecord, refreshToken: String) {
-        let code = try Self.opaque(body, "authorization_code", hint: "the code Apple returned to your app with the identity token")
-        let redirectURI = body["redirect_uri"] == nil || body["redirect_uri"] == .null
-            ? nil : try Self.opaque(body, "redirect_uri", hint: "the redirect_uri of your web sign-in, exactly as sent to Apple")
-        let clientID = try resolveClientID(body, identity: sent)
-        let exchanged = try await exchange(
-            code: code, clientID: clientID, redirectURI: redirectURI, nonce: nonce, with: signIn, now: now, logger: logger)
-        if let sent, sent.sub != exchanged.identity.sub {
-            logger.notice("code exchange for another user than the identity token", metadata: ["apple_call": "\(exchanged.record)"])
-            await discard(exchanged.refreshToken, clientID: clientID, with: signIn, logger: logger)
-            throw APIError(
-                .unauthorized, code: "invalid_token",
-                message: "the authorization code signs in another user than identity_token (its id_token has another sub); no session was opened",
-                reason: AppleSignIn.Reason.subMismatch.rawValue)
+    /// The body of `POST /v1/sessions`: an authorization code (with the identity token returned
+    /// beside it, if any), an identity token, or `aud` and `sub`. Errors name the field.
+    private func signInRequest(_ body: [String: JSONValue], now: Date) throws -> SignInRequest {
+        let expiresAt = try expiresAt(body, now: now)
+        if body["authorization_code"] != nil {
+            try JSONBody.allowOnly(
+                ["authorization_code", "redirect_uri", "client_id", "identity_token", "nonce", "expires_at"], in: body,
+                hint: "with authorization_code, aud and sub come from Apple's id_token")
+            guard signIn.exchangesCodes else { throw SignInError.notConfigured.apiError }
+            let nonce = try Self.nonce(body)
+            let identityToken = body["identity_token"] == nil ? nil : try Self.identityToken(body)
+            let code = try Self.opaque(body, "authorization_code", hint: "the code Apple returned to your app with the identity token")
+            let redirectURI = body["redirect_uri"] == nil || body["redirect_uri"] == .null
+                ? nil : try Self.opaque(body, "redirect_uri", hint: "the redirect_uri of your web sign-in, exactly as sent to Apple")
+            let clientID = body["client_id"] == nil || body["client_id"] == .null
+                ? nil : try JSONBody.string(body, "client_id", hint: "the client ID (bundle ID or Services ID) the code was issued to")
+            return SignInRequest(
+                proof: .authorizationCode(code: code, redirectURI: redirectURI, clientID: clientID, identityToken: identityToken), nonce: nonce,
+                expiresAt: expiresAt)
         }
-        let identity = sent ?? exchanged.identity
-        guard let bundleID = settings.clientIDs[clientID] else {
-            throw APIError.invalid("client ID \(clientID) has no bundle ID (SIWA_APPLE_CLIENT_IDS)")
+        if body["identity_token"] != nil {
+            try JSONBody.allowOnly(["identity_token", "nonce", "expires_at"], in: body, hint: "with identity_token, aud and sub come from the token")
+            let nonce = try Self.nonce(body)
+            return SignInRequest(proof: .identityToken(try Self.identityToken(body)), nonce: nonce, expiresAt: expiresAt)
         }
-        let owner = AppleTokenOwner(aud: bundleID, sub: identity.sub)
-        let token = KeptAppleToken(
-            clientID: clientID, ciphertext: signIn.cipher.encrypt(exchanged.refreshToken, owner: owner),
-            fingerprint: AppleAuthRecord.fingerprint(exchanged.refreshToken))
-        return (identity, token, exchanged.record, exchanged.refreshToken)
+        try JSONBody.allowOnly(["aud", "sub", "expires_at"], in: body, hint: "send identity_token, authorization_code, or aud and sub")
+        let aud = try JSONBody.string(body, "aud", hint: "your app's bundle ID")
+        let sub = try JSONBody.string(body, "sub", hint: "Apple's user identifier")
+        return SignInRequest(proof: .stated(aud: aud, sub: sub), expiresAt: expiresAt)
     }
 
-    /// Revokes the refresh token of a sign-in that failed after Apple granted it (another user
-    /// than the identity token, an id_token that does not verify, an account that may not sign in):
-    /// nobody keeps it, so nothing else ever would. Recorded like every call to Apple; the
-    /// request fails either way.
-    private func discard(_ refreshToken: String, clientID: String, with signIn: AppleSignIn, logger: Logger) async {
-        let call = await signIn.client.revoke(token: refreshToken, hint: .refreshToken, clientID: clientID)
-        if case .failure(let failure) = call.result {
-            logger.warning("the refresh token of a failed sign-in could not be revoked", metadata: ["apple_call": "\(call.record)", "failure": "\(failure)"])
+    /// `expires_at` if given (in the future), else the session TTL from `now`.
+    private func expiresAt(_ body: [String: JSONValue], now: Date) throws -> Date {
+        guard let value = body["expires_at"] else { return now.addingTimeInterval(settings.sessionTTL.timeInterval) }
+        guard let date = JSONBody.date(value) else {
+            throw APIError.invalid("expires_at must be an ISO-8601 time like 2026-12-31T23:59:59Z")
         }
-        guard call.record.status != nil else { return }
-        do {
-            try await AppleTokenStore(client: accounts.client, logger: logger).record(call.record, aud: nil, sub: nil)
-        } catch {
-            logger.warning("the revocation of a failed sign-in's refresh token could not be recorded", metadata: ["error": "\(loggable(error))"])
+        guard date > now else { throw APIError.invalid("expires_at must be in the future") }
+        return date
+    }
+
+    private static func nonce(_ body: [String: JSONValue]) throws -> String? {
+        switch body["nonce"] {
+        case nil, .null?: return nil
+        case .string(let text)? where !text.isEmpty && text.utf8.count <= 512: return text
+        default: throw APIError.invalid("nonce must be the raw nonce string your app generated (1-512 characters)")
         }
     }
 
-    /// The client ID a code was issued to: the identity token's `aud` when one is sent (`client_id`,
-    /// if given too, must be the same), else `client_id`, else the only configured one.
-    private func resolveClientID(_ body: [String: JSONValue], identity: VerifiedIdentity?) throws -> String {
-        let given = body["client_id"] == nil || body["client_id"] == .null
-            ? nil : try JSONBody.string(body, "client_id", hint: "the client ID (bundle ID or Services ID) the code was issued to")
-        if let identity {
-            if let given, given != identity.clientID {
-                throw APIError.invalid("client_id \(given) is not the identity token's aud (\(identity.clientID)): leave client_id out")
-            }
-            return identity.clientID
+    private static func identityToken(_ body: [String: JSONValue]) throws -> String {
+        guard let token = body["identity_token"]?.stringValue, !token.isEmpty else {
+            throw APIError.invalid("identity_token must be a string: the id_token Apple returned to your app")
         }
-        let configured = settings.clientIDs.keys.sorted()
-        if let given {
-            guard settings.clientIDs[given] != nil else {
-                throw APIError.invalid("client_id \(given) is not one of SIWA_APPLE_CLIENT_IDS (\(configured.joined(separator: ", ")))")
-            }
-            return given
-        }
-        guard configured.count == 1 else {
-            throw APIError.invalid(
-                "client_id is required with authorization_code alone: \(configured.count) client IDs are configured (\(configured.joined(separator: ", "))); "
-                    + "name the one the code was issued to")
-        }
-        return configured[0]
-    }
-
-    /// Exchanges `code` at Apple and verifies the id_token of the grant (same key cache and rules as
-    /// identity tokens; `nonce` only when given). The code and tokens are never logged; a failure
-    /// is logged with the call's record, which shows a fingerprint only.
-    private func exchange(
-        code: String, clientID: String, redirectURI: String?, nonce: String?, with signIn: AppleSignIn, now: Date, logger: Logger
-    ) async throws -> (identity: VerifiedIdentity, refreshToken: String, record: AppleAuthRecord) {
-        let call = await signIn.client.exchange(code: code, clientID: clientID, redirectURI: redirectURI)
-        let grant: AppleTokenGrant
-        switch call.result {
-        case .failure(let failure):
-            let error = AppleSignIn.error(for: failure, clientID: clientID)
-            logger.log(
-                level: error.status.code >= 500 ? .warning : .notice, "authorization code exchange failed",
-                metadata: ["apple_call": "\(call.record)", "failure": "\(failure)"])
-            // What Apple refused is on record (no user: none was verified); `invalid_client` there
-            // fires the apple_credentials alert.
-            if call.record.status != nil {
-                do {
-                    try await AppleTokenStore(client: accounts.client, logger: logger).record(call.record, aud: nil, sub: nil)
-                } catch {
-                    logger.warning("the refused code exchange could not be recorded", metadata: ["error": "\(loggable(error))"])
-                }
-            }
-            throw error
-        case .success(let value):
-            grant = value
-        }
-        guard let refreshToken = grant.refreshToken, let idToken = grant.idToken else {
-            logger.warning("code exchange granted without a refresh token or id_token", metadata: ["apple_call": "\(call.record)", "grant": "\(grant)"])
-            throw APIError(
-                .badGateway, code: "apple_error",
-                message: "Apple's answer to the code exchange has no \(grant.refreshToken == nil ? "refresh_token" : "id_token"); no session was opened")
-        }
-        let identity: VerifiedIdentity
-        do {
-            identity = try await checkIdentity(idToken, nonce: nonce, now: now)
-            guard identity.clientID == clientID else {
-                throw APIError(.badGateway, code: "apple_error", message: "the id_token Apple returned is for client ID \(identity.clientID), not \(clientID)")
-            }
-        } catch let error as VerificationError where error.reason == .nonceMismatch {
-            await discard(refreshToken, clientID: clientID, with: signIn, logger: logger)
-            throw APIError(.unauthorized, code: "invalid_token", message: "the id_token of the code: \(error.message)", reason: error.reason.rawValue)
-        } catch let error as VerificationError {
-            logger.warning("the id_token of a code exchange does not verify", metadata: ["apple_call": "\(call.record)", "reason": "\(error.reason.rawValue)"])
-            await discard(refreshToken, clientID: clientID, with: signIn, logger: logger)
-            throw APIError(
-                .badGateway, code: "apple_error", message: "the id_token Apple returned for the code does not verify: \(error.message)",
-                reason: error.reason.rawValue)
-        } catch {
-            await discard(refreshToken, clientID: clientID, with: signIn, logger: logger)
-            throw error
-        }
-        return (identity, refreshToken, call.record)
+        return token
     }
 
     /// An opaque string field (a code, a URI): non-empty, at most 2048 bytes, without NUL.
@@ -274,37 +133,6 @@ package struct BackendController: Sendable {
             throw APIError.invalid("\(field) must be a non-empty string of at most 2048 bytes: \(hint)")
         }
         return value
-    }
-
-    /// The same key cache and rules as the receiver: throws `VerificationError`, or a 503 when
-    /// Apple's keys cannot be had.
-    private func checkIdentity(_ token: String, nonce: String?, now: Date) async throws -> VerifiedIdentity {
-        let jws = try CompactJWS(token)
-        let kid = try NotificationVerifier.checkHeader(jws)
-        switch await keys.resolve(kid: kid) {
-        case .key(let key):
-            return try verifier.verify(jws, key: key, nonce: nonce, now: now)
-        case .unknown(let kid, _):
-            throw VerificationError.invalid(.unknownKey, "no Apple key with kid \(kid), even after refreshing Apple's key set")
-        case .unavailable(let retryAfter, _):
-            throw APIError.unavailable("Apple's keys cannot be checked right now; retry later", retryAfter: retryAfter)
-        }
-    }
-
-    /// An identity token the client sent: failures answer 401 `invalid_token` with the receiver's
-    /// reason words.
-    private func verifyIdentity(_ token: String, nonce: String?, now: Date) async throws -> VerifiedIdentity {
-        do {
-            return try await checkIdentity(token, nonce: nonce, now: now)
-        } catch let error as VerificationError {
-            switch error {
-            case .malformed(let message):
-                // Not a token Apple could have signed: as unacceptable as a bad signature.
-                throw APIError(.unauthorized, code: "invalid_token", message: "identity_token: \(message)", reason: RejectionReason.malformedRequest.rawValue)
-            case .invalid(let reason, let message):
-                throw APIError(.unauthorized, code: "invalid_token", message: "identity_token: \(message)", reason: reason.rawValue)
-            }
-        }
     }
 
     @Sendable func getSession(_ request: Request, context: SiwaRequestContext) async throws -> Response {

@@ -6,6 +6,7 @@ import PostgresNIO
 import SiwaApp
 import SiwaAppleStandIn
 import SiwaDomain
+import SiwaHTTP
 import SiwaStore
 import SiwaTestSupport
 import SiwaWorkers
@@ -58,6 +59,44 @@ struct SignInCompletionTests {
             #expect(calls.first?.fingerprint == AppleAuthRecord.fingerprint(code) && calls.first?.status == 200 && calls.first?.error == nil)
         }
         f.expectNoSecretsLogged(known: [alone, both, identity])
+        await f.stop()
+    }
+
+    @Test("the workflow without HTTP: a code opens a session and keeps its token; another user's code is subMismatch and its grant revoked; an unknown aud is unknownBundleID")
+    func workflowWithoutHTTP() async throws {
+        let f = try await ExchangeFixture.start()
+        let logger = f.h.logs.logger()
+        let signIn = SignInCompletion(
+            accounts: AccountStore(client: f.h.server.client, logger: logger), keys: f.h.server.application.keys, bundleIDs: [Self.clientID],
+            clientIDs: [Self.clientID: Self.clientID, Self.webClientID: Self.clientID], clockSkew: .seconds(60),
+            apple: AppleSignIn(client: f.apple.credentials.client(), cipher: f.cipher))
+        let expiresAt = Date().addingTimeInterval(3600)
+        func code(_ code: String, identityToken: String? = nil) -> SignInRequest {
+            SignInRequest(
+                proof: .authorizationCode(code: code, redirectURI: nil, clientID: Self.clientID, identityToken: identityToken), expiresAt: expiresAt)
+        }
+
+        let opened = try await signIn.signIn(code(f.code(sub: "001.direct.1")), now: Date(), logger: logger)
+        #expect(opened.session.aud == Self.clientID && opened.session.sub == "001.direct.1" && opened.keptAppleToken)
+        #expect(try await f.keptTokens(sub: "001.direct.1").count == 1)
+
+        let identity = try f.h.signer.identityToken(aud: Self.clientID, sub: "001.directA.1")
+        await #expect {
+            try await signIn.signIn(code(f.code(sub: "001.directB.1"), identityToken: identity), now: Date(), logger: logger)
+        } throws: { error in
+            guard case .subMismatch? = error as? SignInError else { return false }
+            return true
+        }
+        #expect(f.standIn.revocations.map { "\($0.tokenTypeHint ?? "") \($0.outcome.word)" } == ["refresh_token revoked"])
+        #expect(try await f.keptTokens(sub: "001.directB.1").isEmpty)
+        #expect(try await f.keptTokens(sub: "001.directA.1").isEmpty)
+
+        await #expect {
+            try await signIn.signIn(SignInRequest(proof: .stated(aud: "com.example.other", sub: "001.x.1"), expiresAt: expiresAt), now: Date(), logger: logger)
+        } throws: { error in
+            guard case .unknownBundleID(let aud, let configured)? = error as? SignInError else { return false }
+            return aud == "com.example.other" && configured == [Self.clientID]
+        }
         await f.stop()
     }
 
