@@ -57,11 +57,6 @@ package struct AppleAuthClient: Sendable {
         package var result: Result<Value, Failure>
     }
 
-    /// Follows no redirect (a 3xx is an answer); lives as long as the process.
-    static let client = HTTPClient(
-        eventLoopGroup: HTTPClient.defaultEventLoopGroup, configuration: .init(redirectConfiguration: .disallow),
-        backgroundActivityLogger: Logger(label: "siwa.apple.auth.http", factory: { _ in SwiftLogNoOpLogHandler() }))
-
     package let configuration: Configuration
     private let minter: ClientSecretMinter
     private let now: @Sendable () -> Date
@@ -159,7 +154,7 @@ package struct AppleAuthClient: Sendable {
         let answer: Answer
         do {
             answer = try await withDeadline(timeout) {
-                let response = try await Self.client.execute(outgoing, timeout: TimeAmount(timeout))
+                let response = try await AppleHTTP.client.execute(outgoing, timeout: TimeAmount(timeout))
                 // Over the limit is still an answer with a status: the body is then unread.
                 let body = (try? await response.body.collect(upTo: limit)) ?? ByteBuffer()
                 return Answer(status: Int(response.status.code), body: Array(buffer: body))
