@@ -102,7 +102,7 @@ package struct SiwaApplication: Sendable {
         // The endpoint check (SIWA_PUBLIC_URL), in a process with workers, as the evaluator.
         self.endpointChecker = config.alerts.endpoint.url == nil ? nil : workers.map {
             EndpointChecker(
-                settings: config.alerts.endpoint, store: endpointChecks, leases: AlertStore(client: client, logger: logger), logger: logger, identity: $0.identity,
+                settings: config.alerts.endpoint, store: endpointChecks, leases: LeaseStore(client: client, logger: logger), logger: logger, identity: $0.identity,
                 metrics: EndpointMetrics(registry: registry))
         }
         self.store = store

@@ -73,25 +73,26 @@ struct AlertsCommand: AsyncParsableCommand {
             let configuration = watched
             let logger = try makeLogger(settings)
             let identity = "\(cliActor):\(ProcessInfo.processInfo.processIdentifier)"
-            let decisions = try await Database.with(database, logger: logger) { database -> [AlertDecision]? in
+            let evaluated = try await Database.with(database, logger: logger) { database -> (AlertMonitor, [AlertDecision])? in
                 // The counts the rules read, up to date (the workers fold them every few seconds).
                 let history = HistoryStore(client: database.client, logger: logger)
                 while try await history.foldCounts() == HistoryStore.foldLimit {}
-                let store = AlertStore(client: database.client, logger: logger)
-                let monitor = AlertMonitor(configuration: configuration, store: store, logger: logger, identity: identity)
-                if dryRun { return try await monitor.preview(now: Date()) }
+                let monitor = AlertMonitor(
+                    configuration: configuration, store: AlertStore(client: database.client, logger: logger), logger: logger, identity: identity)
+                let leases = LeaseStore(client: database.client, logger: logger)
+                if dryRun { return (monitor, try await monitor.preview(now: Date())) }
                 let round: AlertMonitor.AlertRound
                 do {
                     round = try await monitor.runOnce(now: Date())
                 } catch {
-                    try? await store.release(lease: AlertMonitor.leaseName, holder: identity)
+                    try? await leases.release(lease: AlertMonitor.leaseName, holder: identity)
                     throw error
                 }
-                try await store.release(lease: AlertMonitor.leaseName, holder: identity)
+                try await leases.release(lease: AlertMonitor.leaseName, holder: identity)
                 guard case .evaluated(let decisions) = round else { return nil }
-                return decisions
+                return (monitor, decisions)
             }
-            guard let decisions else {
+            guard let (monitor, decisions) = evaluated else {
                 print("another process holds the alerts lease and evaluates every SIWA_SPIKE_INTERVAL: nothing done (--dry-run shows what it would decide)")
                 return
             }
@@ -109,7 +110,7 @@ struct AlertsCommand: AsyncParsableCommand {
                 if case .resolve(_, let at) = decision { resolvedAt = at }
                 let key = [episode.key.kind.rawValue, episode.key.aud, episode.key.type].compactMap { $0 }.joined(separator: " ")
                 let message = AlertMessage(id: 0, episode: episode, window: configuration.rules.spike.window, resolvedAt: resolvedAt)
-                print("\(dryRun ? "would be " : "")\(what) \(key): \(message.subject)")
+                print("\(dryRun ? "would be " : "")\(what) \(key): \(monitor.subject(message))")
             }
         }
     }
@@ -140,7 +141,7 @@ struct AlertsCommand: AsyncParsableCommand {
             let limit = try DurationSyntax.parse(wait)
             let failed = try await Database.with(database, logger: logger) { database -> Bool in
                 let store = AlertStore(client: database.client, logger: logger)
-                let id = try await store.test(window: alerts.rules.spike.window, sinks: sinks.messages)
+                let id = try await store.test(window: alerts.rules.spike.window) { sinks.messages($0, subject: AlertMessage.testSubject) }
                 printError("queued test alert \(id) for \(sinks.webhooks.count + (sinks.slack == nil ? 0 : 1)) sink(s); waiting up to \(wait)…")
                 let deadline = ContinuousClock.now + limit
                 var outcomes: [AlertDelivery] = []
@@ -175,12 +176,14 @@ struct AlertsCommand: AsyncParsableCommand {
         static let settingGroups: [SettingGroup] = [.database, .logging]
         @Option(help: ArgumentHelp("The alert kind: \(Self.kinds).")) var kind: String
         @Option(help: "Only this app (bundle ID); default every app.") var aud: String?
-        static let kinds = AlertKind.allCases.filter { $0 != .test }.map(\.rawValue).joined(separator: ", ")
+        /// The kinds of the rules `serve` evaluates.
+        static let known = AlertMonitor.Configuration().registered.map(\.kind)
+        static let kinds = known.map(\.rawValue).joined(separator: ", ")
         @Option(name: .customLong("for"), help: "How long, e.g. 2h.") var duration: String
         @Option(help: "Why (shown in `alerts silences`).") var reason: String?
 
         func validate() throws {
-            guard let kind = AlertKind(rawValue: kind), kind != .test else {
+            guard let kind = AlertKind(rawValue: kind), Self.known.contains(kind) else {
                 throw ValidationError("--kind must be one of \(Self.kinds) (got \"\(kind)\")")
             }
             guard let value = try? DurationSyntax.parse(duration), value > .zero, value <= .seconds(90 * 86_400) else {
@@ -192,7 +195,7 @@ struct AlertsCommand: AsyncParsableCommand {
             let database = try DatabaseSettings(settings)
             let logger = try makeLogger(settings)
             let silence = try await Database.with(database, logger: logger) { database in
-                try await AlertStore(client: database.client, logger: logger).silence(
+                try await AlertSilenceStore(client: database.client, logger: logger).silence(
                     kind: AlertKind(rawValue: kind)!, aud: aud, for: try DurationSyntax.parse(duration), by: cliActor, reason: reason)
             }
             print("silenced \(kind)\(aud.map { " for \($0)" } ?? "") until \(iso8601(silence.until)) (silence \(silence.id))")
@@ -215,7 +218,7 @@ struct AlertsCommand: AsyncParsableCommand {
             let database = try DatabaseSettings(settings)
             let logger = try makeLogger(settings)
             let silences = try await Database.with(database, logger: logger) { database in
-                try await AlertStore(client: database.client, logger: logger).silences(includeExpired: expired)
+                try await AlertSilenceStore(client: database.client, logger: logger).silences(includeExpired: expired)
             }
             if json {
                 for silence in silences { print(silence.json.jsonText) }

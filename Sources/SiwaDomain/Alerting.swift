@@ -1,29 +1,46 @@
 import Crypto
 import Foundation
 
-/// What the built-in alerting watches.
-package enum AlertKind: String, Sendable, CaseIterable, Codable {
-    /// consent-revoked and/or account-delete notifications far above their usual rate.
-    case revocationSpike = "revocation_spike"
-    /// Effect or delivery jobs that ran out of attempts.
-    case jobsDiscarded = "jobs_discarded"
-    /// The oldest ready job has waited longer than the threshold.
-    case queueLag = "queue_lag"
-    /// Deliveries refused because their RS256 signature did not verify.
-    case badSignatures = "bad_signatures"
-    /// Apple refused our client secret (`invalid_client`): calls to `/auth/token` and
-    /// `/auth/revoke` all fail until the credentials are fixed.
-    case appleCredentials = "apple_credentials"
-    /// An app transfer's 60-day window is running out with users not yet migrated
-    /// (`TransferDeadlineRule`).
-    case transferDeadline = "transfer_deadline"
-    /// Nothing has arrived for an app for far longer than its own history makes likely.
-    case quietApp = "quiet_app"
-    /// The public endpoint registered with Apple (`SIWA_PUBLIC_URL`) fails the doctor's checks,
-    /// or its certificate expires soon.
-    case endpointUnhealthy = "endpoint_unhealthy"
-    /// `siwa-events alerts test`: checks every sink, never fires by itself.
-    case test
+/// An alert rule's name (`alerts.kind`, `alert_silences.kind`, a message's `kind`): lowercase
+/// letters, digits and `_`, at most 40, the form the schema checks (sql/027). The built-in rules'
+/// kinds are named here for their call sites; a rule declared elsewhere names its own, and no list
+/// has to learn it.
+package struct AlertKind: RawRepresentable, Hashable, Sendable, CustomStringConvertible {
+    package let rawValue: String
+
+    /// Names a kind; `name` must have the form above.
+    package init(_ name: String) {
+        precondition(Self.isValidName(name), "an alert kind is lowercase letters, digits and _ (at most 40): \(name)")
+        rawValue = name
+    }
+
+    /// The kind named `rawValue`; nil when it does not have the form above.
+    package init?(rawValue: String) {
+        guard Self.isValidName(rawValue) else { return nil }
+        self.rawValue = rawValue
+    }
+
+    package var description: String { rawValue }
+
+    /// `^[a-z][a-z0-9_]{0,39}$`, as the schema's CHECK has it.
+    package static let pattern = "^[a-z][a-z0-9_]{0,39}$"
+
+    package static func isValidName(_ name: String) -> Bool {
+        let bytes = Array(name.utf8)
+        return (1...40).contains(bytes.count) && (UInt8(ascii: "a")...UInt8(ascii: "z")).contains(bytes[0])
+            && bytes.allSatisfy { (UInt8(ascii: "a")...UInt8(ascii: "z")).contains($0) || (UInt8(ascii: "0")...UInt8(ascii: "9")).contains($0) || $0 == UInt8(ascii: "_") }
+    }
+
+    package static let revocationSpike = AlertKind("revocation_spike")
+    package static let jobsDiscarded = AlertKind("jobs_discarded")
+    package static let queueLag = AlertKind("queue_lag")
+    package static let badSignatures = AlertKind("bad_signatures")
+    package static let appleCredentials = AlertKind("apple_credentials")
+    package static let transferDeadline = AlertKind("transfer_deadline")
+    package static let quietApp = AlertKind("quiet_app")
+    package static let endpointUnhealthy = AlertKind("endpoint_unhealthy")
+    /// `siwa-events alerts test`: checks every sink; no rule fires it.
+    package static let test = AlertKind("test")
 }
 
 /// One alert series: a kind, and for a revocation spike the app (`aud`) and the revocation type
@@ -44,87 +61,6 @@ package struct AlertKey: Hashable, Sendable, CustomStringConvertible {
     }
 
     package var description: String { [kind.rawValue, aud, type].compactMap { $0 }.joined(separator: "/") }
-}
-
-/// The revocation types a spike is watched for, each alone and both together.
-package enum RevocationSeries {
-    package static let types = [EventType.consentRevoked.rawValue, EventType.accountDelete.rawValue]
-    package static let both = "revocations"
-    /// Every series of one app's episode, in the order messages name them.
-    package static let all = types + [both]
-
-    /// `names` without duplicates, in the order of `all` (unknown names last, sorted).
-    package static func ordered(_ names: some Sequence<String>) -> [String] {
-        Set(names).sorted { (all.firstIndex(of: $0) ?? all.count, $0) < (all.firstIndex(of: $1) ?? all.count, $1) }
-    }
-
-    /// How messages name a series.
-    package static func describe(_ name: String) -> String {
-        name == both ? "revocations (consent-revoked + account-delete)" : name
-    }
-}
-
-/// The spike rule's settings (`SIWA_SPIKE_*`).
-package struct SpikeSettings: Sendable, Equatable {
-    /// How often the detector evaluates.
-    package var interval: Duration = .seconds(30)
-    /// The window whose count is compared with the baseline.
-    package var window: Duration = .seconds(300)
-    /// A spike needs at least this many revocations in the window…
-    package var minCount = 20
-    /// …and at least this many times the baseline.
-    package var factor = 5.0
-    /// With no history for the app (less than a day), this many in the window fire on their own.
-    package var newAppCount = 50
-    /// A firing alert resolves once its series has been normal this long.
-    package var resolveAfter: Duration = .seconds(900)
-
-    package init() {}
-}
-
-/// Revocation spikes: the baseline is seasonal (the same time of day) and robust (a median).
-///
-/// For each of the 7 days before `now`, take the count in the hour centred on this time of day
-/// (an hour rather than the window itself, so a quiet 5 minutes on one day is not a baseline of
-/// zero), scale it to the window's length, and take the **median** over the days the app has
-/// history for. A spike on one, two or three of those days leaves the median where it was; daily
-/// and weekly rhythms are followed because each day is compared at the same hour. An app with no
-/// history a day back (a new app) has no baseline and is held to an absolute count instead.
-package enum SpikeRule {
-    package static let historyDays = 7
-    package static let neighbourhood: TimeInterval = 3600
-
-    /// The ranges whose counts the rule needs at `now`: the window ending now, and the hour
-    /// centred on this time of day on each of the 7 previous days (most recent first).
-    package static func ranges(now: Date, window: Duration) -> (window: Range<Date>, days: [Range<Date>]) {
-        let windowRange = now.addingTimeInterval(-window.timeInterval)..<now
-        let days = (1...historyDays).map { day -> Range<Date> in
-            let centre = now.addingTimeInterval(-Double(day) * 86_400 - window.timeInterval / 2)
-            return centre.addingTimeInterval(-neighbourhood / 2)..<centre.addingTimeInterval(neighbourhood / 2)
-        }
-        return (windowRange, days)
-    }
-
-    /// The expected count in one window: the median over the days with history of that day's
-    /// hour count scaled to the window. nil when no day has history (`firstSeen` after each
-    /// day's hour began, or unknown): a new app.
-    package static func baseline(dayCounts: [Int], days: [Range<Date>], firstSeen: Date?, window: Duration) -> Double? {
-        guard let firstSeen else { return nil }
-        let scale = window.timeInterval / neighbourhood
-        let known = zip(dayCounts, days).filter { $0.1.lowerBound >= firstSeen }.map { Double($0.0) * scale }.sorted()
-        guard !known.isEmpty else { return nil }
-        let middle = known.count / 2
-        return known.count % 2 == 1 ? known[middle] : (known[middle - 1] + known[middle]) / 2
-    }
-
-    /// Whether `count` in the window is a spike against `baseline` (nil: a new app).
-    package static func observe(count: Int, baseline: Double?, settings: SpikeSettings) -> AlertObservation {
-        guard let baseline else {
-            return AlertObservation(value: count, baseline: nil, threshold: Double(settings.newAppCount), breaching: count >= settings.newAppCount)
-        }
-        let threshold = max(Double(settings.minCount), settings.factor * baseline)
-        return AlertObservation(value: count, baseline: baseline, threshold: threshold, breaching: Double(count) >= threshold)
-    }
 }
 
 /// One evaluation of one series: its value (a count, or seconds of lag), what it was compared
@@ -215,6 +151,19 @@ extension AlertDecision {
 /// long it lasts, `resolved` after `resolveAfter` of normal evaluations (a breach in between
 /// starts the wait again).
 package enum AlertLifecycle {
+    /// Every series of a rule whose episodes are its series, in key order: each observed one, and
+    /// each open one, which is quiet (not breaching) when nothing was counted for it this round.
+    package static func step(
+        _ observations: [AlertKey: AlertObservation], open: [AlertEpisode], now: Date, resolveAfter: Duration
+    ) -> [AlertDecision] {
+        let openByKey = Dictionary(open.map { ($0.key, $0) }, uniquingKeysWith: { first, _ in first })
+        return Set(observations.keys).union(openByKey.keys).sorted { $0.description < $1.description }.map { key in
+            let record = openByKey[key]
+            let observation = observations[key] ?? AlertObservation(value: 0, baseline: nil, threshold: record?.threshold ?? 0, breaching: false)
+            return step(open: record, key: key, observation: observation, now: now, resolveAfter: resolveAfter)
+        }
+    }
+
     package static func step(
         open: AlertEpisode?, key: AlertKey, observation: AlertObservation, now: Date, resolveAfter: Duration
     ) -> AlertDecision {
@@ -302,15 +251,16 @@ package struct AlertSinks: Sendable {
     /// One message per sink: the JSON body to webhooks, the text to Slack. The kind names the
     /// message within its alert (the webhook-id is `alert_<id>_<kind without alert_>`), so each
     /// update has its own: `alert_updated_<n>`, n the number of series the episode names after it
-    /// (series only join, so n grows with each update).
-    package func messages(_ message: AlertMessage) -> [SinkMessage] {
+    /// (series only join, so n grows with each update). `subject`: what the message's rule says
+    /// of it (`AlertRule.subject`).
+    package func messages(_ message: AlertMessage, subject: String) -> [SinkMessage] {
         let kind = switch (message.episode.key.kind, message.state) {
         case (.test, _): "alert_test"
         case (_, .updated): "alert_updated_\(message.series.count)"
         case (_, let state): "alert_\(state.rawValue)"
         }
         return webhooks.map { SinkMessage(target: Self.target(webhook: $0), kind: kind, body: message.json.jsonText) }
-            + (slack == nil ? [] : [SinkMessage(target: "slack", kind: kind, body: message.slack.jsonText)])
+            + (slack == nil ? [] : [SinkMessage(target: "slack", kind: kind, body: message.slack(subject: subject).jsonText)])
     }
 
     /// The URL a target names and whether to sign for it; nil when no configured sink has that

@@ -79,8 +79,34 @@ package enum EndpointVerdict: Sendable, Equatable {
 /// The `endpoint_unhealthy` rule, pure: the latest report is unhealthy when a check failed or the
 /// certificate expires in fewer than `certificateDays` days. The alert's `type` is the cause (the
 /// failing check, or `certificate` with the days left as its value), so each cause pages once.
-package enum EndpointHealthRule {
+/// It observes the latest report (nil: none yet, or no `SIWA_PUBLIC_URL`); an open episode whose
+/// cause is gone resolves after `resolveAfter`.
+package struct EndpointHealthRule: AlertRule {
     package static let certificate = "certificate"
+
+    package let kind = AlertKind.endpointUnhealthy
+    package var certificateDays: Int
+    package var resolveAfter: Duration
+
+    package init(certificateDays: Int, resolveAfter: Duration) {
+        self.certificateDays = certificateDays
+        self.resolveAfter = resolveAfter
+    }
+
+    package func step(_ report: EndpointReport?, open: [AlertEpisode], now: Date) -> [AlertDecision] {
+        var observations: [AlertKey: AlertObservation] = [:]
+        if let report, let unhealthy = Self.observe(report, now: now, certificateDays: certificateDays) {
+            observations[unhealthy.key] = unhealthy.observation
+        }
+        return AlertLifecycle.step(observations, open: open, now: now, resolveAfter: resolveAfter)
+    }
+
+    package func subject(_ message: AlertMessage) -> String {
+        let episode = message.episode
+        return episode.key.type == Self.certificate
+            ? "the certificate of the endpoint registered with Apple expires in \(episode.value) days (threshold \(Int(episode.threshold))): renew it"
+            : "the endpoint registered with Apple fails its \(episode.key.type ?? "") check: see /health on the admin listener, or run siwa-events doctor"
+    }
 
     /// Whole days from `now` until `expiry` (negative once expired), as doctor counts them.
     package static func days(until expiry: Date, now: Date) -> Int { Int(expiry.timeIntervalSince(now) / 86_400) }

@@ -42,8 +42,42 @@ package struct AppActivity: Sendable, Equatable {
 /// each span's chance of being empty; it fires when that chance is below 1 in `odds` and the gap
 /// is at least `minimumGap`. Counting spans rather than arrivals keeps bursts from looking like a
 /// steady rate: a burst of 50 fills one span, not 50. The episode starts at the last arrival and
-/// resolves at the next genuine one.
-package enum QuietRule {
+/// resolves at the next genuine one. It observes every watched app's arrivals.
+package struct QuietRule: AlertRule {
+    package let kind = AlertKind.quietApp
+    package var settings: QuietSettings
+
+    package init(settings: QuietSettings = QuietSettings()) {
+        self.settings = settings
+    }
+
+    /// Each app observed or open, in key order (an app no longer observed resolves).
+    package func step(_ apps: [AppActivity], open: [AlertEpisode], now: Date) -> [AlertDecision] {
+        let byKey = Dictionary(apps.map { (AlertKey(kind: kind, aud: $0.aud), $0) }, uniquingKeysWith: { first, _ in first })
+        let openByKey = Dictionary(open.map { ($0.key, $0) }, uniquingKeysWith: { first, _ in first })
+        return Set(byKey.keys).union(openByKey.keys).sorted { $0.description < $1.description }.map { key in
+            Self.step(open: openByKey[key], key: key, activity: byKey[key], now: now, settings: settings)
+        }
+    }
+
+    /// The episode's `count` is the minutes without an arrival, `baseline` the 10-minute spans
+    /// that usually have one in that time, `threshold` the odds, `series` the rejection reasons
+    /// meanwhile.
+    package func subject(_ message: AlertMessage) -> String {
+        let episode = message.episode
+        let digits = String(Int(episode.threshold))
+        let odds = digits.enumerated().map { index, digit in (index > 0 && (digits.count - index) % 3 == 0 ? "," : "") + String(digit) }.joined()
+        let rejected =
+            message.series.isEmpty ? "" : "; deliveries were rejected meanwhile (\(message.series.joined(separator: ", "))): `siwa-events rejections list`"
+        return "nothing has arrived for \(episode.key.aud ?? "an app") for \(Self.minutes(episode.peak)); its history has arrivals in "
+            + "about \(Int((episode.baseline ?? 0).rounded())) of that time's 10-minute spans (chance of such a gap under 1 in \(odds))\(rejected)"
+    }
+
+    /// "6 h 10 m" for 370 minutes.
+    static func minutes(_ minutes: Int) -> String {
+        minutes < 60 ? "\(minutes) m" : minutes % 60 == 0 ? "\(minutes / 60) h" : "\(minutes / 60) h \(minutes % 60) m"
+    }
+
     package static let span: TimeInterval = 600
     package static let historyWeeks = 4
 

@@ -26,8 +26,36 @@ package struct TransferBacklog: Sendable, Equatable {
 /// The `transfer_deadline` rule, pure: one episode per transfer, from the first evaluation at
 /// `days` or fewer left with users remaining until none remain or the window closes. At
 /// `lastDays` the series `last_days` joins it, which tells the sinks again (`updated`). The
-/// episode's value is the users left; its threshold the days crossed.
-package enum TransferDeadlineRule {
+/// episode's value is the users left; its threshold the days crossed. It observes every transfer
+/// whose window is open.
+package struct TransferDeadlineRule: AlertRule {
+    package let kind = AlertKind.transferDeadline
+    package var settings: TransferDeadlineSettings
+
+    package init(settings: TransferDeadlineSettings = TransferDeadlineSettings()) {
+        self.settings = settings
+    }
+
+    /// Each transfer observed or open, in key order.
+    package func step(_ backlogs: [TransferBacklog], open: [AlertEpisode], now: Date) -> [AlertDecision] {
+        let byKey = Dictionary(backlogs.map { ($0.key, $0) }, uniquingKeysWith: { first, _ in first })
+        let openByKey = Dictionary(open.map { ($0.key, $0) }, uniquingKeysWith: { first, _ in first })
+        return Set(byKey.keys).union(openByKey.keys).sorted { $0.description < $1.description }.map { key in
+            Self.step(open: openByKey[key], key: key, backlog: byKey[key], now: now, settings: settings)
+        }
+    }
+
+    package func subject(_ message: AlertMessage) -> String {
+        let (key, episode) = (message.episode.key, message.episode)
+        let transfer = "transfer of \(key.aud ?? "an app") \(key.type ?? "")"
+        return switch (message.state, episode.value) {
+        case (.resolved, 0): "\(transfer): every user migrated"
+        case (.resolved, let left): "\(transfer): Apple's 60-day window closed with \(left) users not migrated"
+        case (_, let left):
+            "\(transfer): \(left) users not migrated with \(Int(episode.threshold)) days or fewer left in Apple's 60-day window; `siwa-events transfers status`"
+        }
+    }
+
     /// The episode's series: `deadline` from the first threshold, `last_days` from the second.
     package static let deadline = "deadline"
     package static let lastDays = "last_days"

@@ -6,9 +6,11 @@ import SiwaStore
 /// Alerts for on-call engineers and dashboards (`/v1/alerts`, scope `alerts:read`).
 package struct AlertsController: Sendable {
     let alerts: AlertStore
+    let silences: AlertSilenceStore
 
     package init(alerts: AlertStore) {
         self.alerts = alerts
+        silences = AlertSilenceStore(client: alerts.client, logger: alerts.logger)
     }
 
     package func register(on group: RouterGroup<SiwaRequestContext>) {
@@ -22,7 +24,7 @@ package struct AlertsController: Sendable {
         if let state, !["firing", "resolved"].contains(state) { throw APIError.invalid("state must be firing or resolved (got \(state))") }
         let limit = try JSONBody.limit(request, default: 100, maximum: ListLimit.maximum)
         let items = try await alerts.list(state: state, limit: limit)
-        let silences = try await alerts.silences(includeExpired: false)
-        return .json(["items": .array(items.map(\.json)), "silences": .array(silences.map(\.json))])
+        let running = try await silences.silences(includeExpired: false)
+        return .json(["items": .array(items.map(\.json)), "silences": .array(running.map(\.json))])
     }
 }

@@ -273,3 +273,98 @@ package struct HistoryStore: Sendable {
         return folded
     }
 }
+
+/// What the alert rules read of the rollup `foldCounts` writes: revocation counts for
+/// `revocation_spike`, arrivals and their spans for `quiet_app`.
+extension HistoryStore {
+    // MARK: SpikeCounts
+
+    /// Counts of consent-revoked and account-delete per app with any in the window ending `now`:
+    /// the window's (per second, from the recent rollup and the deltas not folded yet) and the 7
+    /// day-hours of the baseline (per minute). An app or type absent had none in the window.
+    package func spikeCounts(now: Date, window: Duration) async throws -> [SpikeCounts] {
+        let ranges = SpikeRule.ranges(now: now, window: window)
+        let from = ranges.window.lowerBound
+        var byKey: [String: SpikeCounts] = [:]
+        let revoking = EventType.revoking.map(\.rawValue)
+        for try await (index, aud, type, count) in try await client.bounded.query(
+            """
+            WITH win AS (
+                SELECT aud, type, sum(n)::bigint AS n FROM (
+                    SELECT aud, type, count AS n FROM notification_counts_recent
+                    WHERE second >= \(from) AND second < \(now) AND type = ANY(\(revoking)::text[])
+                    UNION ALL
+                    SELECT aud, type, delta FROM notification_count_deltas
+                    WHERE second >= \(from) AND second < \(now) AND type = ANY(\(revoking)::text[])
+                ) w GROUP BY aud, type HAVING sum(n) > 0
+            ), days AS (
+                SELECT i::int AS idx, lo, hi
+                FROM unnest(\(ranges.days.map(\.lowerBound))::timestamptz[], \(ranges.days.map(\.upperBound))::timestamptz[]) WITH ORDINALITY AS r(lo, hi, i)
+            )
+            SELECT 0, aud, type, n FROM win
+            UNION ALL
+            SELECT d.idx, c.aud, c.type, sum(c.count)::bigint
+            FROM days d JOIN notification_counts c ON c.minute >= d.lo AND c.minute < d.hi
+            WHERE c.type = ANY(\(revoking)::text[]) AND c.aud IN (SELECT aud FROM win)
+            GROUP BY d.idx, c.aud, c.type
+            """, logger: logger
+        ).decode((Int, String, String, Int).self) {
+            let key = aud + "\u{0}" + type
+            var entry = byKey[key] ?? SpikeCounts(aud: aud, type: type, window: 0, days: Array(repeating: 0, count: SpikeRule.historyDays))
+            if index == 0 { entry.window = count } else { entry.days[index - 1] = count }
+            byKey[key] = entry
+        }
+        return byKey.values.sorted { ($0.aud, $0.type) < ($1.aud, $1.type) }
+    }
+
+    /// When each app's first notification arrived (apps absent: none folded yet — new).
+    package func firstSeen(auds: [String]) async throws -> [String: Date] {
+        var result: [String: Date] = [:]
+        for try await (aud, date) in try await client.bounded.query(
+            "SELECT aud, first_seen FROM app_first_seen WHERE aud = ANY(\(auds)::text[])", logger: logger
+        ).decode((String, Date).self) {
+            result[aud] = date
+        }
+        return result
+    }
+
+    // MARK: QuietApps
+
+    /// When each app (of `auds`, or every app heard from when empty) was first and last heard
+    /// from, counting accepted notifications only (the fold's, plus the deltas not folded yet).
+    package func arrivals(auds: [String]) async throws -> [(aud: String, firstSeen: Date, lastArrival: Date)] {
+        var result: [(aud: String, firstSeen: Date, lastArrival: Date)] = []
+        for try await (aud, first, last) in try await client.bounded.query(
+            """
+            SELECT f.aud, f.first_seen, greatest(coalesce(f.last_seen, f.first_seen), d.last)
+            FROM app_first_seen f
+            LEFT JOIN LATERAL (SELECT max(second) AS last FROM notification_count_deltas WHERE aud = f.aud AND delta > 0) d ON true
+            WHERE cardinality(\(auds)::text[]) = 0 OR f.aud = ANY(\(auds)::text[])
+            ORDER BY f.aud
+            """, logger: logger
+        ).decode((String, Date, Date).self) {
+            result.append((aud, first, last))
+        }
+        return result
+    }
+
+    /// Per app and hour of the week (0: Monday 00:00 UTC), the 10-minute spans within `history`
+    /// that had an accepted notification (`QuietRule`'s history; read once an hour).
+    package func activeSpans(auds: [String], history: Range<Date>) async throws -> [String: [Int: Int]] {
+        var result: [String: [Int: Int]] = [:]
+        for try await (aud, slot, spans) in try await client.bounded.query(
+            """
+            SELECT aud, ((extract(isodow FROM span AT TIME ZONE 'UTC')::int - 1) * 24 + extract(hour FROM span AT TIME ZONE 'UTC')::int), count(*)::bigint
+            FROM (
+                SELECT DISTINCT aud, date_bin(interval '10 minutes', minute, timestamptz '2000-01-03 00:00:00+00') AS span
+                FROM notification_counts
+                WHERE minute >= \(history.lowerBound) AND minute < \(history.upperBound) AND count > 0 AND aud = ANY(\(auds)::text[])
+            ) spans
+            GROUP BY 1, 2
+            """, logger: logger
+        ).decode((String, Int, Int).self) {
+            result[aud, default: [:]][slot] = spans
+        }
+        return result
+    }
+}

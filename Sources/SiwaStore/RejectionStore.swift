@@ -231,6 +231,21 @@ package struct RejectionStore: Sendable {
         return result
     }
 
+    /// Deliveries rejected since the minute of `since` (recorded or sampled out), by reason; the
+    /// alert rules read it (`bad_signatures`, and `quiet_app` naming why an app is quiet).
+    package func rejected(since: Date) async throws -> [String: Int] {
+        var result: [String: Int] = [:]
+        for try await (reason, count) in try await client.bounded.query(
+            """
+            SELECT reason, sum(recorded + sampled_out)::bigint FROM rejection_counts
+            WHERE minute >= date_trunc('minute', \(since)) GROUP BY reason HAVING sum(recorded + sampled_out) > 0
+            """, logger: logger
+        ).decode((String, Int).self) {
+            result[reason] = count
+        }
+        return result
+    }
+
     // MARK: RejectionsReplay
 
     /// Rejections that kept their token and have not been replayed successfully yet.

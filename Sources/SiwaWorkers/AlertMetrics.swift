@@ -7,7 +7,8 @@ import SiwaStore
 /// The alert evaluator's gauges, set each round by the process holding the `alerts` lease (the
 /// others keep their last values: aggregate with max() across replicas).
 package final class AlertMetrics: Sendable {
-    let firing: [AlertKind: Gauge]
+    /// Open episodes by kind: the built-in kinds' from the start, a declared rule's from its first round.
+    private let firing = Mutex<[AlertKind: Gauge]>([:])
     let queueLag: Gauge
     let discarded: Gauge
     let badSignatures: Gauge
@@ -31,11 +32,6 @@ package final class AlertMetrics: Sendable {
         }
         self.depth = depth
         self.registry = registry
-        firing = Dictionary(uniqueKeysWithValues: AlertKind.allCases.filter { $0 != .test }.map {
-            ($0, registry.makeGauge(
-                descriptor: MetricNameDescriptor(namespace: "siwa", metricName: "alerts_firing", unitName: "", helpText: "Open alert episodes by kind (built-in detector)"),
-                labels: [("kind", $0.rawValue)]))
-        })
         queueLag = registry.makeGauge(
             descriptor: MetricNameDescriptor(
                 namespace: "siwa", metricName: "queue_lag", unitName: "seconds", helpText: "How long the oldest ready job (any lane) has waited"))
@@ -49,13 +45,20 @@ package final class AlertMetrics: Sendable {
             descriptor: MetricNameDescriptor(
                 namespace: "siwa", metricName: "apple_invalid_client_window", unitName: "",
                 helpText: "Calls to Apple's auth endpoints refused with invalid_client (our client secret) within SIWA_SPIKE_WINDOW"))
+        for rule in AlertRuleSettings().builtInRules(apps: []) { _ = gauge(firing: rule.kind) }
     }
 
-    func record(signals: OperationalSignals) {
-        queueLag.set(Double(signals.queueLag))
-        discarded.set(Double(signals.discarded))
-        badSignatures.set(Double(signals.badSignatures))
-        appleInvalidClient.set(Double(signals.appleInvalidClient))
+    /// The gauge of `kind`'s open episodes, made the first time it is asked for.
+    private func gauge(firing kind: AlertKind) -> Gauge {
+        let registry = self.registry
+        return firing.withLock { gauges in
+            if let gauge = gauges[kind] { return gauge }
+            let gauge = registry.makeGauge(
+                descriptor: MetricNameDescriptor(namespace: "siwa", metricName: "alerts_firing", unitName: "", helpText: "Open alert episodes by kind (built-in detector)"),
+                labels: [("kind", kind.rawValue)])
+            gauges[kind] = gauge
+            return gauge
+        }
     }
 
     func record(depth rows: [JobQueue.Depth]) {
@@ -100,7 +103,8 @@ package final class AlertMetrics: Sendable {
         }
     }
 
-    func record(firing keys: [AlertKey]) {
-        for (kind, gauge) in firing { gauge.set(Double(keys.filter { $0.kind == kind }.count)) }
+    /// The open episodes of each of `kinds` (the rules evaluated) among `keys`.
+    func record(firing keys: [AlertKey], kinds: [AlertKind]) {
+        for kind in kinds { gauge(firing: kind).set(Double(keys.filter { $0.kind == kind }.count)) }
     }
 }

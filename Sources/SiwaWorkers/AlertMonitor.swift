@@ -4,17 +4,17 @@ import ServiceLifecycle
 import SiwaDomain
 import SiwaRuntime
 import SiwaStore
-import Synchronization
 
-/// Evaluates the alerts every `SIWA_SPIKE_INTERVAL`: revocation spikes per app and type, one
-/// episode per app (the counts come from the rollup, the arithmetic from `SpikeRule`), jobs
-/// discarded, queue lag, bad signatures, Apple's refusals and app transfers' deadlines
-/// (`TransferDeadlineRule`). One process evaluates at a time, whoever holds the `alerts` lease
-/// (a row, so no connection is held for it); it renews the lease each round and gives it up on
-/// shutdown, and another process takes over once it expires. Firing, updated and resolved alerts
-/// are logged here and queued for the sinks (lane `alerts`, delivered by a `Deliverer`).
+/// Evaluates the alert rules every `SIWA_SPIKE_INTERVAL`: each registered rule
+/// (`Configuration.registered`: the built-in ones, then any declared) observes what it watches,
+/// `AlertRules.decide` steps them all, and the monitor writes what they decided. One process
+/// evaluates at a time, whoever holds the `alerts` lease (a row, so no connection is held for
+/// it); it renews the lease each round and gives it up on shutdown, and another process takes
+/// over once it expires. Firing, updated and resolved alerts are logged here, in their rule's
+/// words, and queued for the sinks (lane `alerts`, delivered by a `Deliverer`).
 package final class AlertMonitor: Service, Sendable {
     package struct Configuration: Sendable {
+        /// The built-in rules' settings (`SIWA_SPIKE_*`, `SIWA_ALERT_*`).
         package var rules = AlertRuleSettings()
         /// The endpoint check's settings (`rules.endpoint`), which the checker reads too.
         package var endpoint: EndpointHealthSettings {
@@ -24,6 +24,12 @@ package final class AlertMonitor: Service, Sendable {
         package var sinks = AlertSinks()
         /// The apps watched for quiet_app (the configured bundle IDs); empty: every app heard from.
         package var apps: [String] = []
+        /// Rules declared besides the built-in ones (a test's), evaluated after them; each owns a
+        /// kind no other rule has.
+        package var declared: [any MonitoredAlertRule] = []
+
+        /// Every rule the monitor evaluates, in order: the built-in ones, then `declared`.
+        package var registered: [any MonitoredAlertRule] { rules.builtInRules(apps: apps) + declared }
 
         package init() {}
     }
@@ -39,16 +45,23 @@ package final class AlertMonitor: Service, Sendable {
     }
 
     package let configuration: Configuration
+    /// The rules evaluated each round (`configuration.registered`, made once: a rule may keep
+    /// what it read, as `quiet_app` keeps its hourly history).
+    let rules: [any MonitoredAlertRule]
     let store: AlertStore
+    let leases: LeaseStore
+    let source: AlertSource
     let logger: Logger
     let identity: String
     let metrics: AlertMetrics?
-    /// `quiet_app`'s history spans, by the end of the history they were read for.
-    private let history = Mutex<(end: Date, spans: [String: [Int: Int]])?>(nil)
 
     package init(configuration: Configuration, store: AlertStore, logger: Logger, identity: String, metrics: AlertMetrics? = nil) {
         self.configuration = configuration
+        rules = configuration.registered
+        precondition(Set(rules.map(\.kind)).count == rules.count, "each alert kind has one rule: \(rules.map(\.kind))")
         self.store = store
+        leases = LeaseStore(client: store.client, logger: logger)
+        source = AlertSource(client: store.client, logger: logger, window: configuration.rules.spike.window, metrics: metrics)
         self.logger = logger
         self.identity = identity
         self.metrics = metrics
@@ -60,56 +73,60 @@ package final class AlertMonitor: Service, Sendable {
         await Scheduler.run(.periodic(every: interval, retryAfter: interval), once: { try await self.runOnce(now: Date()) }) { error in
             logger.warning("alert evaluation failed; will retry", metadata: ["error": "\(loggable(error))"])
         }
-        let (store, identity) = (self.store, self.identity)
-        _ = try? await withDeadline(.seconds(5)) { try await store.release(lease: Self.leaseName, holder: identity) }
+        let (leases, identity) = (self.leases, self.identity)
+        _ = try? await withDeadline(.seconds(5)) { try await leases.release(lease: Self.leaseName, holder: identity) }
     }
 
     /// One round at `now`: evaluates if this process holds (or takes) the `alerts` lease, judged at
     /// `leaseNow` (nil: PostgreSQL's time, which every process shares; tests pass theirs).
     @discardableResult
     package func runOnce(now: Date, leaseNow: Date? = nil) async throws -> AlertRound {
-        guard try await store.acquire(lease: Self.leaseName, holder: identity, ttl: configuration.rules.spike.interval * 3 + .seconds(5), now: leaseNow) else {
+        guard try await leases.acquire(lease: Self.leaseName, holder: identity, ttl: configuration.rules.spike.interval * 3 + .seconds(5), now: leaseNow) else {
             return .notHolder
         }
         return .evaluated(try await evaluate(now: now))
     }
 
-    /// One evaluation of every series at `now`: reads what the rules watch, asks
-    /// `AlertRules.decide`, writes and tells what it decided; returns what fired, joined and
+    /// One evaluation of every rule at `now`: each observes what it watches, `AlertRules.decide`
+    /// steps them, and what they decided is written and told; returns what fired, joined and
     /// resolved.
     @discardableResult
     package func evaluate(now: Date) async throws -> [AlertDecision] {
         let observed = try await observe(now: now)
         let open = try await store.open()
-        return try await apply(AlertRules.decide(observed, open: open.map(\.episode), now: now, settings: configuration.rules), open: open)
+        return try await apply(AlertRules.decide(observed, open: open.map(\.episode), now: now), open: open)
     }
 
     /// What `evaluate` would decide at `now`, written nowhere (`alerts evaluate --dry-run`).
     package func preview(now: Date) async throws -> [AlertDecision] {
-        AlertRules.decide(try await observe(now: now), open: try await store.open().map(\.episode), now: now, settings: configuration.rules)
+        AlertRules.decide(try await observe(now: now), open: try await store.open().map(\.episode), now: now)
     }
 
-    /// Everything the rules watch at `now` (and the evaluator's gauges, set as it reads).
-    private func observe(now: Date) async throws -> AlertObservations {
-        let settings = configuration.rules
-        var observed = AlertObservations()
-        observed.spikes = try await store.spikeCounts(now: now, window: settings.spike.window)
-        observed.firstSeen = try await store.firstSeen(auds: Array(Set(observed.spikes.map(\.aud))))
-        observed.signals = try await store.operationalSignals(since: now.addingTimeInterval(-settings.spike.window.timeInterval), now: now)
-        for (transfer, left) in try await TransferStore(client: store.client, logger: logger).backlogs(now: now) {
-            let key = TransferDeadlineRule.key(aud: transfer.aud, outgoing: transfer.direction == .outgoing, team: transfer.teamID)
-            observed.transfers.append(TransferBacklog(key: key, window: TransferWindow(transferredAt: transfer.transferredAt), usersLeft: left))
-        }
-        observed.apps = try await appActivity(now: now)
-        if let url = configuration.endpoint.url {
-            observed.endpoint = try await EndpointCheckStore(client: store.client, logger: logger).latest(url: url.absoluteString)
-        }
-        if let metrics {
-            metrics.record(signals: observed.signals)
-            metrics.record(depth: try await store.queueDepth())
-            metrics.record(transfers: observed.transfers.filter { $0.window.isOpen(at: now) })
-        }
+    /// Every rule with what it observed at `now` (the rules set their gauges as they read; the
+    /// queue's depth is set here).
+    private func observe(now: Date) async throws -> [ObservedAlertRule] {
+        var observed: [ObservedAlertRule] = []
+        for rule in rules { observed.append(try await Self.observe(rule, source: source, now: now)) }
+        if let metrics { metrics.record(depth: try await JobQueue(client: store.client, logger: logger).depth()) }
         return observed
+    }
+
+    private static func observe<Rule: MonitoredAlertRule>(_ rule: Rule, source: AlertSource, now: Date) async throws -> ObservedAlertRule {
+        ObservedAlertRule(rule, observed: try await rule.observe(source, now: now))
+    }
+
+    /// What a message says, in the words of its kind's rule.
+    package func subject(_ message: AlertMessage) -> String {
+        if let rule = rules.first(where: { $0.kind == message.episode.key.kind }) { return rule.subject(message) }
+        return message.episode.key.kind == .test ? AlertMessage.testSubject : "\(message.episode.key): \(message.episode.peak)"
+    }
+
+    /// A message's line for people (the log, Slack).
+    package func text(_ message: AlertMessage) -> String { message.text(subject: subject(message)) }
+
+    /// Each sink's message about `message` (`AlertSinks.messages`, in its rule's words).
+    private var tell: @Sendable (AlertMessage) -> [SinkMessage] {
+        { [sinks = configuration.sinks, self] message in sinks.messages(message, subject: self.subject(message)) }
     }
 
     /// Writes and tells what the rules decided about the `open` records; returns what was told.
@@ -127,7 +144,7 @@ package final class AlertMonitor: Service, Sendable {
             case .fire(let episode):
                 // nil: another evaluator opened this episode first; it is firing either way.
                 firing.insert(key)
-                if let fired = try await store.fire(episode, window: window, sinks: configuration.sinks.messages) {
+                if let fired = try await store.fire(episode, window: window, sinks: tell) {
                     log(fired.message, silenced: fired.silencedBy != nil)
                     decisions.append(decision)
                 }
@@ -136,7 +153,7 @@ package final class AlertMonitor: Service, Sendable {
             case .join(let episode, let joined):
                 if var record {
                     record.episode = episode
-                    let outcome = try await store.join(record, joined: joined, sinks: configuration.sinks.messages)
+                    let outcome = try await store.join(record, joined: joined, sinks: tell)
                     if outcome != .alreadyJoined {
                         log(AlertMessage(id: record.id, episode: episode, window: record.window, resolvedAt: nil, joined: joined), silenced: outcome == .silenced)
                         decisions.append(decision)
@@ -145,7 +162,7 @@ package final class AlertMonitor: Service, Sendable {
             case .resolve(let episode, let at):
                 if var record {
                     record.episode = episode
-                    try await store.resolve(record, at: at, sinks: configuration.sinks.messages)
+                    try await store.resolve(record, at: at, sinks: tell)
                     var message = record.message
                     message.resolvedAt = at
                     log(message, silenced: record.silencedBy != nil)
@@ -154,37 +171,8 @@ package final class AlertMonitor: Service, Sendable {
                 }
             }
         }
-        metrics?.record(firing: Array(firing))
+        metrics?.record(firing: Array(firing), kinds: rules.map(\.kind))
         return decisions
-    }
-
-    /// Every watched app's arrivals for `quiet_app`: the history spans are read once an hour
-    /// (they only change when it turns), the last arrival and the rejections since it each round.
-    private func appActivity(now: Date) async throws -> [AppActivity] {
-        let arrivals = try await store.arrivals(auds: configuration.apps)
-        guard !arrivals.isEmpty else { return [] }
-        let window = QuietRule.history(now: now, firstSeen: .distantPast)
-        let cached = history.withLock { $0?.end == window.upperBound ? $0?.spans : nil }
-        let spans: [String: [Int: Int]]
-        if let cached {
-            spans = cached
-        } else {
-            spans = try await store.activeSpans(auds: arrivals.map(\.aud), history: window)
-            history.withLock { $0 = (window.upperBound, spans) }
-        }
-        let quiet = configuration.rules.quiet
-        var apps: [AppActivity] = []
-        for arrival in arrivals {
-            var activity = AppActivity(
-                aud: arrival.aud, firstSeen: arrival.firstSeen, lastArrival: arrival.lastArrival,
-                history: QuietRule.history(now: now, firstSeen: arrival.firstSeen), activeSpans: spans[arrival.aud] ?? [:])
-            // Rejections matter only to a gap long enough to fire (they name why it is quiet).
-            if now.timeIntervalSince(arrival.lastArrival) >= quiet.minimumGap.timeInterval {
-                activity.rejectedSince = try await store.rejections(since: arrival.lastArrival)
-            }
-            apps.append(activity)
-        }
-        return apps
     }
 
     /// The log sink: one line per firing, update and resolution, always.
@@ -202,8 +190,8 @@ package final class AlertMonitor: Service, Sendable {
         if let ratio = message.episode.ratio { metadata["ratio"] = "\(String(format: "%.2f", ratio))" }
         if silenced { metadata["silenced"] = "true" }
         switch message.state {
-        case .firing, .updated: logger.warning("alert: \(message.text)", metadata: metadata)
-        case .resolved: logger.notice("alert: \(message.text)", metadata: metadata)
+        case .firing, .updated: logger.warning("alert: \(text(message))", metadata: metadata)
+        case .resolved: logger.notice("alert: \(text(message))", metadata: metadata)
         }
     }
 }

@@ -34,12 +34,12 @@ package final class EndpointChecker: Service, Sendable {
 
     let settings: EndpointHealthSettings
     let store: EndpointCheckStore
-    let leases: AlertStore
+    let leases: LeaseStore
     let logger: Logger
     let identity: String
     let metrics: EndpointMetrics?
 
-    package init(settings: EndpointHealthSettings, store: EndpointCheckStore, leases: AlertStore, logger: Logger, identity: String, metrics: EndpointMetrics? = nil) {
+    package init(settings: EndpointHealthSettings, store: EndpointCheckStore, leases: LeaseStore, logger: Logger, identity: String, metrics: EndpointMetrics? = nil) {
         self.settings = settings
         self.store = store
         self.leases = leases

@@ -101,7 +101,7 @@ struct EndpointHealthTests {
         defer { running.cancel() }
         let logger = h.logs.logger()
         let checker = EndpointChecker(
-            settings: settings, store: EndpointCheckStore(client: client, logger: logger), leases: AlertStore(client: client, logger: logger), logger: logger,
+            settings: settings, store: EndpointCheckStore(client: client, logger: logger), leases: LeaseStore(client: client, logger: logger), logger: logger,
             identity: "endpoint-test", metrics: EndpointMetrics(registry: registry))
         let monitor = AlertMonitor(configuration: alertSettings, store: AlertStore(client: client, logger: logger), logger: logger, identity: "endpoint-test")
         let t0 = Date(timeIntervalSince1970: Date().timeIntervalSince1970.rounded(.down))
@@ -117,7 +117,8 @@ struct EndpointHealthTests {
         #expect(try await monitor.evaluate(now: t0.addingTimeInterval(60)).isEmpty, "fires once")
         let open = try await AlertStore(client: client, logger: logger).open()
         #expect(open.count == 1)
-        #expect(open.first?.message.text.contains("fails its tls check") == true, "\(open.first?.message.text ?? "")")
+        let tlsText = open.first.map { monitor.text($0.message) } ?? ""
+        #expect(tlsText.contains("fails its tls check"), "\(tlsText)")
 
         var health = try await h.server.request(.GET, "/health")
         #expect(health.status == 200)
@@ -149,7 +150,8 @@ struct EndpointHealthTests {
         #expect(fired.map(\.kindAndType) == ["endpoint_unhealthy/certificate"])
         #expect(try await monitor.evaluate(now: t1.addingTimeInterval(60)).isEmpty, "fires once")
         let certificate = try await AlertStore(client: client, logger: logger).open().first { $0.episode.key.type == "certificate" }
-        #expect(certificate?.message.text.contains("expires in 2 days (threshold 14)") == true, "\(certificate?.message.text ?? "")")
+        let expiringText = certificate.map { monitor.text($0.message) } ?? ""
+        #expect(expiringText.contains("expires in 2 days (threshold 14)"), "\(expiringText)")
         health = try await h.server.request(.GET, "/health")
         endpoint = try #require(health.json?["endpoint"], "\(health.body)")
         #expect(endpoint["status"] == .string("unhealthy") && endpoint["cause"] == .string("certificate"), "\(health.body)")
@@ -181,7 +183,7 @@ struct EndpointHealthTests {
 
         // Another process: not the lease holder, it only reports the stored result.
         let other = EndpointChecker(
-            settings: settings, store: EndpointCheckStore(client: client, logger: logger), leases: AlertStore(client: client, logger: logger), logger: logger,
+            settings: settings, store: EndpointCheckStore(client: client, logger: logger), leases: LeaseStore(client: client, logger: logger), logger: logger,
             identity: "endpoint-other")
         #expect(try await other.runOnce(now: t2.addingTimeInterval(settings.interval.timeInterval)) == .notHolder(healthyReport))
         await h.stop()

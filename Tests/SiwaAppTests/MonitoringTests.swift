@@ -51,7 +51,7 @@ struct MonitoringTests {
         endpoint.url = URL(string: "\(h.server.baseURL)/apple/notifications")
         let endpointMetrics = EndpointMetrics(registry: registry)
         let checker = EndpointChecker(
-            settings: endpoint, store: EndpointCheckStore(client: e.client, logger: h.logs.logger()), leases: AlertStore(client: e.client, logger: h.logs.logger()),
+            settings: endpoint, store: EndpointCheckStore(client: e.client, logger: h.logs.logger()), leases: LeaseStore(client: e.client, logger: h.logs.logger()),
             logger: h.logs.logger(), identity: "metrics-test", metrics: endpointMetrics)
         let checked = try await checker.runOnce(now: Date()).report
         #expect(checked?.failing == .url && checked?.findings.contains { $0.check == .route && $0.level == .ok } == true, "\(String(describing: checked))")

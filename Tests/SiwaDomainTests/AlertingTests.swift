@@ -285,24 +285,25 @@ struct AlertingTests {
             key: AlertKey(kind: .revocationSpike, aud: "com.example.app"), series: ["consent-revoked", "revocations"], startedAt: Self.monday,
             value: 30, peak: 32, baseline: 4, threshold: 20)
         let sinks = AlertSinks(webhooks: [URL(string: "https://hooks.example.com/a")!], slack: URL(string: "https://slack.example.com/x")!)
+        let rule = RevocationSpikeRule()
         let firing = AlertMessage(id: 7, episode: episode, window: .seconds(300), resolvedAt: nil)
         #expect(firing.state == .firing)
-        #expect(sinks.messages(firing).map(\.kind) == ["alert_firing", "alert_firing"])
+        #expect(sinks.messages(firing, subject: rule.subject(firing)).map(\.kind) == ["alert_firing", "alert_firing"])
         #expect(firing.json["series"] == .array([.string("consent-revoked"), .string("revocations")]))
         #expect(firing.json["type"] == .null && firing.json["joined"] == nil)
-        #expect(firing.text.hasPrefix("🔴 FIRING [revocation_spike] consent-revoked, revocations (consent-revoked + account-delete) for com.example.app: 32 in 5m"), "\(firing.text)")
+        #expect(rule.text(firing).hasPrefix("🔴 FIRING [revocation_spike] consent-revoked, revocations (consent-revoked + account-delete) for com.example.app: 32 in 5m"), "\(rule.text(firing))")
 
         var joined = episode
         joined.series = RevocationSeries.all
         let updated = AlertMessage(id: 7, episode: joined, window: .seconds(300), resolvedAt: nil, joined: ["account-delete"])
         #expect(updated.state == .updated)
-        #expect(sinks.messages(updated).map(\.kind) == ["alert_updated_3", "alert_updated_3"])
+        #expect(sinks.messages(updated, subject: rule.subject(updated)).map(\.kind) == ["alert_updated_3", "alert_updated_3"])
         #expect(updated.json["state"] == .string("updated") && updated.json["joined"] == .array([.string("account-delete")]))
-        #expect(updated.text.hasPrefix("🟠 UPDATED [revocation_spike] consent-revoked, account-delete, revocations"), "\(updated.text)")
-        #expect(updated.text.contains("(account-delete joined)"))
+        #expect(rule.text(updated).hasPrefix("🟠 UPDATED [revocation_spike] consent-revoked, account-delete, revocations"), "\(rule.text(updated))")
+        #expect(rule.text(updated).contains("(account-delete joined)"))
 
         let resolved = AlertMessage(id: 7, episode: joined, window: .seconds(300), resolvedAt: Self.monday.addingTimeInterval(900))
-        #expect(resolved.state == .resolved && sinks.messages(resolved).map(\.kind) == ["alert_resolved", "alert_resolved"])
+        #expect(resolved.state == .resolved && sinks.messages(resolved, subject: rule.subject(resolved)).map(\.kind) == ["alert_resolved", "alert_resolved"])
 
         // An alert stored before episodes (one row per series) names its type as its series.
         let old = AlertEpisode(key: AlertKey(kind: .revocationSpike, aud: "a", type: "account-delete"), startedAt: Self.monday, value: 1, peak: 9, baseline: nil, threshold: 5)

@@ -35,6 +35,7 @@ struct EndpointHealthRuleTests {
         let message = AlertMessage(
             id: 7, episode: AlertEpisode(key: expiring!.key, startedAt: now, value: 3, peak: 3, baseline: nil, threshold: 14), window: .seconds(300), resolvedAt: nil,
             joined: [])
-        #expect(message.text.contains("expires in 3 days (threshold 14): renew it"), "\(message.text)")
+        let text = EndpointHealthRule(certificateDays: 14, resolveAfter: .seconds(900)).text(message)
+        #expect(text.contains("expires in 3 days (threshold 14): renew it"), "\(text)")
     }
 }

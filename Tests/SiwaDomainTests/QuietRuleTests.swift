@@ -134,7 +134,7 @@ struct QuietRuleTests {
             return
         }
         #expect(episode.series == ["wrong_audience"])
-        let text = AlertMessage(id: 4, episode: episode, window: .seconds(300), resolvedAt: nil).text
+        let text = QuietRule().text(AlertMessage(id: 4, episode: episode, window: .seconds(300), resolvedAt: nil))
         #expect(text.contains("[quiet_app] nothing has arrived for com.example.app for \(hours) h"), "\(text)")
         #expect(text.contains("rejected meanwhile (wrong_audience): `siwa-events rejections list`"), "\(text)")
         #expect(text.contains("under 1 in 100,000"), "\(text)")

@@ -58,11 +58,11 @@ struct TransferDeadlineTests {
     @Test("the message names the transfer, the users left and the days; resolved says why")
     func message() {
         var episode = AlertEpisode(key: Self.key, series: ["deadline"], startedAt: Self.transferred, value: 40, peak: 40, baseline: nil, threshold: 14)
-        let firing = AlertMessage(id: 9, episode: episode, window: .seconds(300), resolvedAt: nil).text
+        let firing = TransferDeadlineRule().text(AlertMessage(id: 9, episode: episode, window: .seconds(300), resolvedAt: nil))
         #expect(firing.contains("[transfer_deadline] transfer of com.example.app to TEAMB23456: 40 users not migrated with 14 days or fewer left"), "\(firing)")
         episode.value = 0
-        #expect(AlertMessage(id: 9, episode: episode, window: .seconds(300), resolvedAt: Self.transferred).text.contains("every user migrated"))
+        #expect(TransferDeadlineRule().text(AlertMessage(id: 9, episode: episode, window: .seconds(300), resolvedAt: Self.transferred)).contains("every user migrated"))
         episode.value = 3
-        #expect(AlertMessage(id: 9, episode: episode, window: .seconds(300), resolvedAt: Self.transferred).text.contains("closed with 3 users not migrated"))
+        #expect(TransferDeadlineRule().text(AlertMessage(id: 9, episode: episode, window: .seconds(300), resolvedAt: Self.transferred)).contains("closed with 3 users not migrated"))
     }
 }

@@ -259,8 +259,7 @@ struct AlertTests {
         // A window of 10 minutes: this case is about silencing, and a slowed CI machine once took
         // more than 10 s to deliver the six, so the first left a 10 s window before evaluation.
         let monitor = Self.monitor(e, sinks: sinks, window: .seconds(600))
-        let store = AlertStore(client: e.client, logger: e.h.logs.logger())
-        _ = try await store.silence(kind: .revocationSpike, aud: Harness.aud, for: .seconds(3600), by: "test", reason: "planned cleanup")
+        _ = try await AlertSilenceStore(client: e.client, logger: e.h.logs.logger()).silence(kind: .revocationSpike, aud: Harness.aud, for: .seconds(3600), by: "test", reason: "planned cleanup")
         for index in 0..<6 { try await e.post("account-delete", sub: "gone-\(index)", at: Int64(index)) }
         let decisions = try await monitor.evaluate(now: Date())
         #expect(decisions.count == 1, "one episode (account-delete and revocations) fires, silenced, on the six: \(decisions)")

@@ -244,7 +244,8 @@ struct AppleRevocationTests {
         }
         #expect(fired.map(\.key.type) == ["apple_revocations"], "\(fired)")
         let alert = try #require(try await AlertStore(client: h.client, logger: h.h.logs.logger()).open().first { $0.episode.key.kind == .jobsDiscarded })
-        #expect(alert.message.subject.contains("apple_revocations") && alert.message.subject.contains("apple retry --discarded"), "\(alert.message.subject)")
+        let subject = monitor.subject(alert.message)
+        #expect(subject.contains("apple_revocations") && subject.contains("apple retry --discarded"), "\(subject)")
 
         // A year past the retention: the effect job goes, the revocation and its token stay.
         let later = Date().addingTimeInterval(365 * 86_400)

@@ -62,8 +62,8 @@ struct KeyCacheTests {
         await h.flushRejections()
         // Counted for bad_signatures whether sampled or recorded.
         #expect(try await h.count("SELECT sum(recorded + sampled_out)::int FROM rejection_counts WHERE reason = 'unknown_key'") == 101)
-        let signals = try await AlertStore(client: h.server.client, logger: h.logs.logger()).operationalSignals(since: Date().addingTimeInterval(-600))
-        #expect(signals.badSignatures == 101, "the bad_signatures alert counts forged kids")
+        let rejected = try await RejectionStore(client: h.server.client, logger: h.logs.logger()).rejected(since: Date().addingTimeInterval(-600))
+        #expect(BadSignaturesRule.count(rejected) == 101, "the bad_signatures alert counts forged kids")
         #expect(h.logs.all.contains { $0.contains("reason=unknown_key") && $0.contains("bytes]") }, "the late one's delivery line, its kid bounded")
         #expect(h.logs.all.allSatisfy { $0.utf8.count < 8_000 }, "a log line holds the forged kid whole")
         #expect(try await h.count("SELECT count(*) FROM notifications") == 0)
