@@ -2,7 +2,7 @@ import Crypto
 import Foundation
 
 /// An alert rule's name (`alerts.kind`, `alert_silences.kind`, a message's `kind`): lowercase
-/// letters, digits and `_`, at most 40, the form the schema checks (sql/027). The built-in rules'
+/// letters, digits and `_`, at most 40, the form the schema checks (sql/026). The built-in rules'
 /// kinds are named here for their call sites; a rule declared elsewhere names its own, and no list
 /// has to learn it.
 package struct AlertKind: RawRepresentable, Hashable, Sendable, CustomStringConvertible {

@@ -31,7 +31,7 @@ let embedded: [(file: String, bytes: [UInt8])] = [
     ("023_erasure_leaves_transfers.sql", PackageResources._23_erasure_leaves_transfers_sql),
     ("024_lanes_by_subject.sql", PackageResources._24_lanes_by_subject_sql),
     ("025_caches_without_credentials.sql", PackageResources._25_caches_without_credentials_sql),
-    ("027_alert_kinds_by_name.sql", PackageResources._27_alert_kinds_by_name_sql),
+    ("026_alert_kinds_by_name.sql", PackageResources._26_alert_kinds_by_name_sql),
 ]
 
 /// A numbered SQL migration from `sql/` (built into the binary, so it runs from any directory).

@@ -7,7 +7,7 @@ import SiwaTestSupport
 import SiwaWorkers
 import Testing
 
-/// Alert kinds are named once, by their rules: the schema checks a kind's form (sql/027), not a
+/// Alert kinds are named once, by their rules: the schema checks a kind's form (sql/026), not a
 /// list of kinds, and the OpenAPI document states that form; the CLI and the runbooks follow the
 /// built-in rules.
 @Suite("Alert kinds: named by their rules, checked by their form")
