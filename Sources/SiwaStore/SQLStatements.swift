@@ -5,69 +5,111 @@ import Foundation
 /// `--` and `/* */` comments, quoted strings and identifiers, and `$tag$` dollar-quoted bodies.
 package enum SQLStatements {
     package static func split(_ sql: String) -> [String] {
-        var statements: [String] = []
+        var scanner = Scanner(sql: sql)
+        scanner.run()
+        return scanner.statements
+    }
+
+    /// One pass over a file; `current` collects the statement being read.
+    private struct Scanner {
+        let sql: String
+        var index: String.Index
         var current = ""
-        var index = sql.startIndex
-        func peek(_ offset: Int = 1) -> Character? {
-            sql.index(index, offsetBy: offset, limitedBy: sql.endIndex).flatMap { $0 < sql.endIndex ? sql[$0] : nil }
+        var statements: [String] = []
+
+        init(sql: String) {
+            self.sql = sql
+            self.index = sql.startIndex
         }
-        while index < sql.endIndex {
-            let character = sql[index]
-            if character == "-" && peek() == "-" {
-                while index < sql.endIndex && sql[index] != "\n" { index = sql.index(after: index) }
-                continue
-            }
-            if character == "/" && peek() == "*" {
-                var depth = 0
-                repeat {
-                    if sql[index] == "/" && peek() == "*" { depth += 1; index = sql.index(index, offsetBy: 2); continue }
-                    if sql[index] == "*" && peek() == "/" { depth -= 1; index = sql.index(index, offsetBy: 2); continue }
-                    index = sql.index(after: index)
-                } while depth > 0 && index < sql.endIndex
-                current.append(" ")
-                continue
-            }
-            if character == "'" || character == "\"" {
-                current.append(character)
-                index = sql.index(after: index)
-                while index < sql.endIndex {
-                    current.append(sql[index])
-                    if sql[index] == character {
-                        if peek() == character {
-                            index = sql.index(after: index)
-                            current.append(sql[index])
-                        } else {
-                            break
-                        }
-                    }
-                    index = sql.index(after: index)
+
+        mutating func run() {
+            while index < sql.endIndex {
+                let character = sql[index]
+                if character == "-" && peek() == "-" {
+                    skipLineComment()
+                } else if character == "/" && peek() == "*" {
+                    skipBlockComment()
+                } else if character == "'" || character == "\"" {
+                    copyQuoted(character)
+                } else if character == "$", let tag = dollarTag() {
+                    copyDollarQuoted(tag)
+                } else if character == ";" {
+                    endStatement()
+                    advance()
+                } else {
+                    current.append(character)
+                    advance()
                 }
-                if index < sql.endIndex { index = sql.index(after: index) }
-                continue
             }
-            if character == "$", let close = sql[sql.index(after: index)...].firstIndex(of: "$"),
-                sql[sql.index(after: index)..<close].allSatisfy({ $0.isLetter || $0.isNumber || $0 == "_" })
-            {
-                let tag = String(sql[index...close])
-                let bodyStart = sql.index(after: close)
-                let end = sql[bodyStart...].range(of: tag)?.upperBound ?? sql.endIndex
-                current += sql[index..<end]
-                index = end
-                continue
-            }
-            if character == ";" {
-                let statement = current.trimmingCharacters(in: .whitespacesAndNewlines)
-                if !statement.isEmpty { statements.append(statement) }
-                current = ""
-                index = sql.index(after: index)
-                continue
-            }
-            current.append(character)
-            index = sql.index(after: index)
+            endStatement()
         }
-        let statement = current.trimmingCharacters(in: .whitespacesAndNewlines)
-        if !statement.isEmpty { statements.append(statement) }
-        return statements
+
+        /// The character after the current one.
+        func peek() -> Character? {
+            sql.index(index, offsetBy: 1, limitedBy: sql.endIndex).flatMap { $0 < sql.endIndex ? sql[$0] : nil }
+        }
+
+        mutating func advance(by count: Int = 1) { index = sql.index(index, offsetBy: count) }
+
+        mutating func endStatement() {
+            let statement = current.trimmingCharacters(in: .whitespacesAndNewlines)
+            if !statement.isEmpty { statements.append(statement) }
+            current = ""
+        }
+
+        /// `-- …` up to the end of the line (the newline is kept).
+        mutating func skipLineComment() {
+            while index < sql.endIndex && sql[index] != "\n" { advance() }
+        }
+
+        /// `/* … */`, nested ones included; it stands as one space.
+        mutating func skipBlockComment() {
+            var depth = 0
+            repeat {
+                if sql[index] == "/" && peek() == "*" {
+                    depth += 1
+                    advance(by: 2)
+                } else if sql[index] == "*" && peek() == "/" {
+                    depth -= 1
+                    advance(by: 2)
+                } else {
+                    advance()
+                }
+            } while depth > 0 && index < sql.endIndex
+            current.append(" ")
+        }
+
+        /// A string or quoted identifier, a doubled quote inside it included, copied whole.
+        mutating func copyQuoted(_ quote: Character) {
+            current.append(quote)
+            advance()
+            while index < sql.endIndex {
+                current.append(sql[index])
+                if sql[index] == quote {
+                    guard peek() == quote else { break }
+                    advance()
+                    current.append(sql[index])
+                }
+                advance()
+            }
+            if index < sql.endIndex { advance() }
+        }
+
+        /// The `$tag$` that opens a dollar-quoted body here, if one does.
+        func dollarTag() -> String? {
+            let afterDollar = sql.index(after: index)
+            guard let close = sql[afterDollar...].firstIndex(of: "$"),
+                sql[afterDollar..<close].allSatisfy({ $0.isLetter || $0.isNumber || $0 == "_" })
+            else { return nil }
+            return String(sql[index...close])
+        }
+
+        /// A dollar-quoted body, both tags included, copied whole (to the end if unclosed).
+        mutating func copyDollarQuoted(_ tag: String) {
+            let bodyStart = sql.index(index, offsetBy: tag.count)
+            let end = sql[bodyStart...].range(of: tag)?.upperBound ?? sql.endIndex
+            current += sql[index..<end]
+            index = end
+        }
     }
 }
-
