@@ -32,51 +32,14 @@ struct Verify: AsyncParsableCommand {
     enum ExitStatus { static let invalid: Int32 = 1, couldNotCheck: Int32 = 2 }
 
     func run() async throws {
-        let now: Date
-        if let at {
-            guard let parsed = Self.parseTime(at) else {
-                printError("--at: \"\(at)\" is neither ISO-8601 (2022-12-02T21:15:31Z) nor epoch seconds")
-                throw ExitCode(ExitStatus.couldNotCheck)
-            }
-            now = parsed
-        } else {
-            now = Date()
-        }
-        let text: String
-        do {
-            text = try Self.readToken(token)
-        } catch let error as ValidationError {
-            printError("cannot read the token: \(error.message)")
-            throw ExitCode(ExitStatus.couldNotCheck)
-        } catch {
-            printError("cannot read the token from \(token): \((error as NSError).localizedDescription)")
-            throw ExitCode(ExitStatus.couldNotCheck)
-        }
-        let keys: AppleKeySet
-        do {
-            let url = jwks.contains("://") ? URL(string: jwks) : URL(fileURLWithPath: jwks)
-            guard let url else { throw DefaultKeySetFetcher.FetchError(description: "--jwks: \"\(jwks)\" is not a path or URL") }
-            keys = try AppleKeySet.parse(try await DefaultKeySetFetcher().fetch(url))
-        } catch {
-            printError("cannot load the key set: \(error)")
-            throw ExitCode(ExitStatus.couldNotCheck)
-        }
+        let now = try verificationTime()
+        let text = try readTokenOrExit()
+        let keys = try await loadKeySet()
         let jws = try? CompactJWS(text)
-        let configured = try aud ?? CommandLineSettings.source(arguments: [], groups: SettingGroup.allCases).text(Settings.bundleIDs.info)
-        var audiences = Set((configured ?? "").split(separator: ",").map {
-            $0.trimmingCharacters(in: .whitespaces)
-        }.filter { !$0.isEmpty })
-        let audChecked = !audiences.isEmpty
-        if !audChecked, let claims = jws.flatMap({ JSONValue.parse($0.payload) }) {
-            switch claims["aud"] {
-            case .string(let value): audiences = [value]
-            case .array(let values): audiences = Set(values.compactMap(\.stringValue))
-            default: break
-            }
-        }
+        let claims = jws.flatMap { JSONValue.parse($0.payload) }
+        let (audiences, audChecked) = try self.audiences(claims: claims)
         var result: [String: JSONValue] = [
-            "header": jws?.header ?? .null, "claims": jws.flatMap { JSONValue.parse($0.payload) } ?? .null, "event": .null,
-            "aud_checked": .bool(audChecked),
+            "header": jws?.header ?? .null, "claims": claims ?? .null, "event": .null, "aud_checked": .bool(audChecked),
         ]
         do {
             let verified = try NotificationVerifier(audiences: audiences).verify(text, keys: keys, now: now)
@@ -100,6 +63,54 @@ struct Verify: AsyncParsableCommand {
             result["message"] = .string(error.message)
             print(JSONValue.object(result).jsonText)
             throw ExitCode(ExitStatus.invalid)
+        }
+    }
+
+    /// `--at`, or now.
+    func verificationTime() throws -> Date {
+        guard let at else { return Date() }
+        guard let parsed = Self.parseTime(at) else {
+            printError("--at: \"\(at)\" is neither ISO-8601 (2022-12-02T21:15:31Z) nor epoch seconds")
+            throw ExitCode(ExitStatus.couldNotCheck)
+        }
+        return parsed
+    }
+
+    /// The JWS the argument names (itself, or @file).
+    func readTokenOrExit() throws -> String {
+        do {
+            return try Self.readToken(token)
+        } catch let error as ValidationError {
+            printError("cannot read the token: \(error.message)")
+            throw ExitCode(ExitStatus.couldNotCheck)
+        } catch {
+            printError("cannot read the token from \(token): \((error as NSError).localizedDescription)")
+            throw ExitCode(ExitStatus.couldNotCheck)
+        }
+    }
+
+    /// `--jwks`: a file path or a URL.
+    func loadKeySet() async throws -> AppleKeySet {
+        do {
+            let url = jwks.contains("://") ? URL(string: jwks) : URL(fileURLWithPath: jwks)
+            guard let url else { throw DefaultKeySetFetcher.FetchError(description: "--jwks: \"\(jwks)\" is not a path or URL") }
+            return try AppleKeySet.parse(try await DefaultKeySetFetcher().fetch(url))
+        } catch {
+            printError("cannot load the key set: \(error)")
+            throw ExitCode(ExitStatus.couldNotCheck)
+        }
+    }
+
+    /// The audiences accepted: `--aud`, else SIWA_APPLE_BUNDLE_IDS (checked); else the token's own
+    /// `aud` (not checked).
+    func audiences(claims: JSONValue?) throws -> (Set<String>, checked: Bool) {
+        let configured = try aud ?? CommandLineSettings.source(arguments: [], groups: SettingGroup.allCases).text(Settings.bundleIDs.info)
+        let listed = Set((configured ?? "").split(separator: ",").map { $0.trimmingCharacters(in: .whitespaces) }.filter { !$0.isEmpty })
+        guard listed.isEmpty else { return (listed, true) }
+        switch claims?["aud"] {
+        case .string(let value)?: return ([value], false)
+        case .array(let values)?: return (Set(values.compactMap(\.stringValue)), false)
+        default: return ([], false)
         }
     }
 
