@@ -68,13 +68,16 @@ package struct HealthController: Sendable {
     /// `GET /health`: `endpoint` is null without SIWA_PUBLIC_URL, else the URL, its `status`
     /// (`unchecked`, `healthy`, `unhealthy`), the `cause` (the failing check, or `certificate`),
     /// when it was checked, the certificate's expiry and days left, and each check's finding;
-    /// `apple_revocations` counts the revocations Apple has not taken (`waiting`, `discarded`).
+    /// `apple_revocations` counts the revocations Apple has not taken (`waiting`, `discarded`; null
+    /// while the database does not answer).
     private func registerEndpoint(on router: Router<SiwaRequestContext>, _ endpoint: (settings: EndpointHealthSettings, checks: EndpointCheckStore)) {
         let (databaseTimeout, clock, queue) = (self.databaseTimeout, self.clock, self.queue)
         router.get("/health") { _, _ in
             var answer: [String: JSONValue] = ["endpoint": .null]
             if let queue {
-                answer["apple_revocations"] = try await withDeadline(databaseTimeout) { try await queue.appleRevocationBacklog() }.json
+                // Informative like the rest: an unreachable database makes it null, not the answer an error.
+                let backlog = try? await withDeadline(databaseTimeout) { try await queue.appleRevocationBacklog() }
+                answer["apple_revocations"] = backlog?.json ?? .null
             }
             guard let url = endpoint.settings.url else { return Response.json(.object(answer)) }
             var object: [String: JSONValue] = ["url": .string(URLRedaction.redacted(url)), "status": .string("unchecked")]
