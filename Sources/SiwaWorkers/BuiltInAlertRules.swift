@@ -28,12 +28,12 @@ extension AlertRuleSettings {
                 return try await EndpointCheckStore(client: source.client, logger: source.logger).latest(url: url.absoluteString)
             },
             ObservingRule(JobsDiscardedRule(threshold: discardedJobs, resolveAfter: resolveAfter)) { source, now in
-                let discarded = try await JobQueue(client: source.client, logger: source.logger).signals(since: source.windowStart(now), now: now).discarded
+                let discarded = try await JobQueue(client: source.client, logger: source.logger).discardedByLane(since: source.windowStart(now))
                 source.metrics?.discarded.set(Double(discarded.values.reduce(0, +)))
                 return discarded
             },
             ObservingRule(QueueLagRule(threshold: queueLag, resolveAfter: resolveAfter)) { source, now in
-                let lag = try await JobQueue(client: source.client, logger: source.logger).signals(since: source.windowStart(now), now: now).queueLag
+                let lag = try await JobQueue(client: source.client, logger: source.logger).queueLag(now: now)
                 source.metrics?.queueLag.set(Double(lag))
                 return lag
             },

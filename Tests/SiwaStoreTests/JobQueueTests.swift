@@ -29,7 +29,7 @@ struct JobQueueTests {
 
     /// A lane is a declaration: the schema names none (a new lane rewrites no constraint), and
     /// each lane `serve` runs has partial indexes of its ready jobs.
-    @Test("the schema lists no lane; every lane serve runs has partial indexes of its ready jobs that depth and signals read through")
+    @Test("the schema lists no lane; every lane serve runs has partial indexes of its ready jobs that depth and the queue lag read through")
     func declaredLanesMatchTheSchema() async throws {
         try await QueueTests.withDatabase { client in
             var checked = 0

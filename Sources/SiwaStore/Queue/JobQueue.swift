@@ -140,29 +140,35 @@ package struct JobQueue: Sendable {
         return result
     }
 
-    /// Seconds the oldest ready job (any lane) has waited at `now`, and jobs discarded since `since`,
-    /// by lane.
+    /// Seconds the oldest ready job (any lane) has waited at `now` (`queue_lag`).
     ///
     /// The oldest ready job is looked for through each lane's ready-jobs indexes in turn, so that
     /// it reads the ready jobs, not the table: one condition over all lanes matched no partial
     /// index and scanned every job kept. Available effect jobs are indexed in event order
     /// (sql/010), so their oldest is a walk of that index.
-    package func signals(since: Date, now: Date? = nil) async throws -> (queueLag: Int, discarded: [String: Int]) {
+    package func queueLag(now: Date? = nil) async throws -> Int {
         let oldest = Lane.all.flatMap(Self.readyConditions).map { "(SELECT min(run_at) FROM jobs WHERE \($0) AND run_at <= clock.now)" }
-        var result = (queueLag: 0, discarded: [String: Int]())
-        for try await (lag, lanes, counts) in try await client.bounded.query(
+        var lag = 0
+        for try await (seconds,) in try await client.bounded.query(
             """
-            WITH clock AS (SELECT coalesce(\(now)::timestamptz, now()) AS now),
-            discarded AS (SELECT lane, count(*)::bigint AS n FROM jobs WHERE state = 'discarded' AND finished_at >= \(since) GROUP BY lane)
-            SELECT
-                coalesce(extract(epoch FROM clock.now - least(\(unescaped: oldest.joined(separator: ", "))))::bigint, 0),
-                (SELECT coalesce(array_agg(lane ORDER BY lane), '{}') FROM discarded), (SELECT coalesce(array_agg(n ORDER BY lane), '{}') FROM discarded)
-            FROM clock
+            WITH clock AS (SELECT coalesce(\(now)::timestamptz, now()) AS now)
+            SELECT coalesce(extract(epoch FROM clock.now - least(\(unescaped: oldest.joined(separator: ", "))))::bigint, 0) FROM clock
             """, logger: logger
-        ).decode((Int, [String], [Int]).self) {
-            result = (lag, Dictionary(uniqueKeysWithValues: zip(lanes, counts)))
+        ).decode((Int,).self) {
+            lag = seconds
         }
-        return result
+        return lag
+    }
+
+    /// Jobs discarded since `since`, by lane (`jobs_discarded`), through the index of discarded jobs.
+    package func discardedByLane(since: Date) async throws -> [String: Int] {
+        var discarded: [String: Int] = [:]
+        for try await (lane, n) in try await client.bounded.query(
+            "SELECT lane, count(*)::bigint FROM jobs WHERE state = 'discarded' AND finished_at >= \(since) GROUP BY lane", logger: logger
+        ).decode((String, Int).self) {
+            discarded[lane] = n
+        }
+        return discarded
     }
 
     /// The conditions that select `lane`'s ready jobs, one per partial index of them.

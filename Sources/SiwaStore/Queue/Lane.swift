@@ -7,7 +7,7 @@ import SiwaDomain
 /// new lane is this declaration (in `all`, to be run by `serve`) and, for a delivery lane, a sender
 /// with its `DeliveryLane` (SiwaWorkers); a partial index of its ready jobs keeps its reads cheap.
 package struct Lane: RawRepresentable, Hashable, Sendable, CustomStringConvertible {
-    /// How the ready (available or retryable) jobs of a lane are indexed; `depth` and `signals`
+    /// How the ready (available or retryable) jobs of a lane are indexed; `depth` and `queueLag`
     /// read each lane through its own partial indexes, never the whole table.
     package enum ReadyIndex: Sendable {
         /// One index over both ready states, by `(run_at, id)`.
