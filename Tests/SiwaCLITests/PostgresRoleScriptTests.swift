@@ -8,19 +8,27 @@ import Testing
 /// it makes owns its database, is no superuser, migrates it and passes `doctor`'s database check.
 @Suite("deploy/postgres/create-service-role.sh")
 struct PostgresRoleScriptTests {
+    /// The test cluster as the script sees it: its superuser URL, the socket directory and the
+    /// binaries' folder (the script runs psql from PATH).
+    static func cluster() async throws -> (superuserURL: String, components: URLComponents, socket: String, bin: String) {
+        let superuserURL = try await TestBinary.databaseURL()
+        let components = try #require(URLComponents(string: superuserURL))
+        let socket = try #require(components.queryItems?.first { $0.name == "host" }?.value)
+        let bin = try #require(["/usr/lib/postgresql/15/bin", "/usr/lib/postgresql/16/bin", "/usr/lib/postgresql/17/bin"].first {
+            FileManager.default.isExecutableFile(atPath: "\($0)/psql")
+        })
+        return (superuserURL, components, socket, bin)
+    }
+
     @Test("makes a non-superuser role owning its database, which PUBLIC cannot even connect to; siwa-events migrates it and doctor passes")
     func createsServiceRole() async throws {
         let directory = try TestBinary.makeDirectory("role-script")
         defer { try? FileManager.default.removeItem(atPath: directory) }
-        let superuserURL = try await TestBinary.databaseURL()
-        let components = try #require(URLComponents(string: superuserURL))
-        let socket = try #require(components.queryItems?.first { $0.name == "host" }?.value)
+        let cluster = try await Self.cluster()
+        let (superuserURL, components, socket, bin) = (cluster.superuserURL, cluster.components, cluster.socket, cluster.bin)
         let suffix = UUID().uuidString.prefix(6).lowercased()
         let (role, database) = ("siwa_role_\(suffix)", "siwa_db_\(suffix)")
         try "pw-\(suffix)\n".write(toFile: "\(directory)/password", atomically: true, encoding: .utf8)
-        let bin = try #require(["/usr/lib/postgresql/15/bin", "/usr/lib/postgresql/16/bin", "/usr/lib/postgresql/17/bin"].first {
-            FileManager.default.isExecutableFile(atPath: "\($0)/psql")
-        })
         let script = SettingsTests.packageRoot.appendingPathComponent("deploy/postgres/create-service-role.sh").path
         let environment = ProcessInfo.processInfo.environment.merging([
             "PATH": "\(bin):/usr/bin:/bin", "PGHOST": socket, "PGUSER": components.user ?? "", "PGDATABASE": "postgres",
@@ -61,16 +69,12 @@ struct PostgresRoleScriptTests {
     func passwordStaysOffCommandLines() async throws {
         let directory = try TestBinary.makeDirectory("role-argv")
         defer { try? FileManager.default.removeItem(atPath: directory) }
-        let superuserURL = try await TestBinary.databaseURL()
-        let components = try #require(URLComponents(string: superuserURL))
-        let socket = try #require(components.queryItems?.first { $0.name == "host" }?.value)
+        let cluster = try await Self.cluster()
+        let (superuserURL, components, socket, bin) = (cluster.superuserURL, cluster.components, cluster.socket, cluster.bin)
         let suffix = UUID().uuidString.prefix(6).lowercased()
         let (role, database) = ("siwa_role_\(suffix)", "siwa_db_\(suffix)")
         let password = #"pw-'"\ $HOME `x` :'q' "# + suffix
         try "\(password)\n".write(toFile: "\(directory)/password", atomically: true, encoding: .utf8)
-        let bin = try #require(["/usr/lib/postgresql/15/bin", "/usr/lib/postgresql/16/bin", "/usr/lib/postgresql/17/bin"].first {
-            FileManager.default.isExecutableFile(atPath: "\($0)/psql")
-        })
         // A psql earlier on PATH that writes down its arguments, one file per run, then is the real one.
         try FileManager.default.createDirectory(atPath: "\(directory)/wrap", withIntermediateDirectories: true)
         try """
