@@ -283,8 +283,6 @@ package struct EffectStore: Sendable {
             ), r AS (
                 SELECT * FROM unnest($1::int8[], $2::int8[], $3::int8[], $4::int8[], $5::text[], $6::text[], $7::text[], $8::text[], $9::int8[],
                     $10::text[]) AS r(job_id, notification_id, attempt, started_at_us, effect, notify, aud, sub, event_ms, callback)
-            ), marked AS (
-                \(NotificationStore.followEffectJobSQL("SELECT notification_id, '\(JobState.completed.rawValue)' FROM r"))
             ), logged AS (
                 \(JobQueue.Effects.logAppliedSQL(from: "r", worker: "$21"))
             ), callbacks AS (

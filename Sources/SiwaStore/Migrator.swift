@@ -32,6 +32,7 @@ let embedded: [(file: String, bytes: [UInt8])] = [
     ("024_lanes_by_subject.sql", PackageResources._24_lanes_by_subject_sql),
     ("025_caches_without_credentials.sql", PackageResources._25_caches_without_credentials_sql),
     ("026_alert_kinds_by_name.sql", PackageResources._26_alert_kinds_by_name_sql),
+    ("027_notification_status_follows_jobs.sql", PackageResources._27_notification_status_follows_jobs_sql),
 ]
 
 /// A numbered SQL migration from `sql/` (built into the binary, so it runs from any directory).

@@ -278,18 +278,7 @@ package struct NotificationStore: Sendable {
         return result
     }
 
-    // MARK: NotificationsFollowEffectJob, NotificationsErase, NotificationsPrune
-
-    /// An `UPDATE` for a CTE of the queue's statements: each notification of `jobs` (a query
-    /// returning a notification id and its effect job's new state) takes the status that state
-    /// means (`JobState.notificationStatus`). After its insert, this is how a status changes.
-    static func followEffectJobSQL(_ jobs: String) -> String {
-        let cases = JobState.allCases.map { "WHEN '\($0.rawValue)' THEN '\($0.notificationStatus.rawValue)'" }.joined(separator: " ")
-        return """
-            UPDATE notifications n SET status = (CASE j.job_state::text \(cases) END)::notification_status
-            FROM (\(jobs)) AS j(notification_id, job_state) WHERE n.id = j.notification_id
-            """
-    }
+    // MARK: NotificationsErase, NotificationsPrune
 
     /// Moves a user's notifications to their new `sub` (an app transfer), in the caller's transaction.
     static func rekey(aud: String, from old: String, to new: String, on connection: PostgresConnection, logger: Logger) async throws {

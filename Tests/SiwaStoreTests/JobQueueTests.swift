@@ -195,4 +195,40 @@ struct JobQueueTests {
             #expect(attempts.map(\.outcome) == [.retrying, .applied])
         }
     }
+
+    /// The queue writes `jobs` only; a trigger carries each effect job's new state to its
+    /// notification, whichever statement changed it (a failure, a discard, the generic lane retry,
+    /// a claim, a commit).
+    @Test("a notification's status follows its effect job through failure, discard, lane retry, claim and commit; a claim leaves it as it was")
+    func statusFollowsTheEffectJob() async throws {
+        try await QueueTests.withDatabase { client in
+            try await BulkLoad.notifications(count: 1, users: 1, aud: "com.example.app", client: client)
+            let status = { try await Self.strings(client, "SELECT status::text FROM notifications") }
+            #expect(try await status() == ["pending"])
+            try await client.query(
+                "CREATE FUNCTION refuse_all() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN RAISE EXCEPTION 'refused'; END $$")
+            try await client.query("CREATE TRIGGER refuse_all BEFORE INSERT OR UPDATE ON accounts FOR EACH ROW EXECUTE FUNCTION refuse_all()")
+            let store = EffectStore(client: client, logger: Self.logger)
+            let failed = await #expect(throws: EffectStore.BatchFailed.self) {
+                try await store.runBatch(worker: "w", limit: 10, eraseOnDelete: true)
+            }
+            let job = try #require(failed?.jobs.first)
+            _ = try await store.runOne(job, worker: "w", eraseOnDelete: true, maxAttempts: 5) { _ in .zero }
+            #expect(try await status() == ["retrying"])
+            // A claim (the job running) leaves the status: a retried notification reads retrying while it runs.
+            try await client.query("UPDATE jobs SET state = 'running', locked_by = 'w', lease_expires_at = now() + interval '1 minute'")
+            #expect(try await status() == ["retrying"])
+            try await client.query("UPDATE jobs SET state = 'retryable', locked_by = NULL, lease_expires_at = NULL")
+            let again = await #expect(throws: EffectStore.BatchFailed.self) {
+                try await store.runBatch(worker: "w", limit: 10, eraseOnDelete: true, now: Date().addingTimeInterval(60))
+            }
+            _ = try await store.runOne(try #require(again?.jobs.first), worker: "w", eraseOnDelete: true, maxAttempts: 1) { _ in .zero }
+            #expect(try await status() == ["discarded"])
+            #expect(try await JobQueue(client: client, logger: Self.logger).retry(lane: .effects, id: nil, discarded: true) == 1)
+            #expect(try await status() == ["pending"])
+            try await client.query("DROP TRIGGER refuse_all ON accounts")
+            #expect(try await store.runBatch(worker: "w", limit: 10, eraseOnDelete: true).applied.count == 1)
+            #expect(try await status() == ["applied"])
+        }
+    }
 }

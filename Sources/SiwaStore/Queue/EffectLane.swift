@@ -189,8 +189,6 @@ extension JobQueue {
                         last_error = \(error), locked_by = NULL, lease_expires_at = NULL
                     WHERE j.id = \(job.id)
                     RETURNING j.id, j.notification_id, j.attempt, j.attempted_at, j.state
-                ), marked AS (
-                    \(unescaped: NotificationStore.followEffectJobSQL("SELECT notification_id, state FROM failed"))
                 )
                 INSERT INTO job_attempts (job_id, notification_id, attempt, worker, started_at, outcome, error)
                 SELECT id, notification_id, attempt, \(worker), attempted_at, \(outcome.rawValue), \(error)
@@ -217,8 +215,6 @@ extension JobQueue {
                   AND ((\(jobID)::bigint IS NOT NULL AND j.id = \(jobID)) OR (\(discarded) AND j.state = 'discarded'))
                   AND (\(type)::text IS NULL OR n.type = \(type))
                 RETURNING j.notification_id
-            ), marked AS (
-                \(unescaped: NotificationStore.followEffectJobSQL("SELECT notification_id, '\(JobState.available.rawValue)' FROM retried"))
             )
             SELECT count(*)::bigint FROM retried
             """, logger: logger
@@ -238,8 +234,6 @@ extension JobQueue {
                 SELECT id, aud, sub, event_time FROM notifications
                 WHERE jti = \(jti) AND type = ANY(\(EventType.allCases.map(\.rawValue))::text[])
                 FOR KEY SHARE  -- the pruner's delete is waited for (then nothing is found); a batch's status update is not
-            ), marked AS (
-                \(unescaped: NotificationStore.followEffectJobSQL("SELECT id, '\(JobState.available.rawValue)' FROM target"))
             )
             INSERT INTO jobs (notification_id, aud, sub, event_time, run_at)
             SELECT id, aud, sub, event_time, now() FROM target

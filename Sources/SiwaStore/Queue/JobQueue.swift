@@ -42,8 +42,6 @@ package struct JobQueue: Sendable {
                     last_error = 'lease expired: worker ' || e.locked_by || ' stopped renewing it'
                 FROM expired e WHERE j.id = e.id
                 RETURNING j.id, j.notification_id, j.alert_id, j.attempt, j.attempted_at, j.state, j.lane, e.locked_by
-            ), marked AS (
-                \(unescaped: NotificationStore.followEffectJobSQL("SELECT notification_id, state FROM rescued WHERE lane = '\(Lane.effects.rawValue)'"))
             ), logged AS (
                 INSERT INTO job_attempts (job_id, notification_id, alert_id, attempt, worker, started_at, outcome, error, lane)
                 SELECT id, notification_id, alert_id, attempt, locked_by, attempted_at, \(AttemptOutcome.leaseExpired.rawValue), 'lease expired', lane

@@ -83,16 +83,6 @@ package enum JobState: String, Sendable, CaseIterable {
 
     /// Not finished: it still holds its place in its lane.
     package var isOpen: Bool { self == .available || self == .retryable || self == .running }
-
-    /// The status a notification shows while its effect job is in this state.
-    package var notificationStatus: ProcessingStatus {
-        switch self {
-        case .available, .running: .pending
-        case .retryable: .retrying
-        case .completed: .applied
-        case .discarded: .discarded
-        }
-    }
 }
 
 /// What one attempt at a job came to (`job_attempts.outcome`).
