@@ -115,67 +115,105 @@ package struct NotificationsController: Sendable {
         }
     }
 
-    private func handle(_ request: Request, receivedAt: Date, remote: String?) async -> Outcome {
-        func rejected(_ error: VerificationError, body: ByteBuffer?, size: Int, kid: String? = nil, jws: CompactJWS? = nil, keepWith key: AppleKey? = nil) -> Outcome {
+    /// Ends a delivery at the stage that decided it (a rejection, a 503): each stage below either
+    /// returns what the next one needs or throws the delivery's outcome.
+    private struct Stop: Error {
+        var outcome: Outcome
+    }
+
+    /// What a rejection records of the delivery it ends.
+    private struct Delivery {
+        var receivedAt: Date
+        var remote: String?
+        var body: ByteBuffer
+        var size: Int { body.readableBytes }
+
+        func rejected(_ error: VerificationError, kid: String? = nil, jws: CompactJWS? = nil, keepWith key: AppleKey? = nil) -> Stop {
             let claims = jws.flatMap { JSONValue.parse($0.payload) }
             let jti = claims?["jti"]?.stringValue ?? jws.map { NotificationVerifier.derivedID(payloadSegment: $0.payloadSegment) }
             let record = RejectionRecord(
                 receivedAt: receivedAt, remoteAddress: remote, reason: error.reason, message: error.message, bodySize: size,
-                bodyPrefix: body.map { Array($0.readableBytesView.prefix(Self.recordedPrefix)) } ?? [],
-                kid: kid, aud: claims?["aud"].map(Self.audienceText), jti: jti,
+                bodyPrefix: Array(body.readableBytesView.prefix(NotificationsController.recordedPrefix)),
+                kid: kid, aud: claims?["aud"].map(NotificationsController.audienceText), jti: jti,
                 sub: claims.flatMap { EventDecoding.subject(of: $0["events"]) },
                 token: key == nil ? nil : jws?.raw, keyJWK: key?.jwkJSON)
-            return .rejected(.from(error), record)
+            return Stop(outcome: .rejected(.from(error), record))
         }
-        if let length = request.headers[.contentLength].flatMap(Int.init), length > Self.maximumBodySize {
-            return tooLarge(size: length, receivedAt: receivedAt, remote: remote)
-        }
-        let body: ByteBuffer
-        do {
-            body = try await request.body.collect(upTo: Self.maximumBodySize)
+    }
+
+    private func handle(_ request: Request, receivedAt: Date, remote: String?) async -> Outcome {
+        do throws(Stop) {
+            let delivery = Delivery(receivedAt: receivedAt, remote: remote, body: try await readBody(request, receivedAt: receivedAt, remote: remote))
+            let (jws, kid) = try Self.parse(delivery)
+            let key = try await resolveKey(kid, delivery)
+            let notification = try verify(jws, key: key, kid: kid, delivery)
+            return await commit(notification, rawJWS: jws.raw, receivedAt: receivedAt, remote: remote)
         } catch {
-            return tooLarge(size: Self.maximumBodySize + 1, receivedAt: receivedAt, remote: remote)
+            return error.outcome
         }
-        let size = body.readableBytes
-        guard let json = JSONValue.parse(body.readableBytesView), json.objectValue != nil else {
-            return rejected(.malformed("the body is not JSON; Apple sends {\"payload\": \"<JWS>\"}"), body: body, size: size)
+    }
+
+    /// The body, up to the size limit (a declared or actual larger one is rejected unread).
+    private func readBody(_ request: Request, receivedAt: Date, remote: String?) async throws(Stop) -> ByteBuffer {
+        if let length = request.headers[.contentLength].flatMap(Int.init), length > Self.maximumBodySize {
+            throw Stop(outcome: tooLarge(size: length, receivedAt: receivedAt, remote: remote))
+        }
+        do {
+            return try await request.body.collect(upTo: Self.maximumBodySize)
+        } catch {
+            throw Stop(outcome: tooLarge(size: Self.maximumBodySize + 1, receivedAt: receivedAt, remote: remote))
+        }
+    }
+
+    /// `{"payload": "<JWS>"}`: the compact JWS and the `kid` of its checked header.
+    private static func parse(_ delivery: Delivery) throws(Stop) -> (CompactJWS, String) {
+        guard let json = JSONValue.parse(delivery.body.readableBytesView), json.objectValue != nil else {
+            throw delivery.rejected(.malformed("the body is not JSON; Apple sends {\"payload\": \"<JWS>\"}"))
         }
         guard let payload = json["payload"]?.stringValue else {
-            return rejected(.malformed("the body has no string field \"payload\"; Apple sends {\"payload\": \"<JWS>\"}"), body: body, size: size)
+            throw delivery.rejected(.malformed("the body has no string field \"payload\"; Apple sends {\"payload\": \"<JWS>\"}"))
         }
-        let jws: CompactJWS
-        let kid: String
         do {
-            jws = try CompactJWS(payload)
-            kid = try NotificationVerifier.checkHeader(jws)
+            let jws = try CompactJWS(payload)
+            return (jws, try NotificationVerifier.checkHeader(jws))
         } catch {
-            return rejected(error, body: body, size: size, kid: (try? CompactJWS(payload))?.kid)
+            throw delivery.rejected(error, kid: (try? CompactJWS(payload))?.kid)
         }
-        let key: AppleKey
+    }
+
+    /// Apple's key for `kid`, from the cache or a refetch; an unknown kid is a rejection, an
+    /// unreachable key set a 503.
+    private func resolveKey(_ kid: String, _ delivery: Delivery) async throws(Stop) -> AppleKey {
         switch await keys.resolve(kid: kid) {
         case .key(let resolved):
-            key = resolved
+            return resolved
         case .unknown(let kid, _):
-            return rejected(.invalid(.unknownKey, "no Apple key with kid \(UntrustedText.bounded(kid)), even after refreshing Apple's key set"), body: body, size: size, kid: kid)
+            throw delivery.rejected(.invalid(.unknownKey, "no Apple key with kid \(UntrustedText.bounded(kid)), even after refreshing Apple's key set"), kid: kid)
         case .unavailable(let retryAfter, let why):
             // The detail (source URL, fetch error) goes to the log, not to an unauthenticated caller.
-            return .unavailable(.unavailable("the signing key of this notification cannot be checked right now; retry later", retryAfter: retryAfter), why)
+            throw Stop(outcome: .unavailable(.unavailable("the signing key of this notification cannot be checked right now; retry later", retryAfter: retryAfter), why))
         }
-        let notification: VerifiedNotification
+    }
+
+    private func verify(_ jws: CompactJWS, key: AppleKey, kid: String, _ delivery: Delivery) throws(Stop) -> VerifiedNotification {
         let verifying = ContinuousClock.now
         do {
-            notification = try verifier.verify(jws, key: key, now: receivedAt)
+            let notification = try verifier.verify(jws, key: key, now: delivery.receivedAt)
             metrics.verification.record(ContinuousClock.now - verifying)
+            return notification
         } catch {
             // A wrong_audience token passed the signature check: it is Apple's. When it is a
             // notification (it has `events`; identity tokens don't), keep it whole so it can be
             // replayed once SIWA_APPLE_BUNDLE_IDS is fixed.
             let keep = error.reason == .wrongAudience && JSONValue.parse(jws.payload)?["events"] != nil
-            return rejected(error, body: body, size: size, kid: kid, jws: jws, keepWith: keep ? key : nil)
+            throw delivery.rejected(error, kid: kid, jws: jws, keepWith: keep ? key : nil)
         }
+    }
+
+    /// Records the verified notification durably (group commit) before any answer.
+    private func commit(_ notification: VerifiedNotification, rawJWS: String, receivedAt: Date, remote: String?) async -> Outcome {
         do {
-            let committer = self.committer
-            let incoming = NotificationStore.Incoming(notification: notification, rawJWS: jws.raw, receivedAt: receivedAt, remoteAddress: remote)
+            let incoming = NotificationStore.Incoming(notification: notification, rawJWS: rawJWS, receivedAt: receivedAt, remoteAddress: remote)
             let committing = ContinuousClock.now
             let outcome = try await committer.record(incoming)  // by the database timeout at the latest
             metrics.durable.record(ContinuousClock.now - committing)
@@ -207,7 +245,7 @@ package struct NotificationsController: Sendable {
         return .rejected(APIError(.contentTooLarge, code: "payload_too_large", message: message), record)
     }
 
-    private static func audienceText(_ value: JSONValue) -> String {
+    fileprivate static func audienceText(_ value: JSONValue) -> String {
         switch value {
         case .string(let text): text
         case .array(let values): values.compactMap(\.stringValue).joined(separator: ",")

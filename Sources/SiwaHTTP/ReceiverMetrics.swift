@@ -20,26 +20,8 @@ package struct ReceiverMetrics: Sendable {
 
     /// `audiences`: the configured bundle IDs (the only aud a notification can be recorded with).
     package init(registry: PrometheusCollectorRegistry, audiences: [String] = []) {
-        accepted = Dictionary(uniqueKeysWithValues: audiences.map { aud in
-            (aud, Dictionary(uniqueKeysWithValues: (EventType.allCases.map(\.rawValue) + ["unknown"]).map { type in
-                (type, registry.makeCounter(
-                    descriptor: Self.name("notifications_accepted", "total", "Notifications recorded (not duplicates), by app and canonical type"),
-                    labels: [("aud", aud), ("type", type)]))
-            }))
-        })
-        let listeners = ["public", "admin"]
-        connectionsClosed = Dictionary(uniqueKeysWithValues: listeners.map { listener in
-            (listener, Dictionary(uniqueKeysWithValues: ConnectionCut.allCases.map { cut in
-                (cut, registry.makeCounter(
-                    descriptor: Self.name("connections_closed", "total", "Connections the server closed itself: over the maximum (refused, or the longest-idle making room), or past a deadline"),
-                    labels: [("listener", listener), ("reason", cut.rawValue)]))
-            }))
-        })
-        connectionsOpen = Dictionary(uniqueKeysWithValues: listeners.map { listener in
-            (listener, registry.makeGauge(
-                descriptor: MetricNameDescriptor(namespace: "siwa", metricName: "connections_open", unitName: "", helpText: "Open HTTP connections"),
-                labels: [("listener", listener)]))
-        })
+        accepted = Self.acceptedCounters(registry, audiences: audiences)
+        (connectionsClosed, connectionsOpen) = Self.connectionMetrics(registry)
         received = Dictionary(uniqueKeysWithValues: ["accepted", "duplicate", "rejected", "refused", "unavailable"].map {
             ($0, registry.makeCounter(
                 descriptor: Self.name("notifications_received", "total", "Deliveries to POST /apple/notifications by outcome"),
@@ -82,6 +64,35 @@ package struct ReceiverMetrics: Sendable {
         batchSize = registry.makeValueHistogram(
             descriptor: Self.name("commit_batch", "size", "Notifications per group-commit transaction"),
             buckets: [1, 2, 4, 8, 16, 32, 64, 128, 256, 512])
+    }
+
+    /// One counter per configured app and canonical type (an unknown type counts as `unknown`).
+    private static func acceptedCounters(_ registry: PrometheusCollectorRegistry, audiences: [String]) -> [String: [String: Counter]] {
+        Dictionary(uniqueKeysWithValues: audiences.map { aud in
+            (aud, Dictionary(uniqueKeysWithValues: (EventType.allCases.map(\.rawValue) + ["unknown"]).map { type in
+                (type, registry.makeCounter(
+                    descriptor: Self.name("notifications_accepted", "total", "Notifications recorded (not duplicates), by app and canonical type"),
+                    labels: [("aud", aud), ("type", type)]))
+            }))
+        })
+    }
+
+    /// Per listener: connections closed by the server (by reason), and connections open.
+    private static func connectionMetrics(_ registry: PrometheusCollectorRegistry) -> ([String: [ConnectionCut: Counter]], [String: Gauge]) {
+        let listeners = ["public", "admin"]
+        let closed = Dictionary(uniqueKeysWithValues: listeners.map { listener in
+            (listener, Dictionary(uniqueKeysWithValues: ConnectionCut.allCases.map { cut in
+                (cut, registry.makeCounter(
+                    descriptor: Self.name("connections_closed", "total", "Connections the server closed itself: over the maximum (refused, or the longest-idle making room), or past a deadline"),
+                    labels: [("listener", listener), ("reason", cut.rawValue)]))
+            }))
+        })
+        let open = Dictionary(uniqueKeysWithValues: listeners.map { listener in
+            (listener, registry.makeGauge(
+                descriptor: MetricNameDescriptor(namespace: "siwa", metricName: "connections_open", unitName: "", helpText: "Open HTTP connections"),
+                labels: [("listener", listener)]))
+        })
+        return (closed, open)
     }
 
     /// `siwa_<metric>_<unit>`, with the help text promtool wants.

@@ -179,25 +179,7 @@ package struct EffectStore: Sendable {
 
         let plan = EffectBatchPlan.plan(jobs.map(\.planned), accounts: states, eraseOnDelete: eraseOnDelete)
 
-        // SessionsRevoke: active sessions in scope, and those attributed to a later revoking event;
-        // unless they are to be revoked at Apple, the users' kept Apple tokens go.
-        var revoked: [String: Int] = [:]
-        if !plan.revocations.isEmpty {
-            for try await (jti, wasActive) in try await connection.execute(
-                RevokeSessions(revocations: plan.revocations, forgetAppleTokens: appleTokens == .forget), logger: logger) where wasActive {
-                revoked[jti, default: 0] += 1
-            }
-        }
-
-        // Kept Apple tokens of the users Apple revoked or deleted, kept at or before the event's
-        // cutoff (as their sessions): forgotten with the sessions' revocation (above), or queued
-        // for /auth/revoke.
-        if !plan.revocations.isEmpty, appleTokens == .revoke {
-            let users = Set(plan.revocations.map {
-                AppleTokenStore.TokenCutoff(aud: $0.user.aud, sub: $0.user.sub, cutoff: $0.cutoff.map { Date(timeIntervalSince1970: Double($0) / 1000) })
-            })
-            try await AppleTokenStore.enqueueRevocations(of: Array(users), on: connection, logger: logger)
-        }
+        let revoked = try await revoke(plan.revocations, appleTokens: appleTokens, on: connection, logger: logger)
 
         // Erasure: the address leaves every place we hold it.
         if !plan.erase.isEmpty {
@@ -224,6 +206,28 @@ package struct EffectStore: Sendable {
             throw EffectStoreError.accountCreatedConcurrently(users: users.count - written)
         }
         return applied
+    }
+
+    /// SessionsRevoke: active sessions in scope, and those attributed to a later revoking event.
+    /// The users' kept Apple tokens, kept at or before the event's cutoff (as their sessions), are
+    /// forgotten with the sessions' revocation or queued for /auth/revoke. Returns the sessions
+    /// revoked per event (`jti`).
+    private static func revoke(
+        _ revocations: [SessionRevocationOrder], appleTokens: KeptTokensOnAppleEvent, on connection: PostgresConnection, logger: Logger
+    ) async throws -> [String: Int] {
+        var revoked: [String: Int] = [:]
+        guard !revocations.isEmpty else { return revoked }
+        for try await (jti, wasActive) in try await connection.execute(
+            RevokeSessions(revocations: revocations, forgetAppleTokens: appleTokens == .forget), logger: logger) where wasActive {
+            revoked[jti, default: 0] += 1
+        }
+        if appleTokens == .revoke {
+            let users = Set(revocations.map {
+                AppleTokenStore.TokenCutoff(aud: $0.user.aud, sub: $0.user.sub, cutoff: $0.cutoff.map { Date(timeIntervalSince1970: Double($0) / 1000) })
+            })
+            try await AppleTokenStore.enqueueRevocations(of: Array(users), on: connection, logger: logger)
+        }
+        return revoked
     }
 
     package enum EffectStoreError: Error, CustomStringConvertible {
