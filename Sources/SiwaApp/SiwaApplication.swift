@@ -82,7 +82,12 @@ package struct SiwaApplication: Sendable {
             settings: .init(
                 bundleIDs: Set(config.apple.bundleIDs), clientIDs: config.apple.clientIDs, sessionTTL: config.sessionTTL, clockSkew: config.apple.clockSkew,
                 databaseTimeout: config.database.timeout),
-            appleSignIn: config.appleCredentials.map { AppleSignIn(client: $0.client(), cipher: $0.tokenCipher) }, clock: clock)
+            appleSignIn: config.appleCredentials.map {
+                // The workers' pacing too: a 429 pauses every call this process makes to Apple.
+                let gateway = AppleGateway(
+                    client: $0.client(), recorder: AppleTokenStore(client: client, logger: logger), pacer: config.workers.appleRevocations?.pacer ?? ApplePacer())
+                return AppleSignIn(gateway: gateway, cipher: $0.tokenCipher)
+            }, clock: clock)
         self.history = !config.receives ? nil : HistoryController(
             history: HistoryStore(client: client, logger: logger), rejections: rejectionStore, callbackURL: config.workers.callbacks?.url)
         self.alertsAPI = !config.receives ? nil : AlertsController(alerts: AlertStore(client: client, logger: logger))

@@ -14,7 +14,7 @@ package protocol TransferSubSource: Sendable {
 /// `transfers prepare`, the sending side: every known user of the transferred app gets their
 /// `transfer_sub` for the target team, a batch at a time. Resumable (what is computed is kept;
 /// a rerun asks only for the rest), per-user refusals kept for `--retry-failed`, never stopping
-/// the batch. The caller paces the calls (`pace` before each).
+/// the batch. The gateway paces the calls.
 package struct TransferPreparation: Sendable {
     let store: TransferStore
     let transfer: Transfer
@@ -29,11 +29,10 @@ package struct TransferPreparation: Sendable {
     /// One batch of up to `limit` pending users, `concurrency` calls in flight; returns how many
     /// were asked for (0: none left).
     @discardableResult
-    package func runOnce(limit: Int, concurrency: Int = 1, pace: @escaping @Sendable () async throws -> Void = {}) async throws -> Int {
+    package func runOnce(limit: Int, concurrency: Int = 1) async throws -> Int {
         let subs = try await store.pendingSubs(of: transfer, limit: limit)
         let (store, transfer, source) = (self.store, self.transfer, self.source)
         try await eachUser(subs, concurrency: concurrency) { sub in
-            try await pace()
             try await store.record(try await source.transferSub(of: sub), sub: sub, of: transfer)
         }
         return subs.count
@@ -82,11 +81,10 @@ package struct TransferExchange: Sendable {
     /// One batch of up to `limit` pending transfer_subs, `concurrency` calls in flight; returns
     /// how many were asked for (0: none left).
     @discardableResult
-    package func runOnce(limit: Int, concurrency: Int = 1, pace: @escaping @Sendable () async throws -> Void = {}) async throws -> Int {
+    package func runOnce(limit: Int, concurrency: Int = 1) async throws -> Int {
         let pending = try await store.pendingImports(of: transfer, limit: limit)
         let (store, transfer, source) = (self.store, self.transfer, self.source)
         try await eachUser(pending, concurrency: concurrency) { transferSub in
-            try await pace()
             switch try await source.migratedUser(transferSub) {
             case .success(let user): try await store.rekey(transferSub: transferSub, to: user, of: transfer)
             case .failure(let failure): try await store.recordRefusal(failure, transferSub: transferSub, of: transfer)
@@ -96,65 +94,53 @@ package struct TransferExchange: Sendable {
     }
 }
 
-/// Apple's `/auth/usermigrationinfo`, both ways: the hour-long access token reused
-/// (`MigrationTokenCache`), every call recorded in `apple_auth_calls`, Apple's 429 waited out a
-/// second at a time (`rateLimitRetries` times) before the run stops.
+/// Apple's `/auth/usermigrationinfo`, both ways, through the gateway (the access token reused,
+/// every call recorded, paced at the run's rate, Apple's 429s waited out): a refusal for the
+/// user is theirs; what stops every call (no access token, our credentials refused, no answer,
+/// Apple still limiting the rate) stops the run, which a rerun resumes.
 package struct AppleMigrationCalls: TransferSubSource, MigratedUserSource {
     package struct Stopped: Error, CustomStringConvertible {
         package var description: String
     }
 
-    let client: AppleAuthClient
-    let tokens: MigrationTokenCache
+    let gateway: AppleGateway
     let clientID: String
     /// Sending side: the recipient team.
     let target: String?
-    let calls: AppleTokenStore
 
-    static let rateLimitRetries = 5
-
-    package init(client: AppleAuthClient, tokens: MigrationTokenCache, clientID: String, target: String?, calls: AppleTokenStore) {
-        self.client = client
-        self.tokens = tokens
+    package init(gateway: AppleGateway, clientID: String, target: String?) {
+        self.gateway = gateway
         self.clientID = clientID
         self.target = target
-        self.calls = calls
     }
 
     package func transferSub(of sub: String) async throws -> Result<String, TransferFailure> {
-        try await call { token in await client.transferSub(of: sub, target: target ?? "", clientID: clientID, accessToken: token) }
+        try await outcome { try await gateway.transferSub(of: sub, target: target ?? "", clientID: clientID) }
     }
 
     package func migratedUser(_ transferSub: String) async throws -> Result<MigratedUser, TransferFailure> {
-        try await call { token in await client.migratedUser(transferSub: transferSub, clientID: clientID, accessToken: token) }
+        try await outcome { try await gateway.migratedUser(transferSub: transferSub, clientID: clientID) }
             .map { MigratedUser(sub: $0.sub, email: $0.email, isPrivateEmail: $0.isPrivateEmail) }
     }
 
-    private func call<Value>(_ send: (String) async -> AppleAuthClient.Call<Value>) async throws -> Result<Value, TransferFailure> {
-        for _ in 0..<Self.rateLimitRetries {
-            let lookup = await tokens.token(clientID: clientID)
-            if let fetched = lookup.call { try await calls.record(fetched.record, aud: nil, sub: nil) }
-            let token: AppleMigrationToken
-            switch lookup.result {
-            case .success(let value): token = value
-            case .failure(let failure): throw Stopped(description: "no migration access token from Apple: \(failure)")
-            }
-            let call = await send(token.accessToken)
-            try await calls.record(call.record, aud: nil, sub: nil)
-            switch call.result {
-            case .success(let value):
-                return .success(value)
-            case .failure(.apple(let refusal)) where refusal == .invalidRequest:
-                return .failure(TransferFailure(word: refusal.word ?? "invalid_request"))
-            case .failure(.apple(let refusal)) where refusal == .invalidGrant || refusal == .invalidClient:
-                tokens.forget(clientID: clientID)
-                throw Stopped(description: "Apple refused the call (\(refusal)): check SIWA_APPLE_TEAM_ID, SIWA_APPLE_KEY_ID and the .p8; rerun to resume")
-            case .failure(.apple(.unrecognised(429))):
-                try await Task.sleep(for: .seconds(1))
-            case .failure(let failure):
-                throw Stopped(description: "\(failure); rerun to resume")
-            }
+    private func outcome<Value>(_ send: () async throws -> AppleGateway.Recorded<Value>) async throws -> Result<Value, TransferFailure> {
+        let call: AppleGateway.Recorded<Value>
+        do {
+            call = try await send()
+        } catch let missing as AppleGateway.NoMigrationToken {
+            throw Stopped(description: missing.description)
         }
-        throw Stopped(description: "Apple kept limiting the rate (HTTP 429): rerun with a lower --rate to resume")
+        switch call.result {
+        case .success(let value):
+            return .success(value)
+        case .failure(.apple(let refusal)) where refusal == .invalidRequest:
+            return .failure(TransferFailure(word: refusal.word ?? "invalid_request"))
+        case .failure(.apple(let refusal)) where refusal == .invalidGrant || refusal == .invalidClient:
+            throw Stopped(description: "Apple refused the call (\(refusal)): check SIWA_APPLE_TEAM_ID, SIWA_APPLE_KEY_ID and the .p8; rerun to resume")
+        case .failure where call.call.isRateLimited:
+            throw Stopped(description: "Apple kept limiting the rate (HTTP 429): rerun with a lower --rate to resume")
+        case .failure(let failure):
+            throw Stopped(description: "\(failure); rerun to resume")
+        }
     }
 }

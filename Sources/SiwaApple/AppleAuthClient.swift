@@ -55,6 +55,15 @@ package struct AppleAuthClient: Sendable {
     package struct Call<Value: Sendable>: Sendable {
         package var record: AppleAuthRecord
         package var result: Result<Value, Failure>
+        /// Apple's `Retry-After` (seconds) on a 429 or 503.
+        package var retryAfter: Duration? = nil
+
+        /// Apple answered 429: too many calls.
+        package var isRateLimited: Bool { record.status == 429 }
+
+        func flatMap<Other>(_ transform: (Value) -> Result<Other, Failure>) -> Call<Other> {
+            Call<Other>(record: record, result: result.flatMap(transform), retryAfter: retryAfter)
+        }
     }
 
     package let configuration: Configuration
@@ -80,14 +89,12 @@ package struct AppleAuthClient: Sendable {
 
     /// Revokes a token. Apple answers 200 whether or not the token was valid.
     package func revoke(token: String, hint: AppleTokenKind, clientID: String) async -> Call<Void> {
-        let (record, answer) = await send(.revoke(token: token, hint: hint), clientID: clientID)
-        return Call(record: record, result: answer.map { _ in () })
+        await send(.revoke(token: token, hint: hint), clientID: clientID).flatMap { _ in .success(()) }
     }
 
     /// The access token for `/auth/usermigrationinfo` (an hour; `MigrationTokenCache` reuses it).
     package func migrationAccessToken(clientID: String) async -> Call<AppleMigrationToken> {
-        let (record, answer) = await send(.migrationToken, clientID: clientID)
-        return Call(record: record, result: answer.flatMap { Self.parsed($0, AppleMigrationToken.parse) })
+        await send(.migrationToken, clientID: clientID).flatMap { Self.parsed($0, AppleMigrationToken.parse) }
     }
 
     /// Sending team: the `transfer_sub` of our user `sub` for the recipient team `target`. A target
@@ -102,8 +109,7 @@ package struct AppleAuthClient: Sendable {
             } else if target == minter.policy.teamID { "the target \(target) is this team: a transfer_sub is for the recipient team's ID" }
             else { nil }
         if let refusal { return Call(record: request.record(clientID: clientID), result: .failure(.invalidInput(refusal))) }
-        let (record, answer) = await send(request, clientID: clientID, bearer: accessToken)
-        return Call(record: record, result: answer.flatMap { Self.parsed($0, AppleTransferSub.parse) })
+        return await send(request, clientID: clientID, bearer: accessToken).flatMap { Self.parsed($0, AppleTransferSub.parse) }
     }
 
     /// Receiving team: the user behind a `transfer_sub` (their `sub` in our team, a relay email).
@@ -111,8 +117,7 @@ package struct AppleAuthClient: Sendable {
         if transferSub.isEmpty {
             return Call(record: AppleAuthRequest.migratedUser(transferSub: transferSub).record(clientID: clientID), result: .failure(.invalidInput("the transfer_sub must not be empty")))
         }
-        let (record, answer) = await send(.migratedUser(transferSub: transferSub), clientID: clientID, bearer: accessToken)
-        return Call(record: record, result: answer.flatMap { Self.parsed($0, AppleMigratedUser.parse) })
+        return await send(.migratedUser(transferSub: transferSub), clientID: clientID, bearer: accessToken).flatMap { Self.parsed($0, AppleMigratedUser.parse) }
     }
 
     private static func parsed<Value>(_ answer: Answer, _ parse: ([UInt8]) -> Value?) -> Result<Value, Failure> {
@@ -121,28 +126,28 @@ package struct AppleAuthClient: Sendable {
     }
 
     private func tokenCall(_ request: AppleAuthRequest, clientID: String) async -> Call<AppleTokenGrant> {
-        let (record, answer) = await send(request, clientID: clientID)
-        return Call(record: record, result: answer.flatMap { Self.parsed($0, AppleTokenGrant.parse) })
+        await send(request, clientID: clientID).flatMap { Self.parsed($0, AppleTokenGrant.parse) }
     }
 
     private struct Answer: Sendable {
         var status: Int
         var body: [UInt8]
+        var retryAfter: Duration?
     }
 
     /// Sends `request`; a 2xx is an `Answer`, anything else a `Failure`, and the record says which.
     /// `bearer` goes only to `/auth/usermigrationinfo`, the one endpoint that takes it.
-    private func send(_ request: AppleAuthRequest, clientID: String, bearer: String? = nil) async -> (AppleAuthRecord, Result<Answer, Failure>) {
+    private func send(_ request: AppleAuthRequest, clientID: String, bearer: String? = nil) async -> Call<Answer> {
         var record = request.record(clientID: clientID)
         let url = configuration.baseURL.absoluteString.trimmingSuffix("/") + request.endpoint.rawValue
         guard LoopbackHost.allowsCalls(to: configuration.baseURL) else {
-            return (record, .failure(.transport("refused \(URLRedaction.redacted(configuration.baseURL)): plain http only to a loopback address")))
+            return Call(record: record, result: .failure(.transport("refused \(URLRedaction.redacted(configuration.baseURL)): plain http only to a loopback address")))
         }
         let secret: ClientSecretMinter.Secret
         do {
             secret = try minter.secret(clientID: clientID, now: now())
         } catch {
-            return (record, .failure(.clientSecret(error.description)))
+            return Call(record: record, result: .failure(.clientSecret(error.description)))
         }
         var http = HTTPClientRequest(url: url)
         http.method = .POST
@@ -157,18 +162,19 @@ package struct AppleAuthClient: Sendable {
                 let response = try await AppleHTTP.client.execute(outgoing, timeout: TimeAmount(timeout))
                 // Over the limit is still an answer with a status: the body is then unread.
                 let body = (try? await response.body.collect(upTo: limit)) ?? ByteBuffer()
-                return Answer(status: Int(response.status.code), body: Array(buffer: body))
+                let retryAfter = response.headers.first(name: "Retry-After").flatMap(Int64.init).map { Duration.seconds(min(max($0, 0), 3_600)) }
+                return Answer(status: Int(response.status.code), body: Array(buffer: body), retryAfter: retryAfter)
             }
         } catch {
-            return (record, .failure(.transport(URLRedaction.scrubbed("\(error)"))))
+            return Call(record: record, result: .failure(.transport(URLRedaction.scrubbed("\(error)"))))
         }
         record.status = answer.status
         guard (200..<300).contains(answer.status) else {
             let refusal = AppleAuthError(status: answer.status, body: answer.body)
             record.error = refusal
-            return (record, .failure(.apple(refusal)))
+            return Call(record: record, result: .failure(.apple(refusal)), retryAfter: answer.retryAfter)
         }
-        return (record, .success(answer))
+        return Call(record: record, result: .success(answer))
     }
 }
 

@@ -142,14 +142,14 @@ struct TransfersCommand: AsyncParsableCommand {
                 let transfer = try await store.start(.outgoing, clientID: clientID, aud: aud, teamID: target, transferredAt: nil, actor: cliActor)
                 let added = try await store.listUsers(of: transfer)
                 if retryFailed { try await store.retryFailed(of: transfer) }
-                let source = AppleMigrationCalls(
-                    client: appleClient, tokens: MigrationTokenCache(client: appleClient), clientID: clientID, target: target,
-                    calls: AppleTokenStore(client: database.client, logger: logger))
+                let gateway = AppleGateway(
+                    client: appleClient, recorder: AppleTokenStore(client: database.client, logger: logger), pacer: ApplePacer(perSecond: pacing.rate))
+                let source = AppleMigrationCalls(gateway: gateway, clientID: clientID, target: target)
                 let preparation = TransferPreparation(store: store, transfer: transfer, source: source)
                 var progress = try await store.progress(of: transfer)
                 printError("transfer of \(clientID) to team \(target): \(progress.total) users (\(added) new), \(progress.pending) to ask for")
-                let stopped = try await TransfersCommand.drive(rate: pacing.rate, pending: progress.pending) { limit, pace in
-                    try await preparation.runOnce(limit: limit, concurrency: pacing.concurrency, pace: pace)
+                let stopped = try await TransfersCommand.drive(pending: progress.pending) { limit in
+                    try await preparation.runOnce(limit: limit, concurrency: pacing.concurrency)
                 }
                 progress = try await store.progress(of: transfer)
                 print("\(progress.computed) of \(progress.total) users have a transfer_sub for team \(target)")
@@ -313,11 +313,13 @@ struct TransfersCommand: AsyncParsableCommand {
                 let exchange = TransferExchange(
                     store: store, transfer: transfer,
                     source: AppleMigrationCalls(
-                        client: appleClient, tokens: MigrationTokenCache(client: appleClient), clientID: clientID, target: nil,
-                        calls: AppleTokenStore(client: database.client, logger: logger)))
+                        gateway: AppleGateway(
+                            client: appleClient, recorder: AppleTokenStore(client: database.client, logger: logger),
+                            pacer: ApplePacer(perSecond: pacing.rate)),
+                        clientID: clientID, target: nil))
                 let pending = try await store.importProgress(of: transfer).pending
-                let stopped = try await TransfersCommand.drive(rate: pacing.rate, pending: pending) { limit, pace in
-                    try await exchange.runOnce(limit: limit, concurrency: pacing.concurrency, pace: pace)
+                let stopped = try await TransfersCommand.drive(pending: pending) { limit in
+                    try await exchange.runOnce(limit: limit, concurrency: pacing.concurrency)
                 }
                 let progress = try await store.importProgress(of: transfer)
                 print("\(progress.exchanged) of \(progress.total) transfer_subs exchanged (\(progress.rekeyed) accounts re-keyed)")

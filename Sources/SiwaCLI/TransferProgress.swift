@@ -8,14 +8,13 @@ extension TransfersCommand {
     /// progress line over the `pending` users, until none is left; returns why Apple stopped it
     /// early (nil: done), for the caller to report after its summary.
     static func drive(
-        rate: Double, pending: Int, batch: (Int, @escaping @Sendable () async throws -> Void) async throws -> Int
+        pending: Int, batch: (Int) async throws -> Int
     ) async throws -> AppleMigrationCalls.Stopped? {
-        let pacer = Pacer(perSecond: rate)
         let meter = ProgressLine(total: pending)
         defer { meter.finish() }
         var done = 0
         do {
-            while case let asked = try await batch(100, { try await pacer.next() }), asked > 0 {
+            while case let asked = try await batch(100), asked > 0 {
                 done += asked
                 meter.show(done: done)
             }
@@ -23,20 +22,6 @@ extension TransfersCommand {
             return stopped
         }
         return nil
-    }
-}
-
-/// Spaces calls `1/perSecond` apart (the CLI's rate limit).
-actor Pacer {
-    private let interval: Duration
-    private var next = ContinuousClock.now
-
-    init(perSecond: Double) { interval = .nanoseconds(Int64(1e9 / perSecond)) }
-
-    func next() async throws {
-        let now = ContinuousClock.now
-        if next > now { try await Task.sleep(until: next, clock: .continuous) }
-        next = max(next, now) + interval
     }
 }
 

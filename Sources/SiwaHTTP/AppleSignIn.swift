@@ -2,14 +2,15 @@ import HTTPTypes
 import SiwaApple
 import SiwaDomain
 
-/// What completing a sign-in with an authorization code needs: Apple's `/auth/token` (the team's
-/// client secrets) and the cipher the refresh token is kept under. Nil without Apple credentials.
+/// What completing a sign-in with an authorization code needs: Apple's `/auth/token` through
+/// the gateway (the team's client secrets, every call recorded) and the cipher the refresh token
+/// is kept under. Nil without Apple credentials.
 package struct AppleSignIn: Sendable {
-    package var client: AppleAuthClient
+    package var gateway: AppleGateway
     package var cipher: AppleTokenCipher
 
-    package init(client: AppleAuthClient, cipher: AppleTokenCipher) {
-        self.client = client
+    package init(gateway: AppleGateway, cipher: AppleTokenCipher) {
+        self.gateway = gateway
         self.cipher = cipher
     }
 

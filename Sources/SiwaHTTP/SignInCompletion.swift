@@ -124,6 +124,8 @@ package struct SignInCompletion: Sendable {
         var identity: VerifiedIdentity
         var token: KeptAppleToken
         var exchange: AppleAuthRecord
+        /// The exchange's record, attributed to the user with the session.
+        var exchangeCall: Int?
         var refreshToken: String
         var apple: AppleSignIn
     }
@@ -134,7 +136,7 @@ package struct SignInCompletion: Sendable {
     ) async throws -> SignInOutcome {
         do {
             let session = try await accounts.createSession(
-                aud: aud, sub: sub, expiresAt: request.expiresAt, identity: identity, appleToken: kept?.token, exchange: kept?.exchange)
+                aud: aud, sub: sub, expiresAt: request.expiresAt, identity: identity, appleToken: kept?.token, exchangeCall: kept?.exchangeCall)
             return SignInOutcome(session: session, keptAppleToken: kept != nil)
         } catch let error as AccountStoreError {
             if let kept { await discard(kept.refreshToken, clientID: kept.token.clientID, with: kept.apple, logger: logger) }
@@ -164,7 +166,7 @@ package struct SignInCompletion: Sendable {
         let token = KeptAppleToken(
             clientID: clientID, ciphertext: apple.cipher.encrypt(exchanged.refreshToken, owner: owner),
             fingerprint: AppleAuthRecord.fingerprint(exchanged.refreshToken))
-        return Kept(identity: identity, token: token, exchange: exchanged.record, refreshToken: exchanged.refreshToken, apple: apple)
+        return Kept(identity: identity, token: token, exchange: exchanged.record, exchangeCall: exchanged.recordID, refreshToken: exchanged.refreshToken, apple: apple)
     }
 
     /// Revokes the refresh token of a sign-in that failed after Apple granted it (another user
@@ -172,13 +174,11 @@ package struct SignInCompletion: Sendable {
     /// nobody keeps it, so nothing else ever would. Recorded like every call to Apple; the
     /// sign-in fails either way.
     private func discard(_ refreshToken: String, clientID: String, with apple: AppleSignIn, logger: Logger) async {
-        let call = await apple.client.revoke(token: refreshToken, hint: .refreshToken, clientID: clientID)
-        if case .failure(let failure) = call.result {
-            logger.warning("the refresh token of a failed sign-in could not be revoked", metadata: ["apple_call": "\(call.record)", "failure": "\(failure)"])
-        }
-        guard call.record.status != nil else { return }
         do {
-            try await AppleTokenStore(client: accounts.client, logger: logger).record(call.record, aud: nil, sub: nil)
+            let call = try await apple.gateway.revoke(token: refreshToken, hint: .refreshToken, clientID: clientID, about: .none)
+            if case .failure(let failure) = call.result {
+                logger.warning("the refresh token of a failed sign-in could not be revoked", metadata: ["apple_call": "\(call.record)", "failure": "\(failure)"])
+            }
         } catch {
             logger.warning("the revocation of a failed sign-in's refresh token could not be recorded", metadata: ["error": "\(loggable(error))"])
         }
@@ -205,12 +205,12 @@ package struct SignInCompletion: Sendable {
     /// is logged with the call's record, which shows a fingerprint only.
     private func exchange(
         code: String, clientID: String, redirectURI: String?, nonce: String?, with apple: AppleSignIn, now: Date, logger: Logger
-    ) async throws -> (identity: VerifiedIdentity, refreshToken: String, record: AppleAuthRecord) {
-        let call = await apple.client.exchange(code: code, clientID: clientID, redirectURI: redirectURI)
+    ) async throws -> (identity: VerifiedIdentity, refreshToken: String, record: AppleAuthRecord, recordID: Int?) {
+        let call = try await apple.gateway.exchange(code: code, clientID: clientID, redirectURI: redirectURI)
         let grant: AppleTokenGrant
         switch call.result {
         case .failure(let failure):
-            await refused(failure, call.record, logger: logger)
+            refused(failure, call.record, logger: logger)
             throw SignInError.exchangeRefused(failure, clientID: clientID)
         case .success(let value):
             grant = value
@@ -222,7 +222,7 @@ package struct SignInCompletion: Sendable {
         do {
             let identity = try await checkIdentity(idToken, nonce: nonce, now: now)
             guard identity.clientID == clientID else { throw SignInError.grantForAnotherClient(idToken: identity.clientID, exchanged: clientID) }
-            return (identity, refreshToken, call.record)
+            return (identity, refreshToken, call.record, call.recordID)
         } catch let error as VerificationError where error.reason == .nonceMismatch {
             await discard(refreshToken, clientID: clientID, with: apple, logger: logger)
             throw SignInError.grantNonceMismatch(error)
@@ -237,18 +237,12 @@ package struct SignInCompletion: Sendable {
     }
 
     /// A code exchange Apple did not grant: logged (a notice when Apple refused the user's code,
-    /// a warning when the fault is ours or Apple's) and, when Apple answered, recorded with no user
-    /// (none was verified); `invalid_client` there fires the apple_credentials alert.
-    private func refused(_ failure: AppleAuthClient.Failure, _ record: AppleAuthRecord, logger: Logger) async {
+    /// a warning when the fault is ours or Apple's); the gateway recorded it with no user (none
+    /// was verified), and `invalid_client` there fires the apple_credentials alert.
+    private func refused(_ failure: AppleAuthClient.Failure, _ record: AppleAuthRecord, logger: Logger) {
         let level: Logger.Level
         if case .apple(.invalidGrant) = failure { level = .notice } else { level = .warning }
         logger.log(level: level, "authorization code exchange failed", metadata: ["apple_call": "\(record)", "failure": "\(failure)"])
-        guard record.status != nil else { return }
-        do {
-            try await AppleTokenStore(client: accounts.client, logger: logger).record(record, aud: nil, sub: nil)
-        } catch {
-            logger.warning("the refused code exchange could not be recorded", metadata: ["error": "\(loggable(error))"])
-        }
     }
 
     /// The same key cache and rules as the receiver: throws `VerificationError`, or

@@ -85,11 +85,12 @@ package struct AccountStore: Sendable {
     /// than the stored address and than any privacy erasure), then the `sessions_allowed` trigger
     /// decides under the account's lock; an effect applied at the same moment either comes first
     /// (and the session is refused: `AccountStoreError`) or waits and then revokes it too.
-    /// A sign-in completed by a code exchange also keeps `appleToken` and records `exchange` in the
-    /// same transaction, so a refused session leaves neither behind.
+    /// A sign-in completed by a code exchange also keeps `appleToken` and attributes the exchange's
+    /// record (`exchangeCall`) to the user in the same transaction, so a refused session leaves
+    /// no token behind and its exchange on record with no user.
     package func createSession(
         aud: String, sub: String, expiresAt: Date?, identity: VerifiedIdentity?, appleToken: KeptAppleToken? = nil,
-        exchange: AppleAuthRecord? = nil
+        exchangeCall: Int? = nil
     ) async throws -> Session {
         let logger = self.logger
         let issuedMillis = identity.map { $0.issuedAt * 1000 }
@@ -133,7 +134,7 @@ package struct AccountStore: Sendable {
                 }
                 guard let session else { preconditionFailure("INSERT … RETURNING returned no row") }
                 if let appleToken { try await AppleTokenStore.keep(appleToken, aud: aud, sub: sub, on: connection, logger: logger) }
-                if let exchange { try await AppleTokenStore.record(exchange, aud: aud, sub: sub, on: connection, logger: logger) }
+                if let exchangeCall { try await AppleTokenStore.attribute(call: exchangeCall, aud: aud, sub: sub, on: connection, logger: logger) }
                 return session
             }
         } catch {

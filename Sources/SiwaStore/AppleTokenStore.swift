@@ -37,7 +37,7 @@ package struct StoredCiphertext: Sendable {
 /// Apple's tokens at rest (`apple_tokens`), their way into the revocation lane, and the record of
 /// every call to Apple's auth endpoints (`apple_auth_calls`): every statement. Encryption happens
 /// before a token reaches the store; nothing here sees a clear token.
-package struct AppleTokenStore: Sendable {
+package struct AppleTokenStore: AppleCallRecorder {
     package let client: PostgresClient
     let logger: Logger
 
@@ -115,21 +115,28 @@ package struct AppleTokenStore: Sendable {
 
     // MARK: Calls
 
-    /// Records one call to Apple's auth endpoints (what was sent, what came back).
-    package func record(_ call: AppleAuthRecord, aud: String?, sub: String?, jobID: Int? = nil) async throws {
-        try await client.bounded.query(Self.recordCall(call, aud: aud, sub: sub, jobID: jobID), logger: logger)
+    /// Records one call to Apple's auth endpoints (what was sent, what came back): the gateway's
+    /// recorder. Returns the record's id.
+    @discardableResult
+    package func record(_ call: AppleAuthRecord, about subject: AppleCallSubject) async throws -> Int {
+        var id = 0
+        for try await (recorded,) in try await client.bounded.query(
+            """
+            INSERT INTO apple_auth_calls (endpoint, client_id, grant_type, token_type_hint, token_fingerprint, status, error, aud, sub, job_id)
+            VALUES (\(call.endpoint.rawValue), \(call.clientID), \(call.grantType?.rawValue), \(call.tokenTypeHint?.rawValue), \(call.tokenFingerprint),
+                \(call.status), \(call.error.map { $0.word ?? "unrecognised" }), \(subject.aud), \(subject.sub), \(subject.jobID))
+            RETURNING id
+            """, logger: logger
+        ).decode((Int,).self) {
+            id = recorded
+        }
+        return id
     }
 
-    static func record(_ call: AppleAuthRecord, aud: String?, sub: String?, on connection: PostgresConnection, logger: Logger) async throws {
-        try await connection.query(recordCall(call, aud: aud, sub: sub, jobID: nil), logger: logger)
-    }
-
-    private static func recordCall(_ call: AppleAuthRecord, aud: String?, sub: String?, jobID: Int?) -> PostgresQuery {
-        """
-        INSERT INTO apple_auth_calls (endpoint, client_id, grant_type, token_type_hint, token_fingerprint, status, error, aud, sub, job_id)
-        VALUES (\(call.endpoint.rawValue), \(call.clientID), \(call.grantType?.rawValue), \(call.tokenTypeHint?.rawValue), \(call.tokenFingerprint),
-            \(call.status), \(call.error.map { $0.word ?? "unrecognised" }), \(aud), \(sub), \(jobID))
-        """
+    /// A sign-in's code exchange, recorded with no user, belongs to the user it signed in: in the
+    /// sign-in's transaction, so it shows in their timeline exactly when the sign-in committed.
+    static func attribute(call id: Int, aud: String, sub: String, on connection: PostgresConnection, logger: Logger) async throws {
+        try await connection.query("UPDATE apple_auth_calls SET aud = \(aud), sub = \(sub) WHERE id = \(id) AND aud IS NULL", logger: logger)
     }
 
     /// A recorded call, newest first in `calls`.
@@ -238,14 +245,13 @@ package struct AppleTokenStore: Sendable {
     }
 
     /// Apple answered `invalid_grant` for `token`: the user revoked us outside any notification we
-    /// saw. Treated like `consent-revoked`, in one transaction: the call recorded, the dead token
+    /// saw (the gateway recorded the call). Treated like `consent-revoked`, in one transaction: the dead token
     /// dropped, consent marked revoked at `now` (a new session needs a new sign-in) and the user's
     /// active sessions revoked (`consent-revoked`, by `apple-token-validation`). Returns how many.
-    package func consentLost(_ token: DueToken, call: AppleAuthRecord, at now: Date) async throws -> Int {
+    package func consentLost(_ token: DueToken, at now: Date) async throws -> Int {
         let logger = self.logger
         return try await client.bounded.transaction(logger: logger) { connection in
             let (aud, sub) = (token.owner.aud, token.owner.sub)
-            try await Self.record(call, aud: aud, sub: sub, on: connection, logger: logger)
             try await connection.query(
                 "DELETE FROM apple_tokens WHERE aud = \(aud) AND sub = \(sub) AND client_id = \(token.clientID) AND token = \(token.ciphertext)",
                 logger: logger)

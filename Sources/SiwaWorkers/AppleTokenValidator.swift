@@ -26,8 +26,8 @@ package struct ValidationRound: Sendable, Equatable {
 
 /// Optional (`SIWA_APPLE_VALIDATE_TOKENS`): validates each kept refresh token at Apple at most once
 /// a day, at most `perMinute` calls a minute. `invalid_grant` means the user revoked us where we
-/// saw no notification: their sessions are revoked as on `consent-revoked`, and the call recorded
-/// (the timeline's `apple_calls`). A refused or unanswered call is recorded too, and tried again.
+/// saw no notification: their sessions are revoked as on `consent-revoked`. Every call is recorded
+/// by the gateway (the timeline's `apple_calls`); a refused or unanswered one is tried again.
 package final class AppleTokenValidator: Service, Sendable {
     package struct Configuration: Sendable {
         /// Calls to Apple a minute at most.
@@ -43,13 +43,15 @@ package final class AppleTokenValidator: Service, Sendable {
 
     let configuration: Configuration
     let store: AppleTokenStore
-    let revocations: AppleRevocations
+    let cipher: AppleTokenCipher
+    let gateway: AppleGateway
     let logger: Logger
 
-    package init(configuration: Configuration, store: AppleTokenStore, revocations: AppleRevocations, logger: Logger) {
+    package init(configuration: Configuration, store: AppleTokenStore, cipher: AppleTokenCipher, gateway: AppleGateway, logger: Logger) {
         self.configuration = configuration
         self.store = store
-        self.revocations = revocations
+        self.cipher = cipher
+        self.gateway = gateway
         self.logger = logger
     }
 
@@ -67,25 +69,25 @@ package final class AppleTokenValidator: Service, Sendable {
             dueBefore: AppleTokenValidation.dueBefore(now), mark: AppleTokenValidation.claimedMark(now), limit: configuration.perRound)
         for token in due {
             guard !Task.isCancelled else { break }
-            guard let clear = try? revocations.cipher.decrypt(token.ciphertext, owner: token.owner) else {
+            guard let clear = try? cipher.decrypt(token.ciphertext, owner: token.owner) else {
                 // serve checks the keyring at start; a token that still does not open is left for `apple reencrypt` to report.
                 round.retry += 1
                 continue
             }
-            let call = await revocations.client.refresh(refreshToken: clear, clientID: token.clientID)
+            let call = try await gateway.refresh(
+                refreshToken: clear, clientID: token.clientID, about: AppleCallSubject(aud: token.owner.aud, sub: token.owner.sub))
             let refusal: AppleAuthError? = if case .failure(.apple(let error)) = call.result { error } else { nil }
             switch AppleTokenValidation.verdict(succeeded: (try? call.result.get()) != nil, refusal: refusal) {
             case .valid:
                 try await store.markValid(token, at: now)
                 round.valid += 1
             case .consentLost:
-                let revoked = try await store.consentLost(token, call: call.record, at: now)
+                let revoked = try await store.consentLost(token, at: now)
                 logger.notice(
                     "Apple refused a kept refresh token (invalid_grant): the user revoked the app; treated as consent-revoked",
                     metadata: ["aud": "\(token.owner.aud)", "client_id": "\(token.clientID)", "revoked_sessions": "\(revoked)"])
                 round.consentLost += 1
             case .retry:
-                try await store.record(call.record, aud: token.owner.aud, sub: token.owner.sub)
                 round.retry += 1
             }
         }

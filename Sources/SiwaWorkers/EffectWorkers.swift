@@ -1,6 +1,7 @@
 import Foundation
 import Logging
 import ServiceLifecycle
+import SiwaApple
 import SiwaDomain
 import SiwaRuntime
 import SiwaStore
@@ -45,10 +46,16 @@ package final class EffectWorkers: Service, Sendable {
 
         package var retry: RetryPolicy { RetryPolicy(maxAttempts: maxAttempts, backoff: backoff) }
 
-        /// The delivery lanes this process runs, each with its sender (`calls` records Apple calls).
-        package func deliveryLanes(calls: AppleTokenStore) -> [DeliveryLane] {
-            (callbacks.map { [.callbacks($0, retry: retry)] } ?? []) + (alertSinks.isEmpty ? [] : [.alerts(alertSinks, retry: retry)])
-                + (appleRevocations.map { [.appleRevocations($0, calls: calls, retry: retry)] } ?? [])
+        /// The delivery lanes this process runs, each with its sender (`apple` calls Apple).
+        package func deliveryLanes(apple: AppleGateway?) -> [DeliveryLane] {
+            var lanes: [DeliveryLane] = (callbacks.map { [.callbacks($0, retry: retry)] } ?? []) + (alertSinks.isEmpty ? [] : [.alerts(alertSinks, retry: retry)])
+            if let appleRevocations, let apple { lanes.append(.appleRevocations(appleRevocations, gateway: apple, retry: retry)) }
+            return lanes
+        }
+
+        /// The gateway of this process's calls to Apple, recording through `calls`.
+        func appleGateway(calls: AppleTokenStore) -> AppleGateway? {
+            appleRevocations.map { AppleGateway(client: $0.client, recorder: calls, pacer: $0.pacer) }
         }
     }
 
@@ -75,7 +82,9 @@ package final class EffectWorkers: Service, Sendable {
         let doorbells = Dictionary(uniqueKeysWithValues: Lane.all.map { ($0, Doorbell()) })
         let queue = JobQueue(client: store.client, logger: logger)
         effectDoorbell = doorbells[.effects]!
-        let lanes = configuration.deliveryLanes(calls: AppleTokenStore(client: store.client, logger: logger))
+        let appleTokens = AppleTokenStore(client: store.client, logger: logger)
+        let apple = configuration.appleGateway(calls: appleTokens)
+        let lanes = configuration.deliveryLanes(apple: apple)
         deliverers = lanes.map { lane in
             Deliverer(
                 lane: lane, worker: "\(identity)/\(lane.lane)",
@@ -104,9 +113,8 @@ package final class EffectWorkers: Service, Sendable {
             configuration: pruning, notifications: NotificationStore(client: store.client, logger: logger),
             rejections: RejectionStore(client: store.client, logger: logger), history: history, logger: logger)
         listener = !configuration.listen ? nil : JobsListener(client: store.client, doorbells: doorbells, logger: logger)
-        if let validation = configuration.appleValidation, let revocations = configuration.appleRevocations {
-            validator = AppleTokenValidator(
-                configuration: validation, store: AppleTokenStore(client: store.client, logger: logger), revocations: revocations, logger: logger)
+        if let validation = configuration.appleValidation, let revocations = configuration.appleRevocations, let apple {
+            validator = AppleTokenValidator(configuration: validation, store: appleTokens, cipher: revocations.cipher, gateway: apple, logger: logger)
         } else {
             validator = nil
         }

@@ -4,6 +4,7 @@ import Logging
 import NIOHTTP1
 import PostgresNIO
 import SiwaApp
+import SiwaApple
 import SiwaAppleStandIn
 import SiwaDomain
 import SiwaHTTP
@@ -69,7 +70,9 @@ struct SignInCompletionTests {
         let signIn = SignInCompletion(
             accounts: AccountStore(client: f.h.server.client, logger: logger), keys: f.h.server.application.keys, bundleIDs: [Self.clientID],
             clientIDs: [Self.clientID: Self.clientID, Self.webClientID: Self.clientID], clockSkew: .seconds(60),
-            apple: AppleSignIn(client: f.apple.credentials.client(), cipher: f.cipher))
+            apple: AppleSignIn(
+                gateway: AppleGateway(client: f.apple.credentials.client(), recorder: AppleTokenStore(client: f.h.server.client, logger: logger)),
+                cipher: f.cipher))
         let expiresAt = Date().addingTimeInterval(3600)
         func code(_ code: String, identityToken: String? = nil) -> SignInRequest {
             SignInRequest(

@@ -25,6 +25,7 @@ final class AuthRecorder: Sendable {
         var status: Int
         var body: String = ""
         var location: String? = nil
+        var retryAfter: String? = nil
     }
 
     private final class Shared: Sendable {
@@ -54,6 +55,7 @@ final class AuthRecorder: Sendable {
                 }
                 var headers: HTTPFields = [.contentType: "application/json;charset=UTF-8"]
                 if let location = reply.location { headers[.location] = location }
+                if let retryAfter = reply.retryAfter { headers[.retryAfter] = retryAfter }
                 return Response(status: .init(code: reply.status), headers: headers, body: .init(byteBuffer: ByteBuffer(string: reply.body)))
             }
         }

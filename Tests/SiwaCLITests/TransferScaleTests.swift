@@ -24,7 +24,7 @@ struct TransferScaleTests {
     /// Marked revoked after `export`: prepared, then refused by the exchange.
     static let revokedAfter = [42, 4_242, 8_888]
     /// Apple's 429s the stand-in is told to answer first, each waited out a second: the first
-    /// five in a row stop a run (`AppleMigrationCalls.rateLimitRetries`), the sixth is waited out.
+    /// five in a row stop a run (`AppleGateway.rateLimitedAttempts`), the sixth is waited out.
     static let injected429s = 6
     /// Progress (users done) at which a phase is killed.
     static let killAt = 2_000
