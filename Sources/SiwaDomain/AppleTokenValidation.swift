@@ -7,7 +7,8 @@ import Foundation
 package enum AppleTokenValidation {
     /// A token is validated at most this often.
     package static let interval: TimeInterval = 86_400
-    /// A call that settled nothing (no answer, a 5xx, our credentials refused) is tried again after this.
+    /// A token claimed for validation is due again after this unless its job settles it first
+    /// (a job lost with its process, or discarded after its attempts).
     package static let retryAfter: TimeInterval = 3_600
 
     /// What one validation found.
@@ -17,7 +18,7 @@ package enum AppleTokenValidation {
         /// `invalid_grant`: the user revoked us outside any notification we saw; treated like
         /// `consent-revoked` (sessions revoked, the token dropped).
         case consentLost
-        /// Nothing learnt about the user: tried again after `retryAfter`.
+        /// Nothing learnt about the user: the job is retried with the queue's backoff.
         case retry
     }
 
@@ -31,6 +32,6 @@ package enum AppleTokenValidation {
     package static func dueBefore(_ now: Date) -> Date { now.addingTimeInterval(-interval) }
 
     /// The `validated_at` that makes a token due again `retryAfter` from `now`: written when it is
-    /// claimed, so a process that dies mid-call leaves it to be tried in an hour, not lost.
+    /// claimed, so a token whose job is lost is scheduled again in an hour, not forgotten.
     package static func claimedMark(_ now: Date) -> Date { now.addingTimeInterval(-interval + retryAfter) }
 }

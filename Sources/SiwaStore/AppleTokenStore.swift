@@ -209,11 +209,14 @@ package struct AppleTokenStore: AppleCallRecorder {
         package var owner: AppleTokenOwner
         package var clientID: String
         package var ciphertext: String
+        /// The clear token's fingerprint: the same across a re-seal, another for a new token.
+        package var fingerprint: String
     }
 
     /// Claims up to `limit` tokens last validated (or kept) at or before `dueBefore`, oldest
-    /// first, by setting their `validated_at` to `mark` (so another process skips them, and one
-    /// that dies mid-call leaves them due again later).
+    /// first, by setting their `validated_at` to `mark` (the scheduler's next round skips them; a
+    /// token whose job is lost is due again at `mark`'s turn). Their jobs go on the
+    /// `apple_validations` lane.
     package func claimDue(dueBefore: Date, mark: Date, limit: Int) async throws -> [DueToken] {
         var due: [DueToken] = []
         for try await row in try await client.bounded.query(
@@ -227,12 +230,22 @@ package struct AppleTokenStore: AppleCallRecorder {
             )
             UPDATE apple_tokens t SET validated_at = \(mark)
             FROM due WHERE t.aud = due.aud AND t.sub = due.sub AND t.client_id = due.client_id
-            RETURNING t.aud, t.sub, t.client_id, t.token
+            RETURNING t.aud, t.sub, t.client_id, t.token, t.fingerprint
             """, logger: logger
-        ).decode((String, String, String, String).self) {
-            due.append(DueToken(owner: AppleTokenOwner(aud: row.0, sub: row.1), clientID: row.2, ciphertext: row.3))
+        ).decode((String, String, String, String, String).self) {
+            due.append(DueToken(owner: AppleTokenOwner(aud: row.0, sub: row.1), clientID: row.2, ciphertext: row.3, fingerprint: row.4))
         }
         return due
+    }
+
+    /// The token kept for `owner` and `clientID` now (nil: deleted since).
+    package func kept(_ owner: AppleTokenOwner, clientID: String) async throws -> DueToken? {
+        for try await (ciphertext, fingerprint) in try await client.bounded.query(
+            "SELECT token, fingerprint FROM apple_tokens WHERE aud = \(owner.aud) AND sub = \(owner.sub) AND client_id = \(clientID)", logger: logger
+        ).decode((String, String).self) {
+            return DueToken(owner: owner, clientID: clientID, ciphertext: ciphertext, fingerprint: fingerprint)
+        }
+        return nil
     }
 
     /// Apple accepted `token`: validated at `now`, unless a sign-in replaced it meanwhile.

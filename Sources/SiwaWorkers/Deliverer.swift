@@ -190,7 +190,7 @@ package final class Deliverer: Service, Sendable {
             metrics?.attempt(lane: delivery.lane.rawValue, outcome: result.rawValue, took: ContinuousClock.now - started)
             switch outcome {
             case .delivered(let status):
-                metadata["status"] = "\(status)"
+                metadata["status"] = "\(status.map(String.init) ?? "none")"
                 logger.info("\(lane.event)", metadata: metadata.merging(["outcome": "delivered"]) { $1 })
             case .failed(let status, let error):
                 metadata["status"] = "\(status.map(String.init) ?? "none")"

@@ -46,10 +46,16 @@ package final class EffectWorkers: Service, Sendable {
 
         package var retry: RetryPolicy { RetryPolicy(maxAttempts: maxAttempts, backoff: backoff) }
 
-        /// The delivery lanes this process runs, each with its sender (`apple` calls Apple).
-        package func deliveryLanes(apple: AppleGateway?) -> [DeliveryLane] {
+        /// The delivery lanes this process runs, each with its sender (`apple` calls Apple and
+        /// `tokens` keeps its tokens).
+        package func deliveryLanes(apple: AppleGateway?, tokens: AppleTokenStore, logger: Logger) -> [DeliveryLane] {
             var lanes: [DeliveryLane] = (callbacks.map { [.callbacks($0, retry: retry)] } ?? []) + (alertSinks.isEmpty ? [] : [.alerts(alertSinks, retry: retry)])
-            if let appleRevocations, let apple { lanes.append(.appleRevocations(appleRevocations, gateway: apple, retry: retry)) }
+            if let appleRevocations, let apple {
+                lanes.append(.appleRevocations(appleRevocations, gateway: apple, retry: retry))
+                if appleValidation != nil {
+                    lanes.append(.appleValidations(appleRevocations, store: tokens, gateway: apple, retry: retry, logger: logger))
+                }
+            }
             return lanes
         }
 
@@ -84,7 +90,7 @@ package final class EffectWorkers: Service, Sendable {
         effectDoorbell = doorbells[.effects]!
         let appleTokens = AppleTokenStore(client: store.client, logger: logger)
         let apple = configuration.appleGateway(calls: appleTokens)
-        let lanes = configuration.deliveryLanes(apple: apple)
+        let lanes = configuration.deliveryLanes(apple: apple, tokens: appleTokens, logger: logger)
         deliverers = lanes.map { lane in
             Deliverer(
                 lane: lane, worker: "\(identity)/\(lane.lane)",
@@ -113,8 +119,8 @@ package final class EffectWorkers: Service, Sendable {
             configuration: pruning, notifications: NotificationStore(client: store.client, logger: logger),
             rejections: RejectionStore(client: store.client, logger: logger), history: history, logger: logger)
         listener = !configuration.listen ? nil : JobsListener(client: store.client, doorbells: doorbells, logger: logger)
-        if let validation = configuration.appleValidation, let revocations = configuration.appleRevocations, let apple {
-            validator = AppleTokenValidator(configuration: validation, store: appleTokens, cipher: revocations.cipher, gateway: apple, logger: logger)
+        if let validation = configuration.appleValidation, apple != nil {
+            validator = AppleTokenValidator(configuration: validation, store: appleTokens, queue: queue, logger: logger)
         } else {
             validator = nil
         }

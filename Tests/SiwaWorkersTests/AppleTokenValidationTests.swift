@@ -1,5 +1,8 @@
+import AsyncHTTPClient
 import Foundation
+import PostgresNIO
 import SiwaApple
+import SiwaAppleStandIn
 import SiwaDomain
 import SiwaStore
 import SiwaTestSupport
@@ -7,7 +10,8 @@ import SiwaWorkers
 import Testing
 
 /// The optional daily validation of kept refresh tokens, against the stand-in for Apple over real
-/// HTTP, driven by `runOnce` with the time passed in.
+/// HTTP: the scheduler driven by `runOnce` with the time passed in, the `apple_validations`
+/// lane by its deliverer's `runOnce`.
 @Suite("Apple token validation: daily, rate-limited; invalid_grant is treated like consent-revoked")
 struct AppleTokenValidationTests {
     static func harness(_ apple: AppleRevocationTests.Apple, perMinute: Int) async throws -> EffectHarness {
@@ -17,7 +21,13 @@ struct AppleTokenValidationTests {
             validation.perMinute = perMinute
             validation.interval = .seconds(10)
             configuration.appleValidation = validation
+            configuration.backoff = RetryBackoff(base: .zero, cap: .zero)  // a retry is due at once
         }
+    }
+
+    /// Runs the `apple_validations` lane's deliverer once: the jobs the scheduler queued.
+    static func validate(_ h: EffectHarness) async throws -> DeliveryRound {
+        try await #require(h.workers.deliverer(.appleValidations)).runOnce(http: .shared)
     }
 
     @Test("a token is validated a day after it was kept, then not again for a day; invalid_grant revokes the user's sessions as consent-revoked and is recorded")
@@ -35,10 +45,14 @@ struct AppleTokenValidationTests {
         _ = try await apple.client.revoke(token: gone, hint: .refreshToken, clientID: Harness.aud).result.get()
 
         let start = Date()
-        #expect(try await validator.runOnce(now: start) == ValidationRound())  // kept just now: not due
+        #expect(try await validator.runOnce(now: start) == 0)  // kept just now: not due
         let dayLater = start.addingTimeInterval(AppleTokenValidation.interval + 60)
-        #expect(try await validator.runOnce(now: dayLater) == ValidationRound(valid: 1, consentLost: 1))
-        #expect(try await validator.runOnce(now: dayLater.addingTimeInterval(3_600)) == ValidationRound())  // validated: due again in a day
+        #expect(try await validator.runOnce(now: dayLater) == 2)
+        #expect(try await validator.runOnce(now: dayLater.addingTimeInterval(2 * AppleTokenValidation.retryAfter)) == 0, "a token with an open job gets no second")
+        #expect(try await Self.validate(h).delivered == 2)
+        // Validated when its job ran: due again a day after that, not before.
+        #expect(try await validator.runOnce(now: Date().addingTimeInterval(AppleTokenValidation.interval - 60)) == 0)
+        #expect(try await validator.runOnce(now: Date().addingTimeInterval(AppleTokenValidation.interval + 60)) == 1)
 
         #expect(try await h.activeSessions(sub: "val-good") == [goodSession])
         #expect(try await h.activeSessions(sub: "val-gone").isEmpty)
@@ -50,6 +64,7 @@ struct AppleTokenValidationTests {
         #expect(calls.map(\.record.error) == [.invalidGrant])
         #expect(calls.first?.record.grantType == .refreshToken)
         #expect(calls.first?.record.tokenFingerprint == AppleAuthRecord.fingerprint(gone))
+        #expect(calls.first?.jobID != nil, "the call names the job that made it")
         // As after consent-revoked: a new session needs a new sign-in (a fresh identity token).
         await #expect(throws: AccountStoreError.self) {
             _ = try await AccountStore(client: h.client, logger: h.h.logs.logger()).createSession(aud: Harness.aud, sub: "val-gone", expiresAt: nil, identity: nil)
@@ -59,7 +74,31 @@ struct AppleTokenValidationTests {
         await apple.stop()
     }
 
-    @Test("a round calls Apple at most its share of SIWA_APPLE_VALIDATIONS_PER_MINUTE; the rest wait for the next round")
+    @Test("Apple unavailable: the validation is retried by the queue and settles once Apple answers; a token replaced meanwhile is not validated")
+    func retriedByTheQueue() async throws {
+        let apple = try await AppleRevocationTests.Apple.start(signer: AppleRevocationTests.signer)
+        let h = try await Self.harness(apple, perMinute: 60)
+        let validator = try #require(h.workers.validator)
+        _ = try await AppleRevocationTests.keep(try await apple.refreshToken(sub: "val-retry"), sub: "val-retry", in: h)
+        _ = try await AppleRevocationTests.keep(try await apple.refreshToken(sub: "val-replaced"), sub: "val-replaced", in: h)
+        #expect(try await validator.runOnce(now: Date().addingTimeInterval(AppleTokenValidation.interval + 60)) == 2)
+        // A new sign-in keeps a new token for one user before the job runs.
+        let newer = try await apple.refreshToken(sub: "val-replaced")
+        let sealed = AppleRevocationTests.cipher.encrypt(newer, owner: AppleTokenOwner(aud: Harness.aud, sub: "val-replaced"))
+        try await h.client.query(
+            "UPDATE apple_tokens SET token = \(sealed), fingerprint = \(AppleAuthRecord.fingerprint(newer)) WHERE sub = 'val-replaced'")
+        apple.service.failNext(1, of: .token, status: 503)
+        let first = try await Self.validate(h)
+        #expect(first.delivered == 1 && first.retrying == 1, "\(first)")
+        #expect(try await Self.validate(h).delivered == 1)
+        let calls = try await AppleTokenStore(client: h.client, logger: h.h.logs.logger()).calls(aud: Harness.aud, sub: "val-retry")
+        #expect(calls.map(\.record.status) == [200, 503])  // newest first
+        #expect(try await AppleTokenStore(client: h.client, logger: h.h.logs.logger()).calls(aud: Harness.aud, sub: "val-replaced").isEmpty)
+        await h.stop()
+        await apple.stop()
+    }
+
+    @Test("a round enqueues at most its share of SIWA_APPLE_VALIDATIONS_PER_MINUTE; the rest wait for the next round")
     func rateLimited() async throws {
         let apple = try await AppleRevocationTests.Apple.start(signer: AppleRevocationTests.signer)
         let h = try await Self.harness(apple, perMinute: 12)  // 2 per 10-second round
@@ -68,10 +107,12 @@ struct AppleTokenValidationTests {
             _ = try await AppleRevocationTests.keep(try await apple.refreshToken(sub: "rate-\(index)"), sub: "rate-\(index)", in: h)
         }
         let dayLater = Date().addingTimeInterval(AppleTokenValidation.interval + 60)
-        #expect(try await validator.runOnce(now: dayLater).valid == 2)
-        #expect(try await validator.runOnce(now: dayLater).valid == 2)
-        #expect(try await validator.runOnce(now: dayLater).valid == 1)
-        #expect(try await validator.runOnce(now: dayLater).claimed == 0)
+        #expect(try await validator.runOnce(now: dayLater) == 2)
+        #expect(try await validator.runOnce(now: dayLater) == 2)
+        #expect(try await validator.runOnce(now: dayLater) == 1)
+        #expect(try await validator.runOnce(now: dayLater) == 0)
+        #expect(try await Self.validate(h).delivered == 4)  // the lane's concurrency
+        #expect(try await Self.validate(h).delivered == 1)
         await h.stop()
         await apple.stop()
     }

@@ -25,8 +25,8 @@ package struct ClaimedDelivery: Sendable {
 
 /// One delivery attempt's result.
 package enum DeliveryOutcome: Sendable {
-    /// The endpoint answered 2xx.
-    case delivered(status: Int)
+    /// Done: the endpoint answered 2xx (`status`), or nothing was left to send (nil).
+    case delivered(status: Int?)
     /// Anything else: a non-2xx status, or no answer (`status` nil) with the reason.
     case failed(status: Int?, error: String)
     /// Cannot be sent, now or later (e.g. its destination is no longer configured): discarded at once.

@@ -63,10 +63,13 @@ package struct Lane: RawRepresentable, Hashable, Sendable, CustomStringConvertib
     package static let alerts = Lane("alerts", subject: .alert)
     /// Revoke a user's Apple token at `/auth/revoke` (its ciphertext is the payload).
     package static let appleRevocations = Lane("apple_revocations", subject: .user, payloadIsSecret: true)
+    /// Validate a user's kept Apple refresh token at `/auth/token` (the payload is the token's
+    /// fingerprint, never the token); one open job per token.
+    package static let appleValidations = Lane("apple_validations", subject: .user)
 
     /// The lanes this build runs: the listener's doorbells, depth, lag and metrics cover these.
     /// A lane declared elsewhere (a test's) works with every statement that takes a `Lane`.
-    package static let all: [Lane] = [.effects, .callbacks, .alerts, .appleRevocations]
+    package static let all: [Lane] = [.effects, .callbacks, .alerts, .appleRevocations, .appleValidations]
 }
 
 /// Where a job stands (`jobs.state`, the `job_state` type).
