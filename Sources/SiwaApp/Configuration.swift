@@ -53,9 +53,9 @@ package struct Configuration: Sendable {
         sessionTTL = try source.value(Settings.sessionTTL)
         workers = try EffectWorkers.Configuration(source)
         if let credentials = appleCredentials {
-            workers.appleRevocations = AppleRevocations(client: credentials.client(), cipher: credentials.tokenCipher)
-            workers.appleRevocations?.concurrency = credentials.revocationConcurrency
-            workers.revokeOnAppleEvents = credentials.revokeOnAppleEvents
+            workers.lanes.apple = AppleRevocations(client: credentials.client(), cipher: credentials.tokenCipher)
+            workers.lanes.apple?.concurrency = credentials.revocationConcurrency
+            workers.effects.revokeOnAppleEvents = credentials.revokeOnAppleEvents
             workers.appleValidation = credentials.validation
         }
         alerts = try AlertMonitor.Configuration(source)

@@ -85,11 +85,11 @@ package struct SiwaApplication: Sendable {
             appleSignIn: config.appleCredentials.map {
                 // The workers' pacing too: a 429 pauses every call this process makes to Apple.
                 let gateway = AppleGateway(
-                    client: $0.client(), recorder: AppleTokenStore(client: client, logger: logger), pacer: config.workers.appleRevocations?.pacer ?? ApplePacer())
+                    client: $0.client(), recorder: AppleTokenStore(client: client, logger: logger), pacer: config.workers.lanes.apple?.pacer ?? ApplePacer())
                 return AppleSignIn(gateway: gateway, cipher: $0.tokenCipher)
             }, clock: clock)
         self.history = !config.receives ? nil : HistoryController(
-            history: HistoryStore(client: client, logger: logger), rejections: rejectionStore, callbackURL: config.workers.callbacks?.url)
+            history: HistoryStore(client: client, logger: logger), rejections: rejectionStore, callbackURL: config.workers.lanes.callbacks?.url)
         self.alertsAPI = !config.receives ? nil : AlertsController(alerts: AlertStore(client: client, logger: logger))
         self.transfersAPI = !config.receives ? nil : TransfersController(transfers: TransferStore(client: client, logger: logger), clock: clock)
         self.databaseTimeout = config.database.timeout

@@ -27,7 +27,7 @@ package struct EffectHarness {
     ) async throws -> EffectHarness {
         let h = try await Harness.start(server)
         var configuration = EffectWorkers.Configuration()
-        configuration.workers = 1
+        configuration.effects.workers = 1
         configure(&configuration)
         let workers = EffectWorkers(configuration: configuration, store: EffectStore(client: h.server.client, logger: h.logs.logger()), logger: h.logs.logger())
         return EffectHarness(h: h, workers: workers)

@@ -7,61 +7,50 @@ import SiwaRuntime
 import SiwaStore
 
 /// The worker side of a process: every background loop that turns recorded notifications into
-/// effects and deliveries, each its own `Service` with a `runOnce`, each built with what it reads
-/// from one configuration. The composition root runs `services`; `run()` runs them all (tests, tools).
+/// effects and deliveries, each its own `Service` with a `runOnce`, built from its own part of the
+/// configuration and listed once (`services`). The composition root runs `services`; `run()` runs
+/// them all (tests, tools).
 ///
-/// The loops: `workers` effect workers (`EffectWorker`), a `Deliverer` per delivery lane
-/// configured (`deliveryLanes`), the `QueueMaintainer` (lease rescue, job retention), the
-/// `StatsFolder`, the `HistoryPruner` and, unless polling only, the `JobsListener`.
+/// The loops: `effects.workers` effect workers (`EffectWorker`), a `Deliverer` per delivery lane
+/// whose destination is set (`deliveryLanes`), the `QueueMaintainer` (lease rescue, job
+/// retention), the `StatsFolder`, the `HistoryPruner`, unless polling only the `JobsListener`,
+/// and with Apple credentials and validation on, the `AppleTokenValidator`.
 package final class EffectWorkers: Service, Sendable {
-    /// The worker side's settings; `init` hands each loop its part.
+    /// Each loop's part: `init` hands each loop its own.
     package struct Configuration: Sendable {
-        package var workers = 4
-        /// Jobs one claim takes at most: a backlog drains in batches this size (BENCHMARKS.md);
-        /// a steady flow's batches are smaller.
-        package var batchSize = 400
-        package var lease: Duration = EffectStore.defaultLease
-        package var pollInterval: Duration = .milliseconds(100)
-        package var maxAttempts = 25
-        package var backoff = RetryBackoff()
-        package var eraseOnDelete = true
-        package var retention: Duration = .seconds(7 * 86_400)
+        /// Every lane: lease, polling, attempts, backoff, NOTIFY.
+        package var queue = QueuePolicy()
+        /// The effect workers.
+        package var effects = EffectSettings()
+        /// The deliverers' destinations.
+        package var lanes = DeliveryDestinations()
+        /// The maintainer and the stats folder.
+        package var upkeep = QueueUpkeep()
+        /// The history pruner.
         package var history = HistoryPruner.Configuration()
-        /// LISTEN for `siwa_jobs` (off: poll only, e.g. behind a transaction-mode pooler).
-        package var listen = true
-        package var maintenanceInterval: Duration = .seconds(5)
-        /// Where to POST callbacks after effects (nil: no callbacks).
-        package var callbacks: Callbacks?
-        /// Where alert messages go (lane `alerts`; empty: the log only).
-        package var alertSinks = AlertSinks()
-        /// Revoking kept tokens at Apple (lane `apple_revocations`; nil: no Apple credentials).
-        package var appleRevocations: AppleRevocations?
-        /// Apple's own `account-delete`/`consent-revoked` queue the user's kept tokens for
-        /// revocation too; off, they are deleted (Apple has ended them).
-        package var revokeOnAppleEvents = false
-        /// Validate kept tokens daily (`AppleTokenValidator`; nil: off). Needs `appleRevocations`.
+        /// The daily validation of kept tokens (`AppleTokenValidator`; nil: off). Needs `lanes.apple`.
         package var appleValidation: AppleTokenValidator.Configuration?
 
         package init() {}
 
-        package var retry: RetryPolicy { RetryPolicy(maxAttempts: maxAttempts, backoff: backoff) }
-
         /// The delivery lanes this process runs, each with its sender (`apple` calls Apple and
         /// `tokens` keeps its tokens).
         package func deliveryLanes(apple: AppleGateway?, tokens: AppleTokenStore, logger: Logger) -> [DeliveryLane] {
-            var lanes: [DeliveryLane] = (callbacks.map { [.callbacks($0, retry: retry)] } ?? []) + (alertSinks.isEmpty ? [] : [.alerts(alertSinks, retry: retry)])
-            if let appleRevocations, let apple {
-                lanes.append(.appleRevocations(appleRevocations, gateway: apple, retry: retry))
+            let retry = queue.retry
+            var deliveries: [DeliveryLane] = (lanes.callbacks.map { [.callbacks($0, retry: retry)] } ?? [])
+                + (lanes.alertSinks.isEmpty ? [] : [.alerts(lanes.alertSinks, retry: retry)])
+            if let revocations = lanes.apple, let apple {
+                deliveries.append(.appleRevocations(revocations, gateway: apple, retry: retry))
                 if appleValidation != nil {
-                    lanes.append(.appleValidations(appleRevocations, store: tokens, gateway: apple, retry: retry, logger: logger))
+                    deliveries.append(.appleValidations(revocations, store: tokens, gateway: apple, retry: retry, logger: logger))
                 }
             }
-            return lanes
+            return deliveries
         }
 
         /// The gateway of this process's calls to Apple, recording through `calls`.
         func appleGateway(calls: AppleTokenStore) -> AppleGateway? {
-            appleRevocations.map { AppleGateway(client: $0.client, recorder: calls, pacer: $0.pacer) }
+            lanes.apple.map { AppleGateway(client: $0.client, recorder: calls, pacer: $0.pacer) }
         }
     }
 
@@ -94,31 +83,32 @@ package final class EffectWorkers: Service, Sendable {
         deliverers = lanes.map { lane in
             Deliverer(
                 lane: lane, worker: "\(identity)/\(lane.lane)",
-                configuration: Deliverer.Configuration(lease: configuration.lease, pollInterval: configuration.pollInterval), queue: queue,
+                configuration: Deliverer.Configuration(lease: configuration.queue.lease, pollInterval: configuration.queue.pollInterval), queue: queue,
                 doorbell: doorbells[lane.lane]!, logger: logger, metrics: metrics)
         }
         let callbacks = lanes.contains { $0.lane == .callbacks }
+        let (policy, settings, upkeep) = (configuration.queue, configuration.effects, configuration.upkeep)
         let effect = EffectWorker.Configuration(
-            batchSize: configuration.batchSize, lease: configuration.lease, pollInterval: configuration.pollInterval, retry: configuration.retry,
-            eraseOnDelete: configuration.eraseOnDelete, callbacks: callbacks,
-            appleTokens: configuration.appleRevocations != nil && configuration.revokeOnAppleEvents ? .revoke : .forget)
-        let crew = EffectCrew(batchSize: configuration.batchSize)
-        effects = (0..<configuration.workers).map { [effectDoorbell] index in
+            batchSize: settings.batchSize, lease: policy.lease, pollInterval: policy.pollInterval, retry: policy.retry,
+            eraseOnDelete: settings.eraseOnDelete, callbacks: callbacks,
+            appleTokens: configuration.lanes.apple != nil && settings.revokeOnAppleEvents ? .revoke : .forget)
+        let crew = EffectCrew(batchSize: settings.batchSize)
+        effects = (0..<settings.workers).map { [effectDoorbell] index in
             EffectWorker(
                 name: "\(identity)/\(index)", configuration: effect, store: store, doorbell: effectDoorbell,
                 callbackDoorbell: callbacks ? doorbells[.callbacks] : nil, logger: logger, metrics: metrics, crew: crew)
         }
         maintainer = QueueMaintainer(
-            configuration: .init(maxAttempts: configuration.maxAttempts, retention: configuration.retention, interval: configuration.maintenanceInterval),
+            configuration: .init(maxAttempts: policy.maxAttempts, retention: upkeep.retention, interval: upkeep.interval),
             queue: queue, doorbells: Array(doorbells.values), logger: logger)
         let history = HistoryStore(client: store.client, logger: logger)
-        statsFolder = StatsFolder(history: history, interval: configuration.maintenanceInterval, logger: logger)
+        statsFolder = StatsFolder(history: history, interval: upkeep.interval, logger: logger)
         var pruning = configuration.history
-        pruning.retryAfter = configuration.maintenanceInterval
+        pruning.retryAfter = upkeep.interval
         historyPruner = HistoryPruner(
             configuration: pruning, notifications: NotificationStore(client: store.client, logger: logger),
             rejections: RejectionStore(client: store.client, logger: logger), history: history, logger: logger)
-        listener = !configuration.listen ? nil : JobsListener(client: store.client, doorbells: doorbells, logger: logger)
+        listener = !policy.listen ? nil : JobsListener(client: store.client, doorbells: doorbells, logger: logger)
         if let validation = configuration.appleValidation, apple != nil {
             validator = AppleTokenValidator(configuration: validation, store: appleTokens, queue: queue, logger: logger)
         } else {
@@ -135,11 +125,10 @@ package final class EffectWorkers: Service, Sendable {
     /// The deliverer of `lane`, when this process delivers it.
     package func deliverer(_ lane: Lane) -> Deliverer? { deliverers.first { $0.lane.lane == lane } }
 
-    /// Every loop, each a service of its own.
+    /// Every loop, each a service of its own: the one list `serve`, tests and tools run.
     package var services: [any Service] {
-        let optional: [(any Service)?] = [listener, validator]
-        let always: [any Service] = [maintainer, statsFolder, historyPruner]
-        return effects.map { $0 as any Service } + deliverers.map { $0 as any Service } + optional.compactMap { $0 } + always
+        let loops: [[(any Service)?]] = [effects, deliverers, [listener, validator, maintainer, statsFolder, historyPruner]]
+        return loops.joined().compactMap { $0 }
     }
 
     /// Runs every loop until graceful shutdown (each stops as its own service would).
@@ -147,8 +136,8 @@ package final class EffectWorkers: Service, Sendable {
         logger.info(
             "effect workers starting",
             metadata: [
-                "workers": "\(configuration.workers)", "identity": "\(identity)",
-                "callbacks": "\(configuration.callbacks.map { URLRedaction.redacted($0.url) } ?? "off")",
+                "workers": "\(configuration.effects.workers)", "identity": "\(identity)",
+                "callbacks": "\(configuration.lanes.callbacks.map { URLRedaction.redacted($0.url) } ?? "off")",
             ])
         await withDiscardingTaskGroup { group in
             for service in services {

@@ -18,7 +18,7 @@ package struct MaintenanceRound: Sendable, Equatable {
     }
 }
 
-/// Keeps the queue healthy, every `maintenanceInterval`: rescues leased jobs whose deliverer died
+/// Keeps the queue healthy, every `QueueUpkeep.interval`: rescues leased jobs whose deliverer died
 /// (their lease ran out) and, once a minute, prunes finished jobs past their retention.
 package final class QueueMaintainer: Service, Sendable {
     /// What the maintainer reads.

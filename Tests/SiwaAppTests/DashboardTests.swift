@@ -22,13 +22,13 @@ struct DashboardTests {
         let endpoint = try await CallbackEndpoint.start()
         let e = try await EffectHarness.start(
             { configuration in
-                configuration.callbacks = .init(url: endpoint.url, signer: try! WebhookSigner(secrets: TestWebhooks.secret))
-                configuration.backoff = RetryBackoff(base: .zero, cap: .zero)  // a retry is due at once
+                configuration.lanes.callbacks = .init(url: endpoint.url, signer: try! WebhookSigner(secrets: TestWebhooks.secret))
+                configuration.queue.backoff = RetryBackoff(base: .zero, cap: .zero)  // a retry is due at once
             },
             // The API shows where callbacks go without what could be a secret in the URL.
             server: {
                 let shown = URL(string: endpoint.url.absoluteString.replacingOccurrences(of: "http://", with: "http://hook:s3cret@") + "?token=abc")!
-                $0.workers.callbacks = .init(url: shown, signer: try! WebhookSigner(secrets: TestWebhooks.secret))
+                $0.workers.lanes.callbacks = .init(url: shown, signer: try! WebhookSigner(secrets: TestWebhooks.secret))
                 $0.alerts.endpoint.url = URL(string: "https://siwa.example.com/apple/notifications")
             })
         let shell = try await e.h.server.request(.GET, "/")

@@ -273,8 +273,8 @@ struct HistoryAPITests {
     func retention() async throws {
         let endpoint = try await CallbackEndpoint.start()
         let e = try await EffectHarness.start { configuration in
-            configuration.callbacks = .init(url: endpoint.url, signer: try! WebhookSigner(secrets: TestWebhooks.secret))
-            configuration.backoff = RetryBackoff(base: .zero, cap: .zero)  // a retry is due at once
+            configuration.lanes.callbacks = .init(url: endpoint.url, signer: try! WebhookSigner(secrets: TestWebhooks.secret))
+            configuration.queue.backoff = RetryBackoff(base: .zero, cap: .zero)  // a retry is due at once
         }
         let h = e.h
         let client = h.server.client

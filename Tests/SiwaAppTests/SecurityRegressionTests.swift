@@ -436,8 +436,8 @@ struct SecurityRegressionTests {
         let erased = try await call(.DELETE, "/v1/accounts/\(aud)/\(sub)")
         #expect(erased.status == 200 && erased.json?["apple_revocations"] == .number(1), "\(erased.body)")
         var configuration = EffectWorkers.Configuration()
-        configuration.workers = 1
-        configuration.appleRevocations = AppleRevocations(client: apple.credentials.client(), cipher: f.cipher)
+        configuration.effects.workers = 1
+        configuration.lanes.apple = AppleRevocations(client: apple.credentials.client(), cipher: f.cipher)
         let workers = EffectWorkers(configuration: configuration, store: EffectStore(client: h.server.client, logger: h.logs.logger()), logger: h.logs.logger())
         #expect(try await #require(workers.deliverer(.appleRevocations)).runOnce(http: .shared).claimed == 1)
         #expect(f.standIn.revocations.contains { $0.token == refreshToken && $0.status == 200 }, "Apple was sent the very token searched for")

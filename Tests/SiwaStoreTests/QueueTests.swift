@@ -192,10 +192,10 @@ struct QueueTests {
             // so every batch is partial, and each frees the next job of each of its users.
             try await BulkLoad.notifications(count: 1_000, users: 50, aud: "com.example.app", client: client)
             _ = try await Self.drain(client: client, total: 1_000, giveUpAfter: .seconds(60)) {
-                $0.workers = 1
-                $0.listen = false
-                $0.batchSize = 200
-                $0.pollInterval = .seconds(3600)  // a worker left waiting for its poll would never finish
+                $0.effects.workers = 1
+                $0.queue.listen = false
+                $0.effects.batchSize = 200
+                $0.queue.pollInterval = .seconds(3600)  // a worker left waiting for its poll would never finish
             }
             #expect(try await Self.count(client, "SELECT count(*) FROM jobs WHERE state = 'completed'") == 1_000)
             #expect(try await Self.count(client, "SELECT max(attempt) FROM jobs") == 1)
@@ -409,9 +409,9 @@ struct QueueTests {
         try await Self.withDatabase { client in
             try await BulkLoad.notifications(count: 10_000, users: 1_000, aud: "com.example.app", client: client)
             _ = try await Self.drain(client: client, total: 10_000) {
-                $0.workers = 4
-                $0.listen = notify
-                $0.batchSize = 100
+                $0.effects.workers = 4
+                $0.queue.listen = notify
+                $0.effects.batchSize = 100
             }
             #expect(try await Self.count(client, "SELECT count(*) FROM jobs WHERE state = 'completed'") == 10_000)
             #expect(try await Self.count(client, "SELECT count(*) FROM job_attempts WHERE outcome = 'applied'") == 10_000)

@@ -58,7 +58,7 @@ struct AlertTests {
         let webhook = try await CallbackEndpoint.start()
         let slack = try await CallbackEndpoint.start()
         let sinks = AlertSinks(webhooks: [webhook.url], slack: slack.url, signer: try WebhookSigner(secrets: TestWebhooks.secret))
-        let e = try await EffectHarness.start { $0.alertSinks = sinks }
+        let e = try await EffectHarness.start { $0.lanes.alertSinks = sinks }
         let monitor = Self.monitor(e, sinks: sinks, window: .seconds(60))
 
         try await Self.burst(e, "consent-revoked", count: 8, prefix: "burst")
@@ -130,7 +130,7 @@ struct AlertTests {
     func secondTypeJoins() async throws {
         let webhook = try await CallbackEndpoint.start()
         let sinks = AlertSinks(webhooks: [webhook.url], signer: try WebhookSigner(secrets: TestWebhooks.secret))
-        let e = try await EffectHarness.start { $0.alertSinks = sinks }
+        let e = try await EffectHarness.start { $0.lanes.alertSinks = sinks }
         let monitor = Self.monitor(e, sinks: sinks, window: .seconds(60))
 
         try await Self.burst(e, "consent-revoked", count: 6, prefix: "revoked")
@@ -200,8 +200,8 @@ struct AlertTests {
         let sinks = AlertSinks(webhooks: [webhook.url], signer: try WebhookSigner(secrets: TestWebhooks.secret))
         let h = try await Harness.start(database: database)  // migrates forward
         var configuration = EffectWorkers.Configuration()
-        configuration.workers = 1
-        configuration.alertSinks = sinks
+        configuration.effects.workers = 1
+        configuration.lanes.alertSinks = sinks
         let e = EffectHarness(h: h, workers: EffectWorkers(configuration: configuration, store: EffectStore(client: h.server.client, logger: h.logs.logger()), logger: h.logs.logger()))
         let monitor = Self.monitor(e, sinks: sinks, window: .seconds(60))
 
@@ -255,7 +255,7 @@ struct AlertTests {
     func silencedAndListed() async throws {
         let webhook = try await CallbackEndpoint.start()
         let sinks = AlertSinks(webhooks: [webhook.url], signer: try WebhookSigner(secrets: TestWebhooks.secret))
-        let e = try await EffectHarness.start { $0.alertSinks = sinks }
+        let e = try await EffectHarness.start { $0.lanes.alertSinks = sinks }
         // A window of 10 minutes: this case is about silencing, and a slowed CI machine once took
         // more than 10 s to deliver the six, so the first left a 10 s window before evaluation.
         let monitor = Self.monitor(e, sinks: sinks, window: .seconds(600))
@@ -304,7 +304,7 @@ struct AlertTests {
             "SIWA_ALERT_SECRET": alertSecret, "SIWA_CALLBACK_URL": "http://127.0.0.1:9/unused", "SIWA_CALLBACK_SECRET": TestWebhooks.secret,
         ]
         var configuration = try EffectWorkers.Configuration(SettingSource(environment: environment))
-        configuration.workers = 1
+        configuration.effects.workers = 1
         let workers = EffectWorkers(configuration: configuration, store: EffectStore(client: client, logger: logger), logger: logger)
         let group = ServiceGroup(configuration: .init(services: [client, workers], logger: logger))
         let running = Task { try await group.run() }
@@ -334,8 +334,8 @@ struct AlertTests {
         webhook.answer([500, 500])  // the sink fails twice, then recovers
         let sinks = AlertSinks(webhooks: [webhook.url], slack: nil, signer: try WebhookSigner(secrets: TestWebhooks.secret))
         let e = try await EffectHarness.start { configuration in
-            configuration.alertSinks = sinks
-            configuration.backoff = RetryBackoff(base: .zero, cap: .zero)  // a retry is due at once: no waiting on time
+            configuration.lanes.alertSinks = sinks
+            configuration.queue.backoff = RetryBackoff(base: .zero, cap: .zero)  // a retry is due at once: no waiting on time
         }
         var configuration = AlertMonitor.Configuration()
         configuration.rules.spike = Self.settings()
@@ -380,7 +380,7 @@ struct AlertTests {
 
     @Test("operational: a discarded job and a lagging queue fire their own alerts and resolve when cleared")
     func operational() async throws {
-        let e = try await EffectHarness.start { $0.maxAttempts = 1 }
+        let e = try await EffectHarness.start { $0.queue.maxAttempts = 1 }
         // A ten-minute window: the discarded job counts at the evaluation five minutes on.
         let monitor = Self.monitor(e, sinks: AlertSinks(), window: .seconds(600))
         // The database refuses this user's account row: the effect fails, and with one attempt allowed it is discarded.
@@ -412,7 +412,7 @@ struct AlertTests {
     func transferDeadline() async throws {
         let webhook = try await CallbackEndpoint.start()
         let sinks = AlertSinks(webhooks: [webhook.url], signer: try WebhookSigner(secrets: TestWebhooks.secret))
-        let e = try await EffectHarness.start { $0.alertSinks = sinks }
+        let e = try await EffectHarness.start { $0.lanes.alertSinks = sinks }
         // The clock jumps days ahead: messages queued at real time must not count as queue lag.
         var configuration = Self.monitor(e, sinks: sinks).configuration
         configuration.rules.queueLag = .seconds(365 * 86_400)

@@ -61,9 +61,9 @@ struct AppleRevocationTests {
 
     static func harness(_ apple: Apple, revokeOnAppleEvents: Bool = false) async throws -> EffectHarness {
         try await EffectHarness.start { configuration in
-            configuration.appleRevocations = AppleRevocations(client: apple.client, cipher: cipher)
-            configuration.revokeOnAppleEvents = revokeOnAppleEvents
-            configuration.backoff = RetryBackoff(base: .zero, cap: .zero)  // a retry is due at once
+            configuration.lanes.apple = AppleRevocations(client: apple.client, cipher: cipher)
+            configuration.effects.revokeOnAppleEvents = revokeOnAppleEvents
+            configuration.queue.backoff = RetryBackoff(base: .zero, cap: .zero)  // a retry is due at once
         }
     }
 
@@ -219,9 +219,9 @@ struct AppleRevocationTests {
     func discardedRevocationOutlivesRetention() async throws {
         let apple = try await Apple.start(signer: Self.signer)
         let h = try await EffectHarness.start { configuration in
-            configuration.appleRevocations = AppleRevocations(client: apple.client, cipher: Self.cipher)
-            configuration.backoff = RetryBackoff(base: .zero, cap: .zero)
-            configuration.maxAttempts = 2
+            configuration.lanes.apple = AppleRevocations(client: apple.client, cipher: Self.cipher)
+            configuration.queue.backoff = RetryBackoff(base: .zero, cap: .zero)
+            configuration.queue.maxAttempts = 2
         }
         let token = try await apple.refreshToken(sub: "stuck-1")
         _ = try await Self.keep(token, sub: "stuck-1", in: h)

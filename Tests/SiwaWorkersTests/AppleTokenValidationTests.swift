@@ -16,12 +16,12 @@ import Testing
 struct AppleTokenValidationTests {
     static func harness(_ apple: AppleRevocationTests.Apple, perMinute: Int) async throws -> EffectHarness {
         try await EffectHarness.start { configuration in
-            configuration.appleRevocations = AppleRevocations(client: apple.client, cipher: AppleRevocationTests.cipher)
+            configuration.lanes.apple = AppleRevocations(client: apple.client, cipher: AppleRevocationTests.cipher)
             var validation = AppleTokenValidator.Configuration()
             validation.perMinute = perMinute
             validation.interval = .seconds(10)
             configuration.appleValidation = validation
-            configuration.backoff = RetryBackoff(base: .zero, cap: .zero)  // a retry is due at once
+            configuration.queue.backoff = RetryBackoff(base: .zero, cap: .zero)  // a retry is due at once
         }
     }
 

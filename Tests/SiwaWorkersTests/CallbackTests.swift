@@ -19,8 +19,8 @@ struct CallbackTests {
         async throws -> EffectHarness
     {
         try await EffectHarness.start { configuration in
-            configuration.callbacks = .init(url: endpoint.url, signer: try! WebhookSigner(secrets: secrets))
-            configuration.backoff = RetryBackoff(base: .zero, cap: .zero)  // a retry is due at once
+            configuration.lanes.callbacks = .init(url: endpoint.url, signer: try! WebhookSigner(secrets: secrets))
+            configuration.queue.backoff = RetryBackoff(base: .zero, cap: .zero)  // a retry is due at once
             configure(&configuration)
         }
     }
@@ -73,7 +73,7 @@ struct CallbackTests {
     @Test("a callback slower than SIWA_CALLBACK_TIMEOUT is a failed attempt, recorded and retried (the same delivery)")
     func slowerThanTimeout() async throws {
         let endpoint = try await CallbackEndpoint.start(hang: true)  // accepts, never answers
-        let e = try await Self.harness(endpoint) { $0.callbacks?.timeout = .seconds(1) }
+        let e = try await Self.harness(endpoint) { $0.lanes.callbacks?.timeout = .seconds(1) }
         try await e.post("consent-revoked", sub: "slow-1", at: 5_000, jti: "slow-jti")
         #expect(try await e.drain() == 1)
         #expect(try await e.deliverCallbacks() == 1)  // cut at its timeout: the endpoint never answered
@@ -92,8 +92,8 @@ struct CallbackTests {
     func slowerThanLease() async throws {
         let endpoint = try await CallbackEndpoint.start(hang: true)  // holds the POST open
         let e = try await Self.harness(endpoint) { configuration in
-            configuration.lease = .seconds(60)
-            configuration.callbacks?.timeout = .seconds(600)
+            configuration.queue.lease = .seconds(60)
+            configuration.lanes.callbacks?.timeout = .seconds(600)
         }
         try await e.post("consent-revoked", sub: "lease-1", at: 5_000)
         #expect(try await e.drain() == 1)
@@ -118,7 +118,7 @@ struct CallbackTests {
     @Test("out of attempts: discarded, listed as failed; redeliver sends it again under the same webhook-id")
     func discardedThenRedelivered() async throws {
         let endpoint = try await CallbackEndpoint.start()
-        let e = try await Self.harness(endpoint) { $0.maxAttempts = 2 }
+        let e = try await Self.harness(endpoint) { $0.queue.maxAttempts = 2 }
         try await e.post("email-disabled", sub: "cb2", at: 1_000, email: "cb2@privaterelay.appleid.com")
         try await e.drain()
         endpoint.answer([503, 503])
@@ -151,9 +151,9 @@ struct CallbackTests {
     func deadEndpointDoesNotDelayEffects() async throws {
         let endpoint = try await CallbackEndpoint.start(hang: true)
         let e = try await Self.harness(endpoint) { configuration in
-            configuration.workers = 2
-            configuration.callbacks?.timeout = .seconds(60)  // held open for the whole test
-            configuration.callbacks?.concurrency = 4
+            configuration.effects.workers = 2
+            configuration.lanes.callbacks?.timeout = .seconds(60)  // held open for the whole test
+            configuration.lanes.callbacks?.concurrency = 4
         }
         // The deliverer runs as in production; the effects are applied a round at a time.
         let deliverer = try #require(e.workers.deliverer(.callbacks))
@@ -206,6 +206,6 @@ struct CallbackTests {
         #expect(error(["SIWA_CALLBACK_URL": "https://backend.example/siwa", "SIWA_CALLBACK_SECRET": TestWebhooks.secret, "SIWA_CALLBACK_TIMEOUT": "soon"]).hasPrefix("SIWA_CALLBACK_TIMEOUT"))
         let config = try Configuration(SettingSource(
             environment: ["SIWA_APPLE_BUNDLE_IDS": "a", "SIWA_CALLBACK_URL": "https://backend.example/siwa", "SIWA_CALLBACK_SECRET": "\(TestWebhooks.secret) \(TestWebhooks.rotated)"]))
-        #expect(config.workers.callbacks?.url.absoluteString == "https://backend.example/siwa")
+        #expect(config.workers.lanes.callbacks?.url.absoluteString == "https://backend.example/siwa")
     }
 }

@@ -65,7 +65,7 @@ struct DeclaredAlertRuleTests {
         let webhook = try await CallbackEndpoint.start()
         let slack = try await CallbackEndpoint.start()
         let sinks = AlertSinks(webhooks: [webhook.url], slack: slack.url, signer: try WebhookSigner(secrets: TestWebhooks.secret))
-        let e = try await EffectHarness.start { $0.alertSinks = sinks }
+        let e = try await EffectHarness.start { $0.lanes.alertSinks = sinks }
         let logger = e.h.logs.logger()
         try await e.client.query("CREATE TABLE waiting_exports (name text PRIMARY KEY)", logger: logger)
         var configuration = AlertMonitor.Configuration()

@@ -227,7 +227,7 @@ struct EffectTests {
     @Test("A callback whose deliverer died is taken over after its lease; the dead deliverer's late result is not recorded")
     func callbackLeaseTakeover() async throws {
         let e = try await EffectHarness.start { configuration in
-            configuration.callbacks = .init(url: URL(string: "http://127.0.0.1:9/")!, signer: try! WebhookSigner(secrets: TestWebhooks.secret))
+            configuration.lanes.callbacks = .init(url: URL(string: "http://127.0.0.1:9/")!, signer: try! WebhookSigner(secrets: TestWebhooks.secret))
         }
         try await e.post("consent-revoked", sub: "u6", at: 5_000)
         #expect(try await e.drain() == 1)
@@ -251,7 +251,7 @@ struct EffectTests {
     @Test("Shutdown hands back the deliveries this process holds, as if never attempted, and nothing another process holds")
     func releaseOnShutdown() async throws {
         let e = try await EffectHarness.start { configuration in
-            configuration.callbacks = .init(url: URL(string: "http://127.0.0.1:9/")!, signer: try! WebhookSigner(secrets: TestWebhooks.secret))
+            configuration.lanes.callbacks = .init(url: URL(string: "http://127.0.0.1:9/")!, signer: try! WebhookSigner(secrets: TestWebhooks.secret))
         }
         for user in ["r1", "r2", "r3"] { try await e.post("consent-revoked", sub: user, at: 1_000) }
         #expect(try await e.drain() == 3)
@@ -275,8 +275,8 @@ struct EffectTests {
     @Test("A failing job backs off, is retried, and is discarded with its last error after the maximum attempts")
     func backoffDiscardRetry() async throws {
         let e = try await EffectHarness.start { configuration in
-            configuration.maxAttempts = 2
-            configuration.backoff = RetryBackoff(base: .seconds(600), cap: .seconds(600))  // still backing off when checked, however slow the machine
+            configuration.queue.maxAttempts = 2
+            configuration.queue.backoff = RetryBackoff(base: .seconds(600), cap: .seconds(600))  // still backing off when checked, however slow the machine
         }
         // The database refuses this user's account row: a real failure inside the effect.
         try await e.client.query(

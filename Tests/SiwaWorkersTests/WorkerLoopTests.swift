@@ -14,7 +14,7 @@ import Testing
 struct WorkerLoopTests {
     @Test("Finished jobs past their retention are pruned by the maintainer's round, once a minute; jobs still to run are kept")
     func jobRetention() async throws {
-        let e = try await EffectHarness.start { $0.retention = .zero }
+        let e = try await EffectHarness.start { $0.upkeep.retention = .zero }
         try await e.post("consent-revoked", sub: "kept-1", at: 1_000)
         try await e.post("consent-revoked", sub: "kept-2", at: 1_000)
         #expect(try await e.drain() == 2)

@@ -22,10 +22,10 @@ struct WorkerRestartTests {
         let client = PostgresClient(configuration: configuration)
         let logger = Logger(label: "queue-test", factory: { _ in SwiftLogNoOpLogHandler() })
         var workerConfiguration = EffectWorkers.Configuration()
-        workerConfiguration.batchSize = 20
+        workerConfiguration.effects.batchSize = 20
         // Batches in hand when PostgreSQL goes away roll back with its connections: their jobs are
         // ready again as soon as it is back (no lease to wait out).
-        workerConfiguration.maintenanceInterval = .milliseconds(500)
+        workerConfiguration.upkeep.interval = .milliseconds(500)
         let workers = EffectWorkers(configuration: workerConfiguration, store: EffectStore(client: client, logger: logger), logger: logger)
         // As in production: the client is a service of the same group, stopped last; the workers
         // start once the jobs are there and locked (below).

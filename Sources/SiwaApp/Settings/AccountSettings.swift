@@ -2,7 +2,7 @@ import SiwaWorkers
 
 extension Settings {
     package static let eraseOnDelete = Setting<Bool>.boolean(
-        "SIWA_ERASE_ON_DELETE", flag: "erase-on-delete", .accounts, default: EffectWorkers.Configuration().eraseOnDelete, shownAs: ("true", "false"),
+        "SIWA_ERASE_ON_DELETE", flag: "erase-on-delete", .accounts, default: EffectSettings().eraseOnDelete, shownAs: ("true", "false"),
         help: "true|false: erase a deleted account's email everywhere",
         docs: "Erase a deleted account's email everywhere.")
     package static let sessionTTL = Setting<Duration>.duration(
