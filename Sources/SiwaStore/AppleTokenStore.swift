@@ -94,10 +94,8 @@ package struct AppleTokenStore: AppleCallRecorder {
                 RETURNING t.aud, t.sub, t.client_id, t.token
             ), queued AS (
                 \(unescaped: JobQueue.enqueueAppleRevocationsSQL(from: "taken"))
-            ), told AS (
-                SELECT pg_notify('siwa_jobs', \(Lane.appleRevocations.rawValue)) FROM (SELECT 1 FROM queued LIMIT 1) q
             )
-            SELECT (SELECT count(*) FROM queued)::bigint, (SELECT count(*) FROM told)::bigint
+            SELECT (SELECT count(*) FROM queued)::bigint, \(unescaped: JobQueue.notifySQL(.appleRevocations, ifAnyIn: "queued"))::bigint
             """, logger: logger
         ).decode((Int, Int).self) {
             count = n

@@ -294,7 +294,7 @@ package struct EffectStore: Sendable {
             )
             SELECT (SELECT count(*) FROM done), (SELECT count(*) FROM accounts_updated) + (SELECT count(*) FROM accounts_created),
                 (SELECT count(pg_notify('siwa_effects', notify)) FROM r),
-                (SELECT count(pg_notify('siwa_jobs', 'callbacks')) FROM (SELECT 1 FROM callbacks LIMIT 1) c)
+                \(JobQueue.notifySQL(.callbacks, ifAnyIn: "callbacks"))
             """
         typealias Row = (Int, Int, Int, Int)
         let jobs: [ClaimedJob]

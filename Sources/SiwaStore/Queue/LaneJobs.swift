@@ -63,6 +63,12 @@ package struct JobSummary: Sendable, Equatable {
 extension JobQueue {
     // MARK: JobsEnqueue
 
+    /// A subquery that tells `lane`'s workers (NOTIFY `siwa_jobs`, at commit) when `relation`, the
+    /// jobs a producer's statement queued, has a row; its value is how many it sent (0 or 1).
+    static func notifySQL(_ lane: Lane, ifAnyIn relation: String) -> String {
+        "(SELECT count(pg_notify('siwa_jobs', '\(lane.rawValue)')) FROM (SELECT 1 FROM \(relation) LIMIT 1) queued_any)"
+    }
+
     /// Enqueues `jobs` (each of the subject its lane declares) and tells their lanes' workers.
     /// Returns the new jobs' ids; a notification's job already in that lane adds none.
     @discardableResult
