@@ -12,7 +12,7 @@ import Testing
 
 /// An API failure that is not the caller's: 500 (the database refused the statement) or 503 (it
 /// could not be reached), with a request_id that names the one log line holding the cause.
-@Suite("API errors: request_id on 500 and 503 matches the log line")
+@Suite("API errors: request_id on 500 and 503 matches the log line", .timeLimit(.minutes(10)))
 struct APIErrorTests {
     /// The `request failed` log line with this request id.
     static func logLine(_ h: Harness, id: String) -> String? {

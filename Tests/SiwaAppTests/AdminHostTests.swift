@@ -6,7 +6,7 @@ import Testing
 
 /// DNS rebinding: a page on evil.example that points its name at 127.0.0.1 reaches the admin
 /// listener from an operator's browser, but its requests carry `Host: evil.example`.
-@Suite("Admin listener: answers only Hosts it is configured for")
+@Suite("Admin listener: answers only Hosts it is configured for", .timeLimit(.minutes(10)))
 struct AdminHostTests {
     /// One raw HTTP/1.1 request with the given Host; the status line's code.
     func status(port: Int, path: String, host: String?) async throws -> (code: Int, text: String) {

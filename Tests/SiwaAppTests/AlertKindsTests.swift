@@ -10,7 +10,7 @@ import Testing
 /// Alert kinds are named once, by their rules: the schema checks a kind's form (sql/026), not a
 /// list of kinds, and the OpenAPI document states that form; the CLI and the runbooks follow the
 /// built-in rules.
-@Suite("Alert kinds: named by their rules, checked by their form")
+@Suite("Alert kinds: named by their rules, checked by their form", .timeLimit(.minutes(10)))
 struct AlertKindsTests {
     static let kinds = AlertMonitor.Configuration().registered.map(\.kind.rawValue)
 

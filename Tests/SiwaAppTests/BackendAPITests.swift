@@ -12,7 +12,7 @@ import SiwaTestSupport
 import Testing
 
 /// The backend API through real HTTP on a real database.
-@Suite("Backend API: tokens, sessions, accounts, erasure")
+@Suite("Backend API: tokens, sessions, accounts, erasure", .timeLimit(.minutes(10)))
 struct BackendAPITests {
     @Test("every /v1 route needs a live token: missing, malformed, unknown, expired and revoked are 401; a missing scope is 403 naming it")
     func authentication() async throws {

@@ -79,7 +79,7 @@ final class RawConnection: @unchecked Sendable {
     struct POSIXFailure: Error { let call: String; let code: Int32 }
 }
 
-@Suite("Connection limits: deadlines per phase, a cap per listener")
+@Suite("Connection limits: deadlines per phase, a cap per listener", .timeLimit(.minutes(10)))
 struct ConnectionLimitTests {
     // MARK: The deadlines, on an embedded event loop (time advanced by hand)
 

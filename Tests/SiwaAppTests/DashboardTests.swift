@@ -12,7 +12,7 @@ import Testing
 /// The dashboard in a real browser (headless Chromium driven by selenium; scripts/test installs
 /// both when missing). Screenshots at 390, 1280 and 1920 px, and of the notification detail, are
 /// kept in .build/test-artifacts/.
-@Suite("Dashboard in headless Chromium")
+@Suite("Dashboard in headless Chromium", .timeLimit(.minutes(10)))
 struct DashboardTests {
 
     @Test(

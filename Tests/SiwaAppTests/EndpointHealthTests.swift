@@ -16,7 +16,7 @@ import Testing
 /// itself on one loopback port, restarted with each certificate (a local CA's, trusted through
 /// `SIWA_PUBLIC_URL_CA_FILE`): the checker's rounds and the alert evaluator driven by hand with
 /// the clock moved an interval each time; the admin `/health` and the metrics read back.
-@Suite("Endpoint health: the background check of SIWA_PUBLIC_URL, endpoint_unhealthy, /health, metrics")
+@Suite("Endpoint health: the background check of SIWA_PUBLIC_URL, endpoint_unhealthy, /health, metrics", .timeLimit(.minutes(10)))
 struct EndpointHealthTests {
     /// A throwaway CA and leaf certificates it signs, made with openssl.
     struct Certificates {

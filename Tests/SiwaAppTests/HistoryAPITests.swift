@@ -12,7 +12,7 @@ import SiwaWorkers
 import Testing
 
 /// The event history API through real HTTP on a real database.
-@Suite("History API: notifications, timeline, stats, rejections, export, OpenAPI")
+@Suite("History API: notifications, timeline, stats, rejections, export, OpenAPI", .timeLimit(.minutes(10)))
 struct HistoryAPITests {
     static func items(_ answer: TestServer.Answer) -> [JSONValue] { answer.json?["items"]?.arrayValue ?? [] }
 

@@ -6,7 +6,7 @@ import Synchronization
 import Testing
 
 /// The process's log lines: what on-call engineers grep and log shippers parse.
-@Suite struct LineLogHandlerTests {
+@Suite(.timeLimit(.minutes(10))) struct LineLogHandlerTests {
     /// A file the handler appends to, read back whole.
     final class LogFile {
         let path = FileManager.default.temporaryDirectory.appendingPathComponent("siwa-log-\(UUID().uuidString)").path

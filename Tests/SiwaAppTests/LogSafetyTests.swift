@@ -11,7 +11,7 @@ import SiwaTestSupport
 import Testing
 
 /// Values from unverified tokens reach the log and the terminal: none may forge a line or a key.
-@Suite("Log lines and CLI output under hostile values")
+@Suite("Log lines and CLI output under hostile values", .timeLimit(.minutes(10)))
 struct LogSafetyTests {
     /// A logfmt line's `key=value` pairs (between `label:` and ` [source]`), quoted values unescaped.
     static func pairs(_ line: Substring) -> [String: String]? {

@@ -11,7 +11,7 @@ import Testing
 
 /// What operators scrape and load: /metrics, the Prometheus rules and the Grafana dashboard in
 /// deploy/, checked with Prometheus' own promtool.
-@Suite("Monitoring: /metrics, deploy/prometheus/alerts.yml, deploy/grafana/siwa-events.json")
+@Suite("Monitoring: /metrics, deploy/prometheus/alerts.yml, deploy/grafana/siwa-events.json", .timeLimit(.minutes(10)))
 struct MonitoringTests {
 
     static func promtool() throws -> String {

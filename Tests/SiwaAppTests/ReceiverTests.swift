@@ -10,7 +10,7 @@ import SiwaStore
 import SiwaTestSupport
 import Testing
 
-@Suite("POST /apple/notifications")
+@Suite("POST /apple/notifications", .timeLimit(.minutes(10)))
 struct ReceiverTests {
     @Test("A genuine notification is answered 200 accepted after it and its job are stored")
     func accepted() async throws {
@@ -448,7 +448,7 @@ struct ReceiverTests {
     }
 }
 
-@Suite("POST /apple/notifications: hostile input")
+@Suite("POST /apple/notifications: hostile input", .timeLimit(.minutes(10)))
 struct HostileInputTests {
     @Test("An identity token for our own app is refused (400), not stored as a notification")
     func identityTokenRefused() async throws {

@@ -19,7 +19,7 @@ import Testing
 /// VerifierTests, KeyCacheTests, SecurityDefinerTests, ConnectionLimitTests, CLITests,
 /// StartupErrorTests, SignInCompletionTests, BackendAPITests); these cover what those left open,
 /// each through real PostgreSQL, real HTTP or the real binary.
-@Suite("Security regressions: what the reviews fixed stays fixed")
+@Suite("Security regressions: what the reviews fixed stays fixed", .timeLimit(.minutes(10)))
 struct SecurityRegressionTests {
     static let logger = Logger(label: "security-regression", factory: { _ in SwiftLogNoOpLogHandler() })
 

@@ -17,7 +17,7 @@ import Testing
 /// `POST /v1/sessions` with an authorization code: the real server on a real database, its Apple
 /// credentials pointing at the stand-in for Apple's auth endpoints (in process, over real HTTP,
 /// signing id_tokens with the key the server trusts). The stand-in's clock is moved by hand.
-@Suite("Sign-in completion: authorization codes exchanged at Apple")
+@Suite("Sign-in completion: authorization codes exchanged at Apple", .timeLimit(.minutes(10)))
 struct SignInCompletionTests {
     static let clientID = Harness.aud
     /// A Services ID (web sign-in) for the same app's accounts.

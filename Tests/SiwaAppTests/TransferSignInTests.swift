@@ -7,7 +7,7 @@ import Testing
 
 /// Sign-in during an app transfer's window, through the API: Apple's identity token for the user's
 /// new sub carries `transfer_sub`, which the sender's prepared identifiers map to the old account.
-@Suite("Transfers: sign-in with transfer_sub during the window")
+@Suite("Transfers: sign-in with transfer_sub during the window", .timeLimit(.minutes(10)))
 struct TransferSignInTests {
     @Test("an identity token carrying transfer_sub opens the session on the user's account before the exchange reaches them, moving its sessions and history once")
     func signInRekeys() async throws {

@@ -8,7 +8,7 @@ import Testing
 
 /// What one request can make the database refuse must cost that request only: rejection recording,
 /// the per-minute counts and the neighbours in a commit batch carry on.
-@Suite("Values the database refuses")
+@Suite("Values the database refuses", .timeLimit(.minutes(10)))
 struct UnstorableInputTests {
     /// `count` characters of random base64url: text PostgreSQL cannot compress below its limits.
     static func randomText(_ count: Int) -> String {
@@ -115,7 +115,7 @@ extension Array {
     }
 }
 
-@Suite("Durable answers whatever the database's defaults")
+@Suite("Durable answers whatever the database's defaults", .timeLimit(.minutes(10)))
 struct DurableCommitTests {
     @Test("Under a role whose default is synchronous_commit=off the ingest transaction commits with on; remote_apply is kept")
     func synchronousCommitRaised() async throws {

@@ -7,7 +7,7 @@ import Testing
 
 /// Client secrets checked as Apple checks them: every bad one is `invalid_client` on the wire, and
 /// refused for its own reason (so a test cannot pass because of another fault).
-@Suite("The stand-in's client-secret checks")
+@Suite("The stand-in's client-secret checks", .timeLimit(.minutes(10)))
 struct ClientSecretTests {
     enum BadSecret: String, CaseIterable, CustomTestStringConvertible {
         case forAnotherClient, unknownKeyID, signedByAnotherKey, issuedInFuture, expired, livesTooLong, derSignature

@@ -6,7 +6,7 @@ import Testing
 /// for this machine's tests and user. A page in a browser here must not reach them — neither by
 /// naming its own domain for 127.0.0.1 (DNS rebinding: its `Host`) nor by a cross-site form POST
 /// (only `application/json`, which a page cannot send cross-site without a CORS preflight).
-@Suite("/standin routes: this machine only, JSON only")
+@Suite("/standin routes: this machine only, JSON only", .timeLimit(.minutes(10)))
 struct ControlRouteTests {
     static let codeRequest = #"{"client_id":"com.example.app","sub":"001.control.1"}"#
 

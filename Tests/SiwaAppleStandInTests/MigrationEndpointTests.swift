@@ -7,7 +7,7 @@ import Testing
 
 /// App transfer as TN3159 describes it: the migration token at `/auth/token`, then
 /// `/auth/usermigrationinfo` for the sending team (a transfer_sub) and the recipient (the user).
-@Suite("The stand-in's migration token and /auth/usermigrationinfo")
+@Suite("The stand-in's migration token and /auth/usermigrationinfo", .timeLimit(.minutes(10)))
 struct MigrationEndpointTests {
     static let target = "TEAMB00002"
 

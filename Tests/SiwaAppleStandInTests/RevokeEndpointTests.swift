@@ -5,7 +5,7 @@ import SiwaTestSupport
 import Testing
 
 /// `POST /auth/revoke`: 200 with no body for any token, as Apple; what was sent is recorded.
-@Suite("The stand-in's /auth/revoke")
+@Suite("The stand-in's /auth/revoke", .timeLimit(.minutes(10)))
 struct RevokeEndpointTests {
     @Test("Revoke answers 200 with no body for a token it never issued, and records what was sent")
     func garbage() async throws {

@@ -6,7 +6,7 @@ import SiwaTestSupport
 import Testing
 
 /// `POST /auth/token` as Apple answers it: code exchange, refresh, and each error word.
-@Suite("The stand-in's /auth/token")
+@Suite("The stand-in's /auth/token", .timeLimit(.minutes(10)))
 struct TokenEndpointTests {
     @Test("A code exchange with a good ES256 secret answers Apple's JSON and an id_token the local JWKS verifies")
     func exchange() async throws {

@@ -80,7 +80,7 @@ final class StepClock: Sendable {
     func advance(by seconds: TimeInterval) { value.withLock { $0 = $0.addingTimeInterval(seconds) } }
 }
 
-@Suite("Apple's /auth/token, /auth/revoke and /auth/usermigrationinfo over real HTTP")
+@Suite("Apple's /auth/token, /auth/revoke and /auth/usermigrationinfo over real HTTP", .timeLimit(.minutes(10)))
 struct AppleAuthClientTests {
     /// Shaped to need every escape: `+`, `/`, `=`, `&`, and the `.` `-` `_` Apple's tokens contain.
     static let awkward = "c0de.a+b/c=d&e-f_g"

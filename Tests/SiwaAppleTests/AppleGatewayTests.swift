@@ -40,7 +40,7 @@ final class RecordedCalls: AppleCallRecorder {
     }
 }
 
-@Suite("The gateway to Apple: every sent call recorded, one pacing and 429 policy on an injected clock")
+@Suite("The gateway to Apple: every sent call recorded, one pacing and 429 policy on an injected clock", .timeLimit(.minutes(10)))
 struct AppleGatewayTests {
     func withGateway(perSecond: Double? = nil, _ body: (AppleGateway, AuthRecorder, RecordedCalls, ManualClock) async throws -> Void) async throws {
         let recorder = try await AuthRecorder.start()

@@ -22,7 +22,7 @@ struct KeyFile {
     func remove() { try? FileManager.default.removeItem(at: directory) }
 }
 
-@Suite("Client secrets: ES256 JWTs minted from the team's .p8, cached and renewed")
+@Suite("Client secrets: ES256 JWTs minted from the team's .p8, cached and renewed", .timeLimit(.minutes(10)))
 struct ClientSecretMinterTests {
     let start = Date(timeIntervalSince1970: 1_790_000_000)
 

@@ -8,7 +8,7 @@ import Testing
 /// The team's credentials for Apple's auth endpoints (`SIWA_APPLE_TEAM_ID`, `SIWA_APPLE_KEY_ID`,
 /// `SIWA_APPLE_PRIVATE_KEY_FILE`, `SIWA_APPLE_AUTH_URL`), through the real binary and the local
 /// stand-in for Apple's endpoints.
-@Suite("Apple credentials")
+@Suite("Apple credentials", .timeLimit(.minutes(10)))
 struct AppleCredentialTests {
     @Test("doctor checks the credentials with one harmless revoke: ok when the stand-in accepts the client secret, FAIL naming invalid_client for another key")
     func doctorChecksCredentials() async throws {

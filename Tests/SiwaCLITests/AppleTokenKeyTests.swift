@@ -8,7 +8,7 @@ import Testing
 
 /// `SIWA_APPLE_TOKEN_KEYS` through the real binary: a keyring that cannot open a stored token stops
 /// `serve`; `apple reencrypt` moves every token under the new key, after which the old one can go.
-@Suite("Apple token keys: rotation without downtime, and a wrong key refused at start")
+@Suite("Apple token keys: rotation without downtime, and a wrong key refused at start", .timeLimit(.minutes(10)))
 struct AppleTokenKeyTests {
     /// Tokens kept under `cipher`, as sign-ins would leave them (two kept, one pending revocation).
     static func keepTokens(_ client: PostgresClient, cipher: AppleTokenCipher) async throws -> [String: String] {

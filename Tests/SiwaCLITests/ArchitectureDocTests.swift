@@ -7,7 +7,7 @@ import Testing
 /// every loop (each type under Sources/ declared a `Service`) and every lane (`Lane.all`), found
 /// by reading the code, so a new one fails here until the page names it; and every relative link
 /// of the docs leads to a file and, with a `#`, to a heading of it.
-@Suite("The docs hold to the code")
+@Suite("The docs hold to the code", .timeLimit(.minutes(10)))
 struct ArchitectureDocTests {
     static let page = "docs/architecture.md"
 

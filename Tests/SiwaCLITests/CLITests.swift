@@ -9,7 +9,7 @@ import Testing
 
 /// The real `siwa-events` binary, as a user runs it (built next to the test bundle by
 /// `swift build --build-tests`).
-@Suite("siwa-events command line")
+@Suite("siwa-events command line", .timeLimit(.minutes(10)))
 struct CLITests {
 
     @Test("serve on the embedded database, send, SIGTERM (exit 0, PostgreSQL stopped), then the stored notifications are still listed")

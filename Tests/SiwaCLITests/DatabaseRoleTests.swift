@@ -6,7 +6,7 @@ import Testing
 
 /// The role the service connects as: a superuser is warned about by `serve` and fails `doctor`;
 /// a role that owns the database and is no superuser passes.
-@Suite("The service's database role")
+@Suite("The service's database role", .timeLimit(.minutes(10)))
 struct DatabaseRoleTests {
     @Test("serve warns and doctor fails when DATABASE_URL is a superuser; a non-superuser owner passes both quietly")
     func superuserIsFlagged() async throws {

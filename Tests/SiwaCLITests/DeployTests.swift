@@ -14,7 +14,7 @@ import Testing
 /// What deployments rely on, with the real binary: the files in deploy/ as shipped, start-up exactly
 /// as the systemd unit and the container run it, readiness, SIGTERM under load, several replicas on
 /// one database, polling without LISTEN.
-@Suite("Deployment: deploy/ files, start-up as shipped, readiness, SIGTERM, replicas")
+@Suite("Deployment: deploy/ files, start-up as shipped, readiness, SIGTERM, replicas", .timeLimit(.minutes(10)))
 struct DeployTests {
 
     // MARK: Files

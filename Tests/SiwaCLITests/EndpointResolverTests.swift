@@ -15,7 +15,7 @@ import Testing
 /// stalls the listeners for as long as the resolver takes. Here the resolver genuinely hangs:
 /// `serve` runs in a mount namespace of its own whose /etc/resolv.conf names a loopback UDP socket
 /// this test holds and never answers (loopback only: no packet leaves the machine).
-@Suite("Endpoint check: a hanging DNS resolver")
+@Suite("Endpoint check: a hanging DNS resolver", .timeLimit(.minutes(10)))
 struct EndpointResolverTests {
     @Test("while the endpoint check's DNS lookup hangs, /health/live answers on both listeners within 2 s")
     func hangingResolverDoesNotStallListeners() async throws {

@@ -11,7 +11,7 @@ import Synchronization
 import Testing
 
 /// The promise behind every 200: the notification and its job were durably committed first.
-@Suite("Hard kill under load")
+@Suite("Hard kill under load", .timeLimit(.minutes(10)))
 struct HardKillTests {
     @Test("SIGKILL of the server (and of its PostgreSQL) under concurrent load: every acknowledged notification and its job are in the store")
     func acknowledgedSurviveHardKill() async throws {

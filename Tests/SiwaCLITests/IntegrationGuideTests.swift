@@ -8,7 +8,7 @@ import Testing
 /// docs/integration.md as an adopter follows it: every block marked `<!-- tested: NAME -->` runs
 /// as written (shell in bash with the real binary on PATH, SQL as a backend role), so a guide
 /// example that breaks fails the suite.
-@Suite("The integration guide's examples")
+@Suite("The integration guide's examples", .timeLimit(.minutes(10)))
 struct IntegrationGuideTests {
     /// A document's tested blocks by name: (fence language, code).
     static func testedBlocks(in document: String = "docs/integration.md") throws -> [String: (language: String, code: String)] {

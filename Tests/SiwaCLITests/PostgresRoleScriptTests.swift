@@ -6,7 +6,7 @@ import Testing
 
 /// deploy/postgres/create-service-role.sh, as the compose file's postgres image runs it: the role
 /// it makes owns its database, is no superuser, migrates it and passes `doctor`'s database check.
-@Suite("deploy/postgres/create-service-role.sh")
+@Suite("deploy/postgres/create-service-role.sh", .timeLimit(.minutes(10)))
 struct PostgresRoleScriptTests {
     /// The test cluster as the script sees it: its superuser URL, the socket directory and the
     /// binaries' folder (the script runs psql from PATH).

@@ -10,7 +10,7 @@ import Testing
 /// deploy/tls/'s nginx and Caddy configs, run by Debian's binaries: through them the internet
 /// reaches only POST /apple/notifications and /health/*, never the admin listener's routes. Only the
 /// certificate, the ports and the upstream (a stub that records what the proxy passed) differ.
-@Suite("Proxy configs: deploy/tls/nginx.conf and Caddyfile with Debian's nginx and caddy")
+@Suite("Proxy configs: deploy/tls/nginx.conf and Caddyfile with Debian's nginx and caddy", .timeLimit(.minutes(10)))
 struct ProxyConfigTests {
     static let tls = Repository.deploy.appendingPathComponent("tls")
 

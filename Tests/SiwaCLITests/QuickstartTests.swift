@@ -7,7 +7,7 @@ import Testing
 /// The README's Quickstart as an adopter follows it, on the embedded database: the blocks marked
 /// `<!-- tested: … -->` run as written, with the debug binary in place of the release build and
 /// free ports in place of 8080 and 8081.
-@Suite("The README's Quickstart")
+@Suite("The README's Quickstart", .timeLimit(.minutes(10)))
 struct QuickstartTests {
     @Test("Quickstart: a test notification is accepted and listed; a session from keys id-token is revoked by consent-revoked; a sign-in with a code, and the account's deletion revokes its token at the stand-in; the app moved to another team re-keys the user and their session")
     func quickstart() async throws {

@@ -7,7 +7,7 @@ import Testing
 /// `quiet_app` through the real binary: an app with two weeks of steady history goes quiet while
 /// its notifications arrive under another bundle ID; `alerts evaluate` fires it once, naming the
 /// rejections, and resolves it at the next genuine notification.
-@Suite("quiet_app through the binary")
+@Suite("quiet_app through the binary", .timeLimit(.minutes(10)))
 struct QuietAppTests {
     @Test("a steady app that stops fires once, names wrong_audience and `rejections list`, and resolves on the next arrival; --dry-run writes nothing")
     func steadyAppStops() async throws {

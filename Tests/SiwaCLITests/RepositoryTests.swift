@@ -4,7 +4,7 @@ import Testing
 
 /// A clone of the repository alone is the whole project: nothing the suite, the scripts or CI run
 /// reads a directory beside the checkout.
-@Suite("The repository stands alone")
+@Suite("The repository stands alone", .timeLimit(.minutes(10)))
 struct RepositoryTests {
     @Test("no file under Sources, Tests, scripts or .ci reads the shared directory beside the checkout; the Apple fixtures are in Tests/fixtures/apple-real")
     func nothingReadsBesideTheCheckout() throws {

@@ -10,7 +10,7 @@ import SiwaTestSupport
 import Testing
 
 /// `serve` as an operator runs it: several processes on one database, and the signals that stop it.
-@Suite("serve processes: concurrent migration, SIGINT")
+@Suite("serve processes: concurrent migration, SIGINT", .timeLimit(.minutes(10)))
 struct ServeProcessTests {
     /// `serve` on ports it binds itself, once its key set is loaded.
     static func serve(_ environment: [String: String], directory: String) async throws -> (ChildProcess, ChildOutput, Int) {

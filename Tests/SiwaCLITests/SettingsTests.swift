@@ -10,7 +10,7 @@ import SiwaTestSupport
 import Testing
 
 /// The settings' single definition: docs/reference.md's table, `--help` and the flags all come from it.
-@Suite("Settings: one definition each")
+@Suite("Settings: one definition each", .timeLimit(.minutes(10)))
 struct SettingsTests {
     static let packageRoot = URL(fileURLWithPath: #filePath).deletingLastPathComponent().deletingLastPathComponent().deletingLastPathComponent()
 

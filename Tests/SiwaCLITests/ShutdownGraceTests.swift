@@ -7,7 +7,7 @@ import SiwaRuntime
 import SiwaTestSupport
 import Testing
 
-@Suite("SIGTERM past the grace period")
+@Suite("SIGTERM past the grace period", .timeLimit(.minutes(10)))
 struct ShutdownGraceTests {
     @Test("A delivery still committing when SIWA_SHUTDOWN_GRACE runs out: the process is cut short and exits 1")
     func graceExceeded() async throws {

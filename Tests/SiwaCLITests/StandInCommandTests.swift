@@ -10,7 +10,7 @@ import Testing
 
 /// `siwa-events standin`, the real binary as a user runs it: serve, a code, its exchange with a
 /// secret signed by the .p8 that `serve` made, the revocation listed, SIGTERM.
-@Suite("siwa-events standin")
+@Suite("siwa-events standin", .timeLimit(.minutes(10)))
 struct StandInCommandTests {
     @Test("standin serve makes the team's .p8 and serves; standin code's code exchanges for an id_token the local JWKS verifies")
     func serveAndCode() async throws {

@@ -10,7 +10,7 @@ import Testing
 
 /// What a user sees when the database, a port or Apple's keys are not as expected: the real
 /// binary names the setting and the fix, and stops (or waits) as the failure deserves.
-@Suite("Start-up errors that name the fix")
+@Suite("Start-up errors that name the fix", .timeLimit(.minutes(10)))
 struct StartupErrorTests {
     /// `serve`'s environment on ports the kernel picks (0), with the settings given.
     static func serving(_ settings: [String: String]) -> [String: String] {

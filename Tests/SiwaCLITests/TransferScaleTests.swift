@@ -12,7 +12,7 @@ import Testing
 /// An app transfer of 10,000 users through the real binary against `standin serve`, each phase
 /// SIGKILLed once it has made progress and then rerun: what a crash costs is one call to Apple,
 /// never a user lost or moved twice. The phases are timed (printed) for BENCHMARKS.md.
-@Suite("Transfers at scale")
+@Suite("Transfers at scale", .timeLimit(.minutes(10)))
 struct TransferScaleTests {
     static let recipient = "TEAMB23456"
     static let aud = "com.example.app"

@@ -12,7 +12,7 @@ import Testing
 /// The sending side of an app transfer through the real binary, against `standin serve` with a
 /// recipient team: `transfers prepare` (resumable, rate-limited, per-user refusals kept) and
 /// `transfers export` (transfer_subs only).
-@Suite("Transfers: the sending side")
+@Suite("Transfers: the sending side", .timeLimit(.minutes(10)))
 struct TransferTests {
     static let recipient = "TEAMB23456"
 

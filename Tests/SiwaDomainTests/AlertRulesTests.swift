@@ -3,7 +3,7 @@ import SiwaDomain
 import Testing
 
 /// `AlertRules.decide`: every rule from its own observation, pure.
-@Suite("Alert rules: observations and open episodes in, decisions out")
+@Suite("Alert rules: observations and open episodes in, decisions out", .timeLimit(.minutes(10)))
 struct AlertRulesTests {
     static let now = Date(timeIntervalSince1970: 1_767_225_600 + 40 * 86_400)
 

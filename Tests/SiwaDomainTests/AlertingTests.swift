@@ -3,7 +3,7 @@ import SiwaDomain
 import Testing
 
 /// The spike rule and the alert lifecycle on synthetic traffic, with the clock passed in.
-@Suite("Alerting: revocation spikes and the alert lifecycle")
+@Suite("Alerting: revocation spikes and the alert lifecycle", .timeLimit(.minutes(10)))
 struct AlertingTests {
     /// Revocations per second of one app over `days` days from `start`, with prefix sums for
     /// range counts.

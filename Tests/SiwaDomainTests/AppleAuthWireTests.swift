@@ -2,7 +2,7 @@ import Foundation
 import SiwaDomain
 import Testing
 
-@Suite("Apple's auth endpoints: error words, form bodies, token answers, records")
+@Suite("Apple's auth endpoints: error words, form bodies, token answers, records", .timeLimit(.minutes(10)))
 struct AppleAuthWireTests {
     @Test("each of Apple's six words in a 400 is its case; error_description is ignored", arguments: [
         ("invalid_request", AppleAuthError.invalidRequest), ("invalid_client", .invalidClient), ("invalid_grant", .invalidGrant),

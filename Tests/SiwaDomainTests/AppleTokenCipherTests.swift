@@ -2,7 +2,7 @@ import Foundation
 import SiwaDomain
 import Testing
 
-@Suite("Apple refresh tokens at rest (AES-GCM keyring)")
+@Suite("Apple refresh tokens at rest (AES-GCM keyring)", .timeLimit(.minutes(10)))
 struct AppleTokenCipherTests {
     let owner = AppleTokenOwner(aud: "com.example.app", sub: "001234.abcdef.1234")
     /// Shaped like Apple's: dots, dashes, underscores.

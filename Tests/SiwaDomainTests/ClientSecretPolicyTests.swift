@@ -2,7 +2,7 @@ import Foundation
 import SiwaDomain
 import Testing
 
-@Suite("Client secrets: Apple's claims and when to renew")
+@Suite("Client secrets: Apple's claims and when to renew", .timeLimit(.minutes(10)))
 struct ClientSecretPolicyTests {
     let now = Date(timeIntervalSince1970: 1_790_000_000.75)
 

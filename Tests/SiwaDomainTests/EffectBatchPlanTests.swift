@@ -2,7 +2,7 @@ import Foundation
 import SiwaDomain
 import Testing
 
-@Suite("Effect batch plan")
+@Suite("Effect batch plan", .timeLimit(.minutes(10)))
 struct EffectBatchPlanTests {
     static let app = "com.example.app"
 

@@ -2,7 +2,7 @@ import Foundation
 import SiwaDomain
 import Testing
 
-@Suite("Effect rules")
+@Suite("Effect rules", .timeLimit(.minutes(10)))
 struct EffectRulesTests {
     func event(_ type: String, _ time: Int64, email: String? = nil) -> AppleEvent {
         AppleEvent(rawType: type, type: EventType(apple: type), sub: "s", eventTimeMillis: time, email: email, isPrivateEmail: email.map { _ in true })

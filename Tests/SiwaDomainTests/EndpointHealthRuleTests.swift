@@ -3,7 +3,7 @@ import SiwaDomain
 import Testing
 
 /// `EndpointHealthRule`: when the latest endpoint check is unhealthy, and the alert series it opens.
-@Suite("Endpoint health rule: failing checks, the certificate's days, the alert key")
+@Suite("Endpoint health rule: failing checks, the certificate's days, the alert key", .timeLimit(.minutes(10)))
 struct EndpointHealthRuleTests {
     let now = Date(timeIntervalSince1970: 1_800_000_000)
 

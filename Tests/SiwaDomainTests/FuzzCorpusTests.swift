@@ -6,7 +6,7 @@ import Testing
 /// `scripts/fuzz` ever crashed on) replayed through the fuzz target's own function,
 /// `FuzzHarness.run`, then fixed-seed mutations of each: the same inputs and the same runs every
 /// time, so a crash once found stays fixed.
-@Suite("Fuzz corpus replay")
+@Suite("Fuzz corpus replay", .timeLimit(.minutes(10)))
 struct FuzzCorpusTests {
     static let directory: URL = {
         var url = URL(fileURLWithPath: #filePath)

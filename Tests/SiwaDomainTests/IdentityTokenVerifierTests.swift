@@ -3,7 +3,7 @@ import SiwaDomain
 import Testing
 
 /// The `transfer_sub` claim Apple adds to a migrated user's identity tokens for 60 days (TN3159).
-@Suite("IdentityTokenVerifier: the transfer_sub claim")
+@Suite("IdentityTokenVerifier: the transfer_sub claim", .timeLimit(.minutes(10)))
 struct IdentityTokenVerifierTests {
     static let signer = try! AppleStyleSigner.generate()
     let now = Date(timeIntervalSince1970: 1_800_000_000)

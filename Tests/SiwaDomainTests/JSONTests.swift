@@ -2,7 +2,7 @@ import Foundation
 import SiwaDomain
 import Testing
 
-@Suite("JSON and base64url on the hot path")
+@Suite("JSON and base64url on the hot path", .timeLimit(.minutes(10)))
 struct JSONTests {
     func parse(_ text: String) -> JSONValue? { JSONValue.parse(Data(text.utf8)) }
 
@@ -72,7 +72,7 @@ struct JSONTests {
     }
 }
 
-@Suite("RFC 3339 date-times, as the API documents them")
+@Suite("RFC 3339 date-times, as the API documents them", .timeLimit(.minutes(10)))
 struct RFC3339Tests {
     @Test("Any offset, year and fraction a date-time may have; nothing else")
     func parses() {

@@ -4,7 +4,7 @@ import Testing
 
 /// `quiet_app` as a pure function over synthetic histories: arrivals drawn from seeded random
 /// processes, the rule stepped every 10 minutes as the monitor would.
-@Suite("quiet_app: the rule over synthetic histories")
+@Suite("quiet_app: the rule over synthetic histories", .timeLimit(.minutes(10)))
 struct QuietRuleTests {
     static let start = Date(timeIntervalSince1970: 1_767_225_600)  // 2026-01-01T00:00:00Z, a Thursday
     static let day: TimeInterval = 86_400

@@ -2,7 +2,7 @@ import Foundation
 import SiwaDomain
 import Testing
 
-@Suite("Real Apple-signed notifications")
+@Suite("Real Apple-signed notifications", .timeLimit(.minutes(10)))
 struct RealAppleTokenTests {
     @Test("A real consent-revoked notification verifies at its time and decodes with millisecond event_time")
     func consentRevoked() throws {

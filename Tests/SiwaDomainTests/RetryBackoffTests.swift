@@ -2,7 +2,7 @@ import SiwaDomain
 import Testing
 
 /// The retry schedule of failing jobs and callbacks (SIWA_JOB_MAX_ATTEMPTS' waits).
-@Suite("Retry backoff: capped exponential with jitter")
+@Suite("Retry backoff: capped exponential with jitter", .timeLimit(.minutes(10)))
 struct RetryBackoffTests {
     let backoff = RetryBackoff(base: .seconds(1), cap: .seconds(3600))
 

@@ -2,7 +2,7 @@ import Foundation
 import SiwaDomain
 import Testing
 
-@Suite("transfer_deadline: the rule over a transfer's days left and users left")
+@Suite("transfer_deadline: the rule over a transfer's days left and users left", .timeLimit(.minutes(10)))
 struct TransferDeadlineTests {
     static let transferred = Date(timeIntervalSince1970: 1_767_225_600)  // 2026-01-01T00:00:00Z
     static let key = TransferDeadlineRule.key(aud: "com.example.app", outgoing: true, team: "TEAMB23456")

@@ -2,7 +2,7 @@ import Foundation
 import SiwaDomain
 import Testing
 
-@Suite("Transfer window: Apple's 60 days from the transfer")
+@Suite("Transfer window: Apple's 60 days from the transfer", .timeLimit(.minutes(10)))
 struct TransferWindowTests {
     static let transferred = Date(timeIntervalSince1970: 1_767_225_600)  // 2026-01-01T00:00:00Z
 

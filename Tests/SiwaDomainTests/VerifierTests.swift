@@ -4,7 +4,7 @@ import SiwaDomain
 import Testing
 
 /// Each verification failure, one attack per test, with a local key standing in for Apple's.
-@Suite("Notification verifier")
+@Suite("Notification verifier", .timeLimit(.minutes(10)))
 struct VerifierTests {
     static let signer = try! AppleStyleSigner.generate()
     static let keys = try! AppleKeySet.parse(try! signer.jwksDocument())
@@ -223,7 +223,7 @@ struct VerifierTests {
     }
 }
 
-@Suite("Event decoding tolerances")
+@Suite("Event decoding tolerances", .timeLimit(.minutes(10)))
 struct EventDecodingTests {
     let iat: Int64 = 1_700_000_000
 
@@ -286,7 +286,7 @@ struct EventDecodingTests {
     }
 }
 
-@Suite("Configuration syntaxes")
+@Suite("Configuration syntaxes", .timeLimit(.minutes(10)))
 struct SyntaxTests {
     @Test("Durations use one syntax: 30s, 5m, 2h, 400d, 500ms; anything else names the expected form")
     func durations() throws {

@@ -2,7 +2,7 @@ import Foundation
 import SiwaDomain
 import Testing
 
-@Suite("Callback signatures (Standard Webhooks)")
+@Suite("Callback signatures (Standard Webhooks)", .timeLimit(.minutes(10)))
 struct WebhookSignerTests {
     /// The specification's published vector: a receiver's Standard Webhooks library accepts what
     /// we send only if this comes out byte for byte.

@@ -3,7 +3,7 @@ import NIOPosix
 import SiwaRuntime
 import Testing
 
-@Suite("Doorbell: a ring wakes one waiter, and leaves no timer behind")
+@Suite("Doorbell: a ring wakes one waiter, and leaves no timer behind", .timeLimit(.minutes(10)))
 struct DoorbellTests {
     @Test("A wait woken by a ring cancels its timeout timer: nothing is left holding the doorbell for the hour it waited")
     func ringCancelsTimer() async throws {

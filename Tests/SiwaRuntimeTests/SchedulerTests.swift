@@ -7,7 +7,7 @@ import Testing
 
 /// The one loop runner every background service uses: paced by its rounds, woken by its
 /// doorbell, backing off on errors, stopped by graceful shutdown or cancellation.
-@Suite("Scheduler: rounds, doorbell, errors, shutdown")
+@Suite("Scheduler: rounds, doorbell, errors, shutdown", .timeLimit(.minutes(10)))
 struct SchedulerTests {
     /// Rounds reported by a loop under test, awaited one by one (no polling).
     final class Rounds: Sendable {

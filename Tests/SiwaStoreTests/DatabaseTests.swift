@@ -16,7 +16,7 @@ import SiwaStore
 import SiwaTestSupport
 import Testing
 
-@Suite("Database: outages, restarts, migrations")
+@Suite("Database: outages, restarts, migrations", .timeLimit(.minutes(10)))
 struct DatabaseTests {
     static func temporaryDirectory() -> String {
         "/tmp/siwa-\(UUID().uuidString.prefix(8).lowercased())"

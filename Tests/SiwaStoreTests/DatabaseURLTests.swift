@@ -1,7 +1,7 @@
 import SiwaStore
 import Testing
 
-@Suite("DATABASE_URL: what serve and doctor warn about")
+@Suite("DATABASE_URL: what serve and doctor warn about", .timeLimit(.minutes(10)))
 struct DatabaseURLTests {
     @Test("sslmode unset, prefer or allow to a host off this machine is warned (TLS can be stripped); require, disable, loopback and sockets are not")
     func downgradeWarning() {

@@ -13,7 +13,7 @@ import Musl
 /// Real clusters from the installed PostgreSQL server binaries, each in its own temporary
 /// directory. Running as root exercises the unprivileged-account path (PostgreSQL refuses root).
 /// Serialized: each test starts its own postmaster, and two cores are plenty busy with one.
-@Suite("Embedded PostgreSQL", .serialized)
+@Suite("Embedded PostgreSQL", .serialized, .timeLimit(.minutes(10)))
 struct EmbeddedPostgresTests {
     @Test("a durable cluster keeps a committed row across stop and start, and reports itself running")
     func durableRestartKeepsData() async throws {

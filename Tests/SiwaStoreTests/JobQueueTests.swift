@@ -8,7 +8,7 @@ import Testing
 
 /// The queue's time rules (leases, rescue, retries, pruning) driven by the time passed in: no
 /// waiting, no rows edited behind the queue's back.
-@Suite("The job queue's time rules")
+@Suite("The job queue's time rules", .timeLimit(.minutes(10)))
 struct JobQueueTests {
     static let logger = Logger(label: "job-queue-test", factory: { _ in SwiftLogNoOpLogHandler() })
 

@@ -7,7 +7,7 @@ import Testing
 
 /// `KeptConnection`: the group committer's slots, the effect workers and the jobs notifier keep a
 /// pool connection while their calls keep coming, instead of leasing one per call.
-@Suite("A kept connection")
+@Suite("A kept connection", .timeLimit(.minutes(10)))
 struct KeptConnectionTests {
     static let logger = Logger(label: "kept-connection-test", factory: { _ in SwiftLogNoOpLogHandler() })
 

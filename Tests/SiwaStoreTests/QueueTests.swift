@@ -10,7 +10,7 @@ import SiwaWorkers
 import Synchronization
 import Testing
 
-@Suite("The effect queue under load")
+@Suite("The effect queue under load", .timeLimit(.minutes(10)))
 struct QueueTests {
     /// Runs `EffectWorkers` as a service until every job is finished, then stops it gracefully.
     static func drain(

@@ -3,7 +3,7 @@ import Testing
 
 /// The migration splitter: top-level semicolons end statements; comments, quotes and dollar
 /// bodies hide theirs.
-@Suite("Migrations split into statements")
+@Suite("Migrations split into statements", .timeLimit(.minutes(10)))
 struct SQLStatementsTests {
     @Test("semicolons in comments, strings, identifiers and dollar bodies do not split; comments go; empty statements are dropped")
     func splits() {

@@ -8,7 +8,7 @@ import Testing
 /// What a role granted by `db grant-backend` can make the database do as the service's owner role.
 /// The owner here is a superuser, as it was in the embedded cluster and compose file before
 /// sql/015: the worst case, where code run as the owner reads every table and runs programs.
-@Suite("SECURITY DEFINER: the backend role never runs code as the owner")
+@Suite("SECURITY DEFINER: the backend role never runs code as the owner", .timeLimit(.minutes(10)))
 struct SecurityDefinerTests {
     static let logger = Logger(label: "definer-test", factory: { _ in SwiftLogNoOpLogHandler() })
 

@@ -12,7 +12,7 @@ import Testing
 /// A database as the previous release left it (`Tests/fixtures/upgrade/`, its README says how it
 /// was made: every table with rows, a backend role granted as `db grant-backend` does) migrates
 /// forward with the real binary and keeps working.
-@Suite("Upgrades: a database from the previous release migrates forward and keeps working")
+@Suite("Upgrades: a database from the previous release migrates forward and keeps working", .timeLimit(.minutes(10)))
 struct UpgradeTests {
     static let fixture = Repository.root.appendingPathComponent("Tests/fixtures/upgrade/db-at-013.sql")
     static let aud = "com.example.upgrade"

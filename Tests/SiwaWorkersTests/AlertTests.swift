@@ -13,7 +13,7 @@ import Testing
 
 /// Alerts end to end: signed revocations through HTTP, the detector on the real database, the
 /// messages at loopback sinks.
-@Suite("Alerts: revocation spikes reach the sinks once per episode (one per app), firing, updated, resolved")
+@Suite("Alerts: revocation spikes reach the sinks once per episode (one per app), firing, updated, resolved", .timeLimit(.minutes(10)))
 struct AlertTests {
     /// Short settings: a 10 s window, 5 revocations fire an app without history.
     static func settings(window: Duration = .seconds(10)) -> SpikeSettings {

@@ -15,7 +15,7 @@ import Testing
 /// The `apple_revocations` lane end to end: a kept refresh token, the account deleted, the token
 /// revoked at the stand-in for Apple's `/auth/revoke` over real HTTP, on a real database, the
 /// deliverer driven by hand (`runOnce`).
-@Suite("Apple revocations: deleting an account revokes its kept tokens at Apple, once, audited")
+@Suite("Apple revocations: deleting an account revokes its kept tokens at Apple, once, audited", .timeLimit(.minutes(10)))
 struct AppleRevocationTests {
     /// A running stand-in with one team (the key of `secrets`) for the harness's bundle ID, and a
     /// client for it signing with that key.

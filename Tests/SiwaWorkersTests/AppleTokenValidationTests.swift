@@ -12,7 +12,7 @@ import Testing
 /// The optional daily validation of kept refresh tokens, against the stand-in for Apple over real
 /// HTTP: the scheduler driven by `runOnce` with the time passed in, the `apple_validations`
 /// lane by its deliverer's `runOnce`.
-@Suite("Apple token validation: daily, rate-limited; invalid_grant is treated like consent-revoked")
+@Suite("Apple token validation: daily, rate-limited; invalid_grant is treated like consent-revoked", .timeLimit(.minutes(10)))
 struct AppleTokenValidationTests {
     static func harness(_ apple: AppleRevocationTests.Apple, perMinute: Int) async throws -> EffectHarness {
         try await EffectHarness.start { configuration in

@@ -12,7 +12,7 @@ import SiwaWorkers
 import Testing
 
 /// Callbacks through real HTTP to a loopback endpoint, on a real database.
-@Suite("Callbacks: the backend is told about each effect, signed, retried, never in the effects' way")
+@Suite("Callbacks: the backend is told about each effect, signed, retried, never in the effects' way", .timeLimit(.minutes(10)))
 struct CallbackTests {
 
     static func harness(_ endpoint: CallbackEndpoint, secrets: String = TestWebhooks.secret, _ configure: (inout EffectWorkers.Configuration) -> Void = { _ in })

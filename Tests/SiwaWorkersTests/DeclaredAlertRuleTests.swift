@@ -10,7 +10,7 @@ import Testing
 /// An alert rule declared by this test target alone (no edit under Sources/, no migration), run
 /// by the real monitor on a real database beside the built-in rules: it fires, grows, resolves and
 /// is silenced like them, and no other monitor knows of it.
-@Suite("An alert rule declared outside Sources/ runs like the built-in ones")
+@Suite("An alert rule declared outside Sources/ runs like the built-in ones", .timeLimit(.minutes(10)))
 struct DeclaredAlertRuleTests {
     /// Exports waiting in a table of this test's own: one episode while any waits, each export a
     /// series; another export waiting tells the sinks again, and the episode resolves once none

@@ -12,7 +12,7 @@ import Testing
 /// A lane declared by this test target alone (no edit under Sources/, no migration): its jobs go
 /// through enqueue, claim, retry, discard, list and retry-discarded on a real database, sent by a
 /// sender of its own.
-@Suite("A lane declared outside Sources/ runs like the built-in ones")
+@Suite("A lane declared outside Sources/ runs like the built-in ones", .timeLimit(.minutes(10)))
 struct DeclaredLaneTests {
     /// Pings about a notification: the test's own lane.
     static let pings = Lane("test_pings", subject: .notification)

@@ -3,7 +3,7 @@ import Testing
 
 /// Who claims among a process's effect workers: a steady flow in few large batches, and no wake
 /// lost on the way (a job left to a busy worker is claimed by it, not by the next poll).
-@Suite("Effect workers: one claims for the flow, all for a backlog")
+@Suite("Effect workers: one claims for the flow, all for a backlog", .timeLimit(.minutes(10)))
 struct EffectCrewTests {
     @Test("A worker woken while another is mid-round leaves the jobs to it; that one claims again even after an empty claim")
     func wakePassedOn() {

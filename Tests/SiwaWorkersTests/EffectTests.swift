@@ -13,7 +13,7 @@ import SiwaWorkers
 import ServiceLifecycleTestKit
 import Testing
 
-@Suite("Effects: the worker applies notifications to accounts and sessions")
+@Suite("Effects: the worker applies notifications to accounts and sessions", .timeLimit(.minutes(10)))
 struct EffectTests {
     @Test("email-disabled, then email-enabled: forwarding and address follow; the notifications end applied")
     func emailEffects() async throws {

@@ -12,7 +12,7 @@ import Synchronization
 import Testing
 import Logging
 
-@Suite("Apple key set: cache, rotation, rate limit, outages")
+@Suite("Apple key set: cache, rotation, rate limit, outages", .timeLimit(.minutes(10)))
 struct KeyCacheTests {
     static func document(_ signers: AppleStyleSigner...) throws -> Data {
         let keys = try signers.map { try JSONValue.parse($0.jwksDocument())!["keys"]!.arrayValue!.first! }

@@ -10,7 +10,7 @@ import Testing
 /// An app transfer meets erasure and queued revocations, on a real database: a user erased
 /// after `transfers start` is handed to no one, and a re-key leaves every queued revocation of
 /// a kept Apple token decryptable (revoked at the stand-in for Apple over real HTTP).
-@Suite("Transfers: erased users stay behind; queued revocations survive a re-key")
+@Suite("Transfers: erased users stay behind; queued revocations survive a re-key", .timeLimit(.minutes(10)))
 struct TransferErasureTests {
     static let recipient = "TEAMB23456"
     static let sender = "TEAMA12345"

@@ -10,7 +10,7 @@ import SiwaWorkers
 import Testing
 
 /// The background loops driven one round at a time (`runOnce`), on rows already past due.
-@Suite("Worker loops, one round at a time")
+@Suite("Worker loops, one round at a time", .timeLimit(.minutes(10)))
 struct WorkerLoopTests {
     @Test("Finished jobs past their retention are pruned by the maintainer's round, once a minute; jobs still to run are kept")
     func jobRetention() async throws {

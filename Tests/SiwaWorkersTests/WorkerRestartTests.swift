@@ -9,7 +9,7 @@ import SiwaTestSupport
 import SiwaWorkers
 import Testing
 
-@Suite("Effect workers and a PostgreSQL restart")
+@Suite("Effect workers and a PostgreSQL restart", .timeLimit(.minutes(10)))
 struct WorkerRestartTests {
     @Test("Workers reconnect after PostgreSQL restarts and finish the queue without a process restart")
     func postgresRestart() async throws {
