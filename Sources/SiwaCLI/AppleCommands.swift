@@ -14,15 +14,28 @@ struct AppleCommand: AsyncParsableCommand {
     struct TokenKey: AsyncParsableCommand {
         static let configuration = CommandConfiguration(
             commandName: "token-key",
-            abstract: "Print a new key for SIWA_APPLE_TOKEN_KEYS (base64 of 32 random bytes).",
+            abstract: "Print a new key for SIWA_APPLE_TOKEN_KEYS (base64 of 32 random bytes), or write it to a 0600 file.",
             discussion: """
                 To rotate: put the new key first ("NEW OLD"), restart, run `siwa-events apple reencrypt`, then drop OLD.
                 Examples:
                   SIWA_APPLE_TOKEN_KEYS=$(siwa-events apple token-key)
+                  siwa-events apple token-key --output siwa-keys/token-key
                 """)
 
-        func run() {
-            print(AppleTokenCipher.generateKey())
+        @Option(help: "Write the key to this file (mode 0600, replaced whole) instead of stdout.") var output: String?
+
+        func run() throws {
+            let key = AppleTokenCipher.generateKey()
+            guard let output else {
+                print(key)
+                return
+            }
+            do {
+                try PrivateFile.write(Data((key + "\n").utf8), to: output)
+            } catch {
+                printError("siwa-events: --output: \(error)")
+                throw ExitCode(1)
+            }
         }
     }
 

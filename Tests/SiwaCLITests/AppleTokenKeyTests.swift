@@ -104,4 +104,21 @@ struct AppleTokenKeyTests {
             #expect(!log.contains(old) && !log.contains(new), "a key leaked: \(log)")
         }
     }
+
+    @Test("token-key --output writes a key the keyring takes, readable by its owner alone; a symlink there is refused, naming --output, and nothing is written")
+    func tokenKeyToAFile() async throws {
+        let directory = try TestBinary.makeDirectory("token-key")
+        defer { try? FileManager.default.removeItem(atPath: directory) }
+        let written = try await TestBinary.run(["apple", "token-key", "--output", "key"], directory: directory)
+        #expect(written.status == 0 && written.stdout.isEmpty, "\(written.stdout) \(written.stderr)")
+        let attributes = try FileManager.default.attributesOfItem(atPath: "\(directory)/key")
+        #expect((attributes[.posixPermissions] as? NSNumber)?.intValue == 0o600)
+        let key = try String(contentsOfFile: "\(directory)/key", encoding: .utf8).trimmingCharacters(in: .whitespacesAndNewlines)
+        #expect((try? AppleTokenCipher(keys: key)) != nil, "not a key the keyring takes: \(key)")
+
+        try FileManager.default.createSymbolicLink(atPath: "\(directory)/link", withDestinationPath: "\(directory)/elsewhere")
+        let refused = try await TestBinary.run(["apple", "token-key", "--output", "link"], directory: directory)
+        #expect(refused.status == 1 && refused.stderr.contains("--output") && refused.stderr.contains("symbolic link"), "\(refused.stderr)")
+        #expect(!FileManager.default.fileExists(atPath: "\(directory)/elsewhere"))
+    }
 }
