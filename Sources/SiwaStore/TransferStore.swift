@@ -108,7 +108,9 @@ package struct TransferStore: Sendable {
     // MARK: Sending side
 
     /// Adds every known user of the transfer's app not listed yet; returns how many. Erased
-    /// accounts stay behind: their data is gone, and their `sub` is not handed on.
+    /// accounts stay behind: their data is gone, and their `sub` is not handed on. An account this
+    /// transfer already moved (re-keyed in place to the recipient's sub) is the recipient's user,
+    /// not a new one of ours.
     @discardableResult
     package func listUsers(of transfer: Transfer) async throws -> Int {
         var added = 0
@@ -116,7 +118,11 @@ package struct TransferStore: Sendable {
             """
             WITH added AS (
                 INSERT INTO transfer_subs (transfer_id, sub)
-                SELECT \(transfer.id), sub FROM accounts WHERE aud = \(transfer.aud) AND erased_at IS NULL
+                SELECT \(transfer.id), a.sub FROM accounts a
+                WHERE a.aud = \(transfer.aud) AND a.erased_at IS NULL
+                  AND NOT EXISTS (
+                      SELECT 1 FROM account_sub_changes c JOIN transfer_subs s ON s.transfer_id = \(transfer.id) AND s.sub = c.old_sub
+                      WHERE c.aud = a.aud AND c.new_sub = a.sub)
                 ON CONFLICT DO NOTHING
                 RETURNING 1
             )

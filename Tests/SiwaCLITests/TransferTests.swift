@@ -169,6 +169,13 @@ struct TransferTests {
         let again = try await TestBinary.run(["transfers", "exchange", "--from", StandInProcess.teamID], environment: recipient, directory: directory)
         #expect(again.stdout.contains("31 of 32 transfer_subs exchanged"), "\(again.stdout) \(again.stderr)")
         #expect(try await Self.count(client, "SELECT count(*) FROM transfer_imports WHERE attempts > 1") == 0)
+        // The sending side's prepare, run again after the exchange in place: the 31 accounts now under
+        // the recipient's subs are the recipient's users, not new ones of ours; Apple is not asked.
+        let calls = try await Self.count(client, "SELECT count(*) FROM apple_auth_calls")
+        let rerun = try await TestBinary.run(["transfers", "prepare", "--target", Self.recipient], environment: environment, directory: directory)
+        #expect(rerun.status == 0 && rerun.stderr.contains("33 users (0 new), 0 to ask for"), "\(rerun.stdout) \(rerun.stderr)")
+        #expect(rerun.stdout.contains("32 of 33 users have a transfer_sub"), "\(rerun.stdout)")
+        #expect(try await Self.count(client, "SELECT count(*) FROM apple_auth_calls") == calls)
 
         // The receiving side on a database of its own: the export imported, each user created under their new sub.
         let other = try await TestCluster.shared.makeDatabase()
