@@ -1,4 +1,6 @@
+import Logging
 import SiwaApple
+import SiwaDomain
 import SiwaWorkers
 
 extension Settings {
@@ -60,5 +62,21 @@ package struct Configuration: Sendable {
         }
         alerts = try AlertMonitor.Configuration(source)
         alerts.apps = apple.bundleIDs.sorted()
+    }
+
+    /// What the start-up log says of the optional parts: on (and how, without a secret) or off.
+    package var optionalParts: Logger.Metadata {
+        let apple = appleCredentials
+        let sinks = workers.lanes.alertSinks
+        let sinkNames = (sinks.slack == nil ? [] : ["slack"]) + (sinks.webhooks.isEmpty ? [] : ["\(sinks.webhooks.count) webhook(s)"])
+        return [
+            "apple_credentials": "\(apple.map { "team \($0.policy.teamID), key \($0.key.keyID), \(URLRedaction.redacted($0.authURL))" } ?? "off")",
+            "apple_token_keys": "\(apple.map { "\($0.tokenCipher.keyIDs.count) key(s), encrypting under \($0.tokenCipher.currentKeyID)" } ?? "off")",
+            "apple_revoke_on_events": "\(apple.map { $0.revokeOnAppleEvents ? "on" : "off" } ?? "off")",
+            "apple_token_validation": "\(apple?.validation.map { "on, \($0.perMinute)/min" } ?? "off")",
+            "callbacks": "\(workers.lanes.callbacks.map { URLRedaction.redacted($0.url) } ?? "off")",
+            "alert_sinks": "\(sinkNames.isEmpty ? "off (the log only)" : sinkNames.joined(separator: ", "))",
+            "endpoint_check": "\(alerts.endpoint.url.map { URLRedaction.redacted($0) } ?? "off")",
+        ]
     }
 }

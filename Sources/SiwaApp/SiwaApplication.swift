@@ -316,6 +316,7 @@ package enum Server {
                 logger.notice(
                     "admin listener (API, dashboard, metrics)",
                     metadata: ["address": "\(channel.localAddress?.ipAddress ?? config.http.adminHost):\(channel.localAddress?.port ?? config.http.adminPort)"])
+                logger.notice("optional parts", metadata: config.optionalParts)
             })
         // SIGTERM/SIGINT: Hummingbird stops accepting and finishes in-flight requests, the workers
         // abandon their batch (it commits or rolls back whole) and hand back the deliveries they

@@ -165,7 +165,7 @@ package struct BackendController: Sendable {
             "consent_revoked_at": Self.time(account.consentRevokedAt), "consent_given_at": Self.time(account.consentGivenAt),
             "deleted_at": Self.time(account.deletedAt),
             "erased_at": Self.time(account.erasedAt), "created_at": .string(iso8601(account.createdAt)),
-            "updated_at": .string(iso8601(account.updatedAt)),
+            "updated_at": .string(iso8601(account.updatedAt)), "previous_subs": .array(account.previousSubs.map(JSONValue.string)),
         ]))
     }
 

@@ -31,6 +31,8 @@ package struct Account: Sendable {
     package var erasedAt: Date?
     package var createdAt: Date
     package var updatedAt: Date
+    /// The subs this user had before app transfers re-keyed the account, oldest first.
+    package var previousSubs: [String] = []
 }
 
 package struct Erasure: Sendable {
@@ -187,17 +189,30 @@ package struct AccountStore: Sendable {
 
     // MARK: AccountsGet
 
+    /// The account of `sub`, or, when an app transfer re-keyed it, of the sub it has now: a
+    /// user's previous subs lead to their account, and are listed with it.
     package func account(aud: String, sub: String) async throws -> Account? {
         for try await row in try await client.bounded.query(
             """
+            WITH RECURSIVE forward (sub, depth) AS (
+                SELECT \(sub)::text, 0
+                UNION ALL
+                SELECT c.new_sub, f.depth + 1 FROM account_sub_changes c JOIN forward f ON c.aud = \(aud) AND c.old_sub = f.sub WHERE f.depth < 16
+            ), found AS (
+                SELECT a.* FROM accounts a JOIN forward f ON a.aud = \(aud) AND a.sub = f.sub ORDER BY f.depth LIMIT 1
+            ), backward (sub, depth) AS (
+                SELECT sub, 0 FROM found
+                UNION ALL
+                SELECT c.old_sub, b.depth + 1 FROM account_sub_changes c JOIN backward b ON c.aud = \(aud) AND c.new_sub = b.sub WHERE b.depth < 16
+            )
             SELECT aud, sub, email, is_private_email, real_user_status::int, email_forwarding::text, consent_revoked_at, deleted_at, erased_at,
-                created_at, updated_at, consent_given_at
-            FROM accounts WHERE aud = \(aud) AND sub = \(sub)
+                created_at, updated_at, consent_given_at, ARRAY(SELECT b.sub FROM backward b WHERE b.depth > 0 ORDER BY b.depth DESC)
+            FROM found
             """, logger: logger
-        ).decode((String, String, String?, Bool?, Int?, String?, Date?, Date?, Date?, Date, Date, Date?).self) {
+        ).decode((String, String, String?, Bool?, Int?, String?, Date?, Date?, Date?, Date, Date, Date?, [String]).self) {
             return Account(
                 aud: row.0, sub: row.1, email: row.2, isPrivateEmail: row.3, realUserStatus: row.4, emailForwarding: row.5, consentRevokedAt: row.6,
-                consentGivenAt: row.11, deletedAt: row.7, erasedAt: row.8, createdAt: row.9, updatedAt: row.10)
+                consentGivenAt: row.11, deletedAt: row.7, erasedAt: row.8, createdAt: row.9, updatedAt: row.10, previousSubs: row.12)
         }
         return nil
     }

@@ -40,8 +40,11 @@ struct QuickstartTests {
             in: directory, keys: "siwa-keys", arguments: ["--recipient-team-id", "TEAMB23456", "--recipient-key-id", "KEYB234567"])
         defer { standIn.process.signal(SIGKILL) }
         standInBase = standIn.base
-        let tokenKey = try await TestBinary.run(["apple", "token-key"], directory: directory)
-        try tokenKey.stdout.write(toFile: "\(directory)/siwa-keys/token-key", atomically: true, encoding: .utf8)
+        // As the README writes it: readable by its owner alone, like the .p8 beside it.
+        #expect(try await TestBinary.run(["apple", "token-key", "--output", "siwa-keys/token-key"], directory: directory).status == 0)
+        let keyFile = try FileManager.default.attributesOfItem(atPath: "\(directory)/siwa-keys/token-key")
+        #expect((keyFile[.posixPermissions] as? NSNumber)?.intValue == 0o600)
+        let tokenKey = try String(contentsOfFile: "\(directory)/siwa-keys/token-key", encoding: .utf8)
         let endpoint = try await CallbackEndpoint.start()
         defer { Task { await endpoint.stop() } }
         let serving = try await TestBinary.startServing(
@@ -55,6 +58,10 @@ struct QuickstartTests {
         let server = serving.process
         defer { server.signal(SIGTERM) }
         (port, adminPort) = (serving.port, serving.adminPort)
+        // The start says which optional parts are on, and how, without a secret.
+        try #require(await serving.output.wait(forLineWith: ["optional parts", "team \(StandInProcess.teamID)", "1 key(s)"], within: .seconds(30)), "\(serving.output.text)")
+        let parts = serving.output.text.split(separator: "\n").first { $0.contains("optional parts") }.map(String.init) ?? ""
+        #expect(parts.contains("endpoint_check=off") && parts.contains("127.0.0.1") && parts.contains("apple_token_validation=off"), "\(parts)")
 
         // Steps 3 to 5.
         let steps = try await shell.run(try block("quickstart"))
@@ -90,13 +97,20 @@ struct QuickstartTests {
         #expect(movedLines.dropFirst().first == "1 of 1 transfer_subs exchanged (1 accounts re-keyed)", "\(moved.stdout)")
         let newSub = movedLines.last ?? ""
         #expect(newSub.wholeMatch(of: /[0-9]{6}\.[0-9a-f]{32}\.[0-9]{4}/) != nil && newSub != "001234.abcdef.0001", "\(moved.stdout)")
+        // The user's old sub still finds them: the account answers with the sub it has now, and lists the old one.
+        let lookup = try await shell.run(
+            """
+            READER=$(siwa-events tokens create --name old-sub --scope accounts:read)
+            curl -s http://127.0.0.1:\(adminPort)/v1/accounts/com.example.app/001234.abcdef.0001 -H "Authorization: Bearer $READER" | jq -c '{sub, previous_subs}'
+            """)
+        #expect(lookup.stdout == #"{"sub":"\#(newSub)","previous_subs":["001234.abcdef.0001"]}"# + "\n", "\(lookup.stdout) \(lookup.stderr)")
         server.signal(SIGTERM)
         #expect(await server.waitForExit() == 0)
         // The server's whole log: no code or token of the stand-in's shape (a letter and 64 hex
         // digits), no JWS (identity tokens, client secrets), no key of the keyring.
         let opaque = try Regex("(?:^|[^A-Za-z0-9_-])[acr][0-9a-f]{64}(?:$|[^A-Za-z0-9_-])")
         let jws = try Regex("eyJ[A-Za-z0-9_-]*\\.eyJ[A-Za-z0-9_-]*\\.")
-        let key = tokenKey.stdout.trimmingCharacters(in: .whitespacesAndNewlines)
+        let key = tokenKey.trimmingCharacters(in: .whitespacesAndNewlines)
         for line in serving.output.text.split(separator: "\n") {
             #expect(line.firstMatch(of: opaque) == nil && line.firstMatch(of: jws) == nil && !line.contains(key), "a secret in the log: \(line)")
         }
