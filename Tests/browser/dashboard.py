@@ -149,6 +149,19 @@ try:
     assert driver.execute_script("return sessionStorage.getItem('siwa-token')") == token, "token not in sessionStorage"
     assert driver.execute_script("return localStorage.length") == 0, "something was put in localStorage"
 
+    # Trouble first: the firing alert, the unhealthy endpoint and the discarded revocation, at the
+    # top of the first screen, each a link to its card.
+    wait.until(EC.text_to_be_present_in_element((By.ID, "trouble-items"), "unhealthy"))
+    wait.until(EC.text_to_be_present_in_element((By.ID, "trouble-items"), "revocation_spike"))
+    trouble = driver.find_element(By.ID, "trouble-items").text
+    assert "1 alert firing: revocation_spike" in trouble, f"trouble: {trouble!r}"
+    assert "The endpoint Apple posts to is unhealthy" in trouble, f"trouble: {trouble!r}"
+    assert "1 Apple token revocation discarded: its token stays unrevoked" in trouble, f"trouble: {trouble!r}"
+    box, inside = in_viewport("#trouble")
+    assert inside, f"the trouble card is not on the first screen at 1280 px: {box}"
+    links = driver.execute_script("return Array.from(document.querySelectorAll('#trouble-items a'), a => a.getAttribute('href'))")
+    assert links == ["#alerts-title", "#endpoint-title", "#alerts-title"], f"trouble links: {links}"
+
     # Everything loaded: the chart with its axes, the firing alert first, rejections with counts.
     wait.until(lambda d: len(d.find_elements(By.CSS_SELECTOR, "#chart rect.bar")) > 0)
     ticks = driver.execute_script("return Array.from(document.querySelectorAll('#chart text'), t => t.textContent)")
@@ -267,15 +280,26 @@ try:
         wait.until(lambda d: d.execute_script("const c = document.getElementById('chart'); return c.querySelector('svg').getAttribute('width') == c.clientWidth"))
         scroll = driver.execute_script("return [document.documentElement.scrollWidth, document.documentElement.clientWidth]")
         assert scroll[0] <= scroll[1], f"horizontal page scroll at {width} px: {scroll}"
+        driver.execute_script("window.scrollTo(0, 0)")
+        box, inside = in_viewport("#trouble")
+        assert inside, f"the trouble card is not on the first screen at {width} px: {box}"
         screenshot(f"dashboard-{width}.png", width, height, whole_page=True)
+    # At phone width a rejection's message, cut to its cell, shows whole on a tap.
+    message = driver.find_element(By.CSS_SELECTOR, "#rejections tbody .clip.message")
+    driver.execute_script("arguments[0].scrollIntoView()", message)
+    message.click()
+    assert message.get_attribute("aria-expanded") == "true", "a tap did not expand the message"
+    assert driver.execute_script("return arguments[0].scrollWidth <= arguments[0].clientWidth + 1", message), "the expanded message is still cut"
     # At phone width the user view still opens in view, as wide as the screen at most.
     driver.find_element(By.CSS_SELECTOR, "#results tbody td.sub button.link").click()
     wait.until(lambda d: len(d.find_elements(By.CSS_SELECTOR, "#timeline tbody tr")) >= 1)
     box, inside = in_viewport("#user")
     assert inside, f"the user view is not in the viewport at 390 px: {box}"
     close("user")
-    # Without accounts:read there is no transfers card; with it, each transfer's window and users left.
-    assert not driver.find_element(By.ID, "transfers-card").is_displayed(), "transfers shown without accounts:read"
+    # Without accounts:read the transfers card names the scope; with it, each transfer's window and users left.
+    note = driver.find_element(By.ID, "transfers-note")
+    assert note.is_displayed() and "accounts:read" in note.text, f"transfers note: {note.text!r}"
+    assert not driver.find_elements(By.CSS_SELECTOR, "#transfers tbody tr"), "transfers shown without accounts:read"
     viewport(1280, 900)
     driver.find_element(By.ID, "signout").click()
     field = driver.find_element(By.ID, "token")
@@ -284,6 +308,9 @@ try:
     driver.find_element(By.CSS_SELECTOR, "#signin-form button").click()
     wait.until(lambda d: len(d.find_elements(By.CSS_SELECTOR, "#transfers tbody tr")) >= 1)
     assert driver.find_element(By.ID, "alerts-counts").text == "", "the alert counts of the previous token are still shown"
+    trouble = driver.find_element(By.ID, "trouble-items").text
+    assert "firing" not in trouble, f"the previous token's alerts are still in the trouble card: {trouble!r}"
+    assert not driver.find_element(By.ID, "transfers-note").is_displayed(), "the scope note shows with accounts:read"
     transfer = driver.find_element(By.CSS_SELECTOR, "#transfers tbody tr").text
     assert "to TEAMB23456" in transfer and "12 days left" in transfer, f"the transfer row: {transfer!r}"
     cells = driver.execute_script("return Array.from(document.querySelectorAll('#transfers tbody tr:first-child td.num'), c => c.textContent)")

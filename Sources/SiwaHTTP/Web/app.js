@@ -174,7 +174,7 @@ async function signIn(value) {
   $("#signin-error").textContent = "";
   showApp(true);
   $("#who").textContent = "Signed in";
-  await Promise.all([search(false), chart(), rejections(), alerts(), transfers(), endpoint()]);
+  await Promise.all([search(false), chart(), rejections(false), alerts(), transfers(), endpoint()]);
 }
 
 // MARK: Notifications
@@ -389,8 +389,8 @@ async function chart() {
   const sum = (values) => values.reduce((a, b) => a + b, 0);
   const revocations = sum(series.revocations), email = sum(series.email), other = sum(series.other);
   $("#chart-total").replaceChildren(
-    countChip("notifications", revocations + email + other, "neutral"), countChip("revocations", revocations, "revocations"),
-    countChip("email changes", email, "email"));
+    countChip(revocations + email + other === 1 ? "notification" : "notifications", revocations + email + other, "neutral"),
+    countChip(revocations === 1 ? "revocation" : "revocations", revocations, "revocations"), countChip(email === 1 ? "email change" : "email changes", email, "email"));
   drawChart();
 }
 
@@ -471,30 +471,71 @@ function drawChart() {
 
 // MARK: Rejections and alerts
 
-async function rejections() {
+let rejectionsCursor = null;
+
+/** A message cut to its cell's width that a tap (or Enter) shows whole: a phone has no hover. */
+function expandable(value, className) {
+  const node = clip(value, className);
+  if (!node) return node;
+  node.tabIndex = 0;
+  node.setAttribute("role", "button");
+  node.setAttribute("aria-expanded", "false");
+  const toggle = () => node.setAttribute("aria-expanded", String(node.classList.toggle("expanded")));
+  node.addEventListener("click", toggle);
+  node.addEventListener("keydown", (event) => { if (event.key === "Enter" || event.key === " ") { event.preventDefault(); toggle(); } });
+  return node;
+}
+
+// The newest rejections, 20 at a time ("More" for the next), with the counts of the last 24 h.
+async function rejections(append) {
   let data;
   try {
-    data = await api("/v1/rejections?limit=20");
+    data = await api("/v1/rejections?limit=20" + (append && rejectionsCursor ? "&cursor=" + encodeURIComponent(rejectionsCursor) : ""));
   } catch (error) {
     $("#rejections-since").textContent = error.message;
     return;
   }
   const body = $("#rejections tbody");
-  body.replaceChildren();
+  if (!append) body.replaceChildren();
   for (const item of data.items) {
     const row = el("tr");
-    cell(row, time(item.received_at)); cell(row, el("span", { className: "badge tone-warn", text: item.reason })); cell(row, clip(item.message, "clip message"));
+    cell(row, time(item.received_at)); cell(row, el("span", { className: "badge tone-warn", text: item.reason })); cell(row, expandable(item.message, "clip message"));
     cell(row, item.remote_addr);
     body.appendChild(row);
   }
   labelCells($("#rejections"));
-  $("#rejections-empty").hidden = data.items.length > 0;
+  rejectionsCursor = data.next_cursor;
+  $("#rejections-more").hidden = !data.next_cursor;
+  $("#rejections-empty").hidden = body.children.length > 0;
   const totals = (data.totals || []).map((total) => ({ reason: total.reason, count: (total.recorded || 0) + (total.sampled_out || 0) }))
     .sort((a, b) => b.count - a.count);
   const all = totals.reduce((sum, total) => sum + total.count, 0);
   const hours = Math.round((Date.now() - Date.parse(data.totals_since)) / 3600000);
-  $("#rejections-since").textContent = all + (Number.isFinite(hours) ? " in the last " + hours + " h" : "");
+  $("#rejections-since").textContent = all + (Number.isFinite(hours) ? " in the last " + hours + " h" : "") + "; " + body.children.length + " shown";
   $("#rejection-counts").replaceChildren(...totals.map((total) => el("li", {}, [countChip(total.reason, total.count, "warn")])));
+}
+
+/** "1 alert", "2 alerts". */
+function plural(count, noun) { return count + " " + noun + (count === 1 ? "" : "s"); }
+
+// Trouble first: firing alerts, an endpoint that is not healthy and discarded Apple revocations,
+// at the top of the page on every width, each a link to its card. Filled as the cards load.
+const trouble = { alerts: [], endpoint: null, discarded: 0 };
+
+function renderTrouble() {
+  const lines = [];
+  if (trouble.alerts.length) {
+    const kinds = [...new Set(trouble.alerts.map((item) => item.kind + (item.aud ? " (" + item.aud + ")" : "")))].join(", ");
+    lines.push(["#alerts-title", plural(trouble.alerts.length, "alert") + " firing: " + kinds]);
+  }
+  if (trouble.endpoint) {
+    lines.push(["#endpoint-title", "The endpoint Apple posts to is " + trouble.endpoint.status + (trouble.endpoint.cause ? ": " + trouble.endpoint.cause : "")]);
+  }
+  if (trouble.discarded) {
+    lines.push(["#alerts-title", plural(trouble.discarded, "Apple token revocation") + " discarded: " + (trouble.discarded === 1 ? "its token stays" : "their tokens stay") + " unrevoked"]);
+  }
+  $("#trouble").hidden = lines.length === 0;
+  $("#trouble-items").replaceChildren(...lines.map(([target, text]) => el("li", {}, [el("a", { text, attrs: { href: target } })])));
 }
 
 // Alerts need the alerts:read scope; a token without it still sees everything else.
@@ -507,11 +548,15 @@ async function alerts() {
   } catch (error) {
     $("#alerts-note").textContent = error.status === 403 ? "This token lacks the alerts:read scope." : error.message;
     $("#alerts-counts").replaceChildren();
+    trouble.alerts = [];
+    renderTrouble();
     return;
   }
   const items = data.items.filter((item) => item.kind !== "test")
     .sort((a, b) => (a.state === b.state ? 0 : a.state === "firing" ? -1 : 1));
   const firing = items.filter((item) => item.state === "firing").length;
+  trouble.alerts = items.filter((item) => item.state === "firing" && !item.silenced);
+  renderTrouble();
   $("#alerts-counts").replaceChildren(countChip("firing", firing, firing ? "bad" : "good"), countChip("resolved", items.length - firing, "neutral"));
   $("#alerts-note").textContent = firing ? "Firing now." : items.length ? "Nothing firing." : "No alerts yet.";
   for (const item of items) {
@@ -524,17 +569,23 @@ async function alerts() {
   labelCells($("#alerts"));
 }
 
-// App transfers need the accounts:read scope; the card shows only when there are some to show.
+// App transfers need the accounts:read scope: without it the card says so; with it, it shows when
+// there are transfers to show.
 async function transfers() {
   let data;
+  const body = $("#transfers tbody");
+  body.replaceChildren();
   try {
     data = await api("/v1/transfers");
   } catch (error) {
-    $("#transfers-card").hidden = true;
+    $("#transfers-card").hidden = false;
+    $("#transfers-note").hidden = false;
+    $("#transfers-note").textContent = error.status === 403
+      ? "This token lacks the accounts:read scope: make one with siwa-events tokens create --scope notifications:read --scope accounts:read."
+      : error.message;
     return;
   }
-  const body = $("#transfers tbody");
-  body.replaceChildren();
+  $("#transfers-note").hidden = true;
   $("#transfers-card").hidden = data.items.length === 0;
   let urgent = 0;
   for (const item of data.items) {
@@ -582,6 +633,9 @@ async function endpoint() {
   }
   revocations(data.apple_revocations);
   const result = data.endpoint;
+  trouble.discarded = data.apple_revocations?.discarded || 0;
+  trouble.endpoint = result?.status === "unhealthy" ? result : null;
+  renderTrouble();
   $("#endpoint-card").hidden = result == null;
   if (result == null) return;
   const tone = result.status === "healthy" ? "good" : result.status === "unhealthy" ? "bad" : "neutral";
@@ -601,6 +655,7 @@ document.addEventListener("DOMContentLoaded", () => {
   $("#signin-form").addEventListener("submit", (event) => { event.preventDefault(); signIn($("#token").value.trim()); });
   $("#search").addEventListener("submit", (event) => { event.preventDefault(); search(false); });
   $("#more").addEventListener("click", () => search(true));
+  $("#rejections-more").addEventListener("click", () => rejections(true));
   $("#signout").addEventListener("click", () => { sessionStorage.removeItem("siwa-token"); showApp(false); $("#who").textContent = ""; });
   for (const dialog of document.querySelectorAll("dialog")) {
     dialog.querySelector("[data-close]").addEventListener("click", () => dialog.close());
