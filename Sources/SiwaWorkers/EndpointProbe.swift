@@ -121,7 +121,7 @@ package struct EndpointProbe: Sendable {
                     "handshake with \(host):\(port) failed (TLS 1.2+, full chain verification): \(error) — serve the full chain of a publicly trusted certificate for \(host)")
             ], nil)
         } catch {
-            return ([.init(.tls, .fail, "cannot connect to \(host):\(port): \(error) — is the port open to the internet, and is something listening?")], nil)
+            return ([.init(.tls, .fail, "cannot connect to \(host):\(port): \(Self.plainWords(error)) — is the port open to the internet, and is something listening?")], nil)
         }
     }
 
@@ -134,7 +134,7 @@ package struct EndpointProbe: Sendable {
         do {
             (status, contentType, body) = try await Self.postMalformed(to: url, tls: tls, timeout: timeout)
         } catch {
-            return .init(.route, .fail, "POST \(text) failed: \(error)")
+            return .init(.route, .fail, "POST \(text) failed: \(Self.plainWords(error))")
         }
         let json = JSONValue.parse(Array(body.utf8))
         return switch status {
@@ -282,6 +282,22 @@ package struct EndpointProbe: Sendable {
             try? await http.shutdown()
             throw error
         }
+    }
+}
+
+extension EndpointProbe {
+    /// A network library's error said for people first (what happened), its own text after it in
+    /// brackets and cut, for whoever debugs: `SingleConnectionFailure … errno: 111` becomes "the
+    /// connection was refused (…)".
+    static func plainWords(_ error: any Error) -> String {
+        let raw = "\(error)"
+        let said: String =
+            if raw.contains("errno: 111") || raw.contains("connectionRefused") { "the connection was refused: nothing listens on that port, or a firewall rejects it" }
+            else if raw.contains("errno: 113") || raw.contains("errno: 101") { "no route to the host: a firewall or the network drops the packets" }
+            else if raw.contains("errno: 110") || raw.localizedCaseInsensitiveContains("timeout") || raw.contains("deadline") { "no answer in time" }
+            else if raw.contains("errno: 104") || raw.contains("remoteConnectionClosed") { "the server closed the connection" }
+            else { "the connection failed" }
+        return "\(said) (\(UntrustedText.bounded(raw, limit: 160)))"
     }
 }
 

@@ -510,6 +510,9 @@ struct DeployTests {
         #expect(trusted.status == 0, "only warnings: \(trusted.stdout)")
         tls.signal(SIGTERM)
         #expect(await tls.waitForExit() == 0)
+        // Nothing listens there now: said for people first, the library's words after.
+        let closed = try await doctor(["--url", "https://localhost:\(tlsPort)/apple/notifications"])
+        #expect(closed.stdout.contains("FAIL  tls: cannot connect to localhost:\(tlsPort): the connection was refused: nothing listens on that port"), "\(closed.stdout)")
 
         // Half a TLS configuration is a configuration error naming what is missing.
         var half = ProcessInfo.processInfo.environment.merging(tlsSettings) { $1 }.merging(["SIWA_PORT": "0", "SIWA_ADMIN_PORT": "0"]) { $1 }
