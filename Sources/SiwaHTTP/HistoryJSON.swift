@@ -50,7 +50,7 @@ extension NotificationDetail {
         object["verification"] = [
             "kid": .string(kid), "alg": algorithm.map(JSONValue.string) ?? .null, "iss": issuer.map(JSONValue.string) ?? .null,
             "iat": .string(iso8601(issuedAt)), "exp": time(expiresAt), "jti_derived": .bool(jtiDerived),
-            "remote_addr": remoteAddress.map(JSONValue.string) ?? .null,
+            "remote_addr": remoteAddress.map(JSONValue.string) ?? .null, "sub": signedSub.map(JSONValue.string) ?? .null,
         ]
         object["last_delivery_at"] = .string(iso8601(lastDeliveryAt))
         object["attempts"] = .array(attempts.map(\.json))

@@ -54,6 +54,9 @@ package struct NotificationDetail: Sendable {
     package var issuer: String?
     /// The address the delivery came from (after trusted proxies).
     package var remoteAddress: String?
+    /// The `sub` the signed token carried (nil when erased or unreadable); `record.sub` is the
+    /// user's sub now, which an app transfer may have replaced.
+    package var signedSub: String? = nil
     package var attempts: [AttemptRecord]
     package var jobs: [NotificationJob]
 }
@@ -99,7 +102,10 @@ package struct HistoryStore: Sendable {
         let field = query.timeField.rawValue
         var sql = SQLBuilder("SELECT \(Self.columns), (extract(epoch FROM \(field)) * 1000000)::bigint FROM notifications")
         sql.filter("aud =", query.aud)
-        sql.filter("sub =", query.sub)
+        if let sub = query.sub {
+            sql.filter("sub = ANY(", try await subsNow(of: sub, aud: query.aud))
+            sql.append(")")
+        }
         sql.filter("type = ANY(", query.types.isEmpty ? nil : query.types)
         if !query.types.isEmpty { sql.append(")") }
         sql.filter("status::text = ANY(", query.statuses.isEmpty ? nil : query.statuses)
@@ -130,23 +136,44 @@ package struct HistoryStore: Sendable {
         for try await row in try await client.bounded.query(
             """
             SELECT \(unescaped: Self.columns), 0::bigint, kid, issued_at, expires_at, last_delivery_at, jti_derived,
-                header->>'alg', claims->>'iss', remote_addr
+                header->>'alg', claims->>'iss', remote_addr, (claims->'events')::text
             FROM notifications WHERE jti = \(jti)
             """, logger: logger
         ).decode(
             (Int, String, String, String?, String?, String?, String, String?, Date?, Date, Int, String?, Bool?, Date?, Int64, String, Date, Date?, Date, Bool,
-             String?, String?, String?).self
+             String?, String?, String?, String?).self
         ) {
             let record = Self.record((row.0, row.1, row.2, row.3, row.4, row.5, row.6, row.7, row.8, row.9, row.10, row.11, row.12, row.13, row.14))
             detail = NotificationDetail(
                 record: record, kid: row.15, issuedAt: row.16, expiresAt: row.17, lastDeliveryAt: row.18, jtiDerived: row.19, algorithm: row.20,
-                issuer: row.21, remoteAddress: row.22, attempts: [], jobs: [])
+                issuer: row.21, remoteAddress: row.22, signedSub: row.23.flatMap { EventDecoding.subject(of: JSONValue.parse(Array($0.utf8))) },
+                attempts: [], jobs: [])
         }
         guard var found = detail else { return nil }
         let queue = JobQueue(client: client, logger: logger)
         found.attempts = try await queue.attempts(notificationID: found.record.id)
         found.jobs = try await queue.jobs(notificationID: found.record.id)
         return found
+    }
+
+    /// `sub` and the subs app transfers re-keyed it to (its notifications moved with it): a search
+    /// or a timeline by a user's old sub finds their history.
+    private func subsNow(of sub: String, aud: String?) async throws -> [String] {
+        var subs: [String] = []
+        for try await (found,) in try await client.bounded.query(
+            """
+            WITH RECURSIVE forward (sub, depth) AS (
+                SELECT \(sub)::text, 0
+                UNION ALL
+                SELECT c.new_sub, f.depth + 1 FROM account_sub_changes c JOIN forward f ON c.old_sub = f.sub
+                WHERE (\(aud)::text IS NULL OR c.aud = \(aud)) AND f.depth < 16
+            )
+            SELECT DISTINCT sub FROM forward
+            """, logger: logger
+        ).decode((String,).self) {
+            subs.append(found)
+        }
+        return subs
     }
 
     // MARK: Timeline
@@ -160,7 +187,7 @@ package struct HistoryStore: Sendable {
             SELECT n.id, n.jti, n.aud, n.sub, n.type, n.raw_type, n.status::text, n.skip_reason, n.event_time, n.received_at, n.deliveries,
                 n.email, n.is_private_email, n.erased_at, 0::bigint
             FROM notifications n
-            WHERE n.aud = \(aud) AND n.sub = \(sub)
+            WHERE n.aud = \(aud) AND n.sub = ANY(\(try await subsNow(of: sub, aud: aud)))
             ORDER BY n.event_time, n.id
             LIMIT \(limit)
             """, logger: logger

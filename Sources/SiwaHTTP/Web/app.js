@@ -250,6 +250,8 @@ async function detail(jti) {
   const verification = data.verification || {};
   fact(facts, "aud", data.aud);
   fact(facts, "sub", data.sub == null ? null : shortId(data.sub, { head: 10, tail: 5, onOpen: () => user(data.aud, data.sub) }));
+  // An app transfer re-keyed the user: what the token carried, beside the sub they have now.
+  if (verification.sub && verification.sub !== data.sub) fact(facts, "sub as signed", shortId(verification.sub, { head: 10, tail: 5 }));
   fact(facts, "event type", data.raw_type && data.raw_type !== data.type ? data.type + " (sent as " + data.raw_type + ")" : data.type);
   fact(facts, "event time", time(data.event_time));
   fact(facts, "received", time(data.received_at));
