@@ -322,7 +322,7 @@ struct TransfersCommand: AsyncParsableCommand {
                     try await exchange.runOnce(limit: limit, concurrency: pacing.concurrency)
                 }
                 let progress = try await store.importProgress(of: transfer)
-                print("\(progress.exchanged) of \(progress.total) transfer_subs exchanged (\(progress.rekeyed) accounts re-keyed)")
+                print("\(progress.exchanged) of \(progress.total) transfer_subs exchanged (\(progress.rekeyed) \(progress.rekeyed == 1 ? "account" : "accounts") re-keyed)")
                 for (word, count) in progress.failed.sorted(by: { $0.key < $1.key }) {
                     print("\(count) refused by Apple: \(printable(word)) (kept; `transfers exchange --from \(from) --retry-failed` asks again)")
                 }

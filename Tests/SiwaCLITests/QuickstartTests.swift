@@ -94,7 +94,7 @@ struct QuickstartTests {
         let movedLines = moved.stdout.split(separator: "\n").map(String.init)
         #expect(moved.status == 0 && movedLines.count == 3, "\(moved.stdout) \(moved.stderr)")
         #expect(movedLines.first == "1 of 1 users have a transfer_sub for team TEAMB23456", "\(moved.stdout)")
-        #expect(movedLines.dropFirst().first == "1 of 1 transfer_subs exchanged (1 accounts re-keyed)", "\(moved.stdout)")
+        #expect(movedLines.dropFirst().first == "1 of 1 transfer_subs exchanged (1 account re-keyed)", "\(moved.stdout)")
         let newSub = movedLines.last ?? ""
         #expect(newSub.wholeMatch(of: /[0-9]{6}\.[0-9a-f]{32}\.[0-9]{4}/) != nil && newSub != "001234.abcdef.0001", "\(moved.stdout)")
         // The user's old sub still finds them: the account answers with the sub it has now, and lists the old one.
