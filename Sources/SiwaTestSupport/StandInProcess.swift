@@ -35,6 +35,23 @@ package struct StandInProcess {
         return StandInProcess(process: process, output: output, base: String(line.dropFirst("standin listening on ".count)))
     }
 
+    /// A README block that starts the stand-in, run as a user in a new terminal runs it: a fresh
+    /// `bash` in `directory` with only the system's PATH (the block must set its own), on a port of
+    /// its own choosing instead of the block's, and read from its output.
+    package static func start(block: String, port: Int, in directory: String) async throws -> StandInProcess {
+        let script = block.replacingOccurrences(of: "--port \(port)", with: "--port 0")
+            .replacingOccurrences(of: "\nsiwa-events standin serve", with: "\nexec siwa-events standin serve")
+        let environment = ["PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": ProcessInfo.processInfo.environment["HOME"] ?? "/root"]
+        let (process, output) = try ChildOutput.start("/bin/bash", ["-c", script], environment: environment, workingDirectory: directory)
+        guard await output.wait(forLineWith: ["a code: siwa-events standin code"], within: .seconds(60)),
+            let line = output.text.split(separator: "\n").first(where: { $0.hasPrefix("standin listening on http://127.0.0.1:") })
+        else {
+            process.signal(SIGKILL)
+            throw StandInDidNotStart(output: output.text)
+        }
+        return StandInProcess(process: process, output: output, base: String(line.dropFirst("standin listening on ".count)))
+    }
+
     /// The `.p8` that `serve` made for the team's key.
     package static func keyFile(in directory: String, keys: String = "keys") -> String { "\(directory)/\(keys)/AuthKey_\(keyID).p8" }
 }

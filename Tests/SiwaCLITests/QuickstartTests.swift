@@ -13,7 +13,7 @@ struct QuickstartTests {
     func quickstart() async throws {
         let blocks = try IntegrationGuideTests.testedBlocks(in: "README.md")
         #expect(
-            Set(blocks.keys) == ["quickstart", "quickstart-revoked", "try-apple", "try-apple-revoked", "try-transfer"],
+            Set(blocks.keys) == ["quickstart", "quickstart-revoked", "standin", "try-apple", "try-apple-revoked", "try-transfer"],
             "README.md's tested blocks changed: run each new one here")
         var (port, adminPort, standInBase) = (0, 0, "")  // the servers', once they have bound them
         func block(_ name: String) throws -> String {
@@ -36,8 +36,11 @@ struct QuickstartTests {
         // once, with the credentials of the restart. The callback endpoint only tells the test
         // when an effect is committed (its callback is enqueued in the effect's transaction).
         #expect(try await TestBinary.run(["keys", "generate", "--dir", "siwa-keys"], directory: directory).status == 0)
-        let standIn = try await StandInProcess.start(
-            in: directory, keys: "siwa-keys", arguments: ["--recipient-team-id", "TEAMB23456", "--recipient-key-id", "KEYB234567"])
+        // Step 6 as written, in a new terminal: a fresh shell that has only the system's PATH, with
+        // the release build's place holding the binary under test.
+        try FileManager.default.createDirectory(atPath: "\(directory)/.build/release", withIntermediateDirectories: true)
+        try FileManager.default.createSymbolicLink(atPath: "\(directory)/.build/release/siwa-events", withDestinationPath: TestBinary.url.path)
+        let standIn = try await StandInProcess.start(block: try #require(blocks["standin"]?.code), port: 8090, in: directory)
         defer { standIn.process.signal(SIGKILL) }
         standInBase = standIn.base
         // As the README writes it: readable by its owner alone, like the .p8 beside it.
