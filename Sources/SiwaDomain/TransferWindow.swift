@@ -12,9 +12,10 @@ package struct TransferWindow: Sendable, Equatable {
 
     package var closesAt: Date { transferredAt.addingTimeInterval(Self.length) }
 
-    /// Whole days left at `now` (0 on the last day and after it closed).
+    /// Days left at `now`, the day under way counted: 60 on the transfer's day, 1 on its last,
+    /// 0 once it closed (as a person counts them; Apple's window is "60 days").
     package func daysLeft(at now: Date) -> Int {
-        max(0, Int((closesAt.timeIntervalSince(now) / 86_400).rounded(.down)))
+        max(0, Int((closesAt.timeIntervalSince(now) / 86_400).rounded(.up)))
     }
 
     package func isOpen(at now: Date) -> Bool { now < closesAt }

@@ -43,7 +43,7 @@ struct DashboardTests {
             key: AlertKey(kind: .revocationSpike, aud: Harness.aud, type: "revocations"), startedAt: Date(), value: 42, peak: 42, baseline: 3.5,
             threshold: 20)
         _ = try await AlertStore(client: e.client, logger: e.h.logs.logger()).fire(spike, window: .seconds(300)) { _ in [] }
-        // An app transfer 47 days and a half ago (12 days and a half left): 3 users, 1 migrated.
+        // An app transfer 47 days and a half ago (13 days left, the day under way counted): 3 users, 1 migrated.
         let transfers = TransferStore(client: e.client, logger: e.h.logs.logger())
         let transfer = try await transfers.start(
             .outgoing, clientID: Harness.aud, aud: Harness.aud, teamID: "TEAMB23456", transferredAt: Date().addingTimeInterval(-47.5 * 86_400), actor: "test")

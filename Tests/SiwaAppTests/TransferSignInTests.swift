@@ -49,14 +49,14 @@ struct TransferSignInTests {
         #expect(try await h.count("SELECT count(*) FROM account_sub_changes") == 1)
         #expect(try await h.count("SELECT count(*) FROM sessions WHERE sub = '002.new.1'") == 3)
 
-        // GET /v1/transfers: the transfer, its progress and the window (transferred just now: 59 whole days left).
+        // GET /v1/transfers: the transfer, its progress and the window (transferred just now: 60 days left, today counted).
         #expect(try await API.call(h, .GET, "/v1/transfers", token: token).status == 403)
         let reader = try await API.token(h, [.accountsRead])
         let listed = try await API.call(h, .GET, "/v1/transfers", token: reader)
         let item = try #require(listed.json?["items"]?.arrayValue?.first, "\(listed.body)")
         #expect(item["direction"] == .string("outgoing") && item["team_id"] == .string("TEAMB23456") && item["client_id"] == .string(Harness.aud))
         #expect(item["users"] == .number(1) && item["done"] == .number(1) && item["users_left"] == .number(0), "\(listed.body)")
-        #expect(item["window_open"] == .bool(true) && item["days_left"] == .number(59), "\(listed.body)")
+        #expect(item["window_open"] == .bool(true) && item["days_left"] == .number(60), "\(listed.body)")
         await h.stop()
     }
 }

@@ -8,10 +8,10 @@ struct TransferDeadlineTests {
     static let key = TransferDeadlineRule.key(aud: "com.example.app", outgoing: true, team: "TEAMB23456")
     static let settings = TransferDeadlineSettings()  // 14 days, then 3
 
-    /// The backlog `daysLeft` whole days (and a minute) before the window closes.
+    /// The backlog with `daysLeft` days left, the day under way counted (a minute into that day).
     static func backlog(daysLeft: Double, users: Int) -> (TransferBacklog, Date) {
         let window = TransferWindow(transferredAt: transferred)
-        return (TransferBacklog(key: key, window: window, usersLeft: users), window.closesAt.addingTimeInterval(-daysLeft * 86_400 - 60))
+        return (TransferBacklog(key: key, window: window, usersLeft: users), window.closesAt.addingTimeInterval(-daysLeft * 86_400 + 60))
     }
 
     /// Steps one transfer through `days` (days left, users left) from nothing open; the kinds of decision taken.

@@ -419,10 +419,11 @@ struct AlertTests {
         let monitor = AlertMonitor(configuration: configuration, store: AlertStore(client: e.client, logger: e.h.logs.logger()), logger: e.h.logs.logger(), identity: "test")
         let transfers = TransferStore(client: e.client, logger: e.h.logs.logger())
         for index in 0..<5 { try await e.client.query("INSERT INTO accounts (aud, sub) VALUES (\(Harness.aud), \("001.deadline.\(index)"))") }
-        // Transferred 44 days and a half ago: 15 days and a half left, 14 in half a day, 3 eleven days later.
+        // Transferred 45 days and a half ago: 15 days left (the day under way counted), 14 in half a
+        // day, 3 eleven days later.
         let t0 = Date()
         let outgoing = try await transfers.start(
-            .outgoing, clientID: Harness.aud, aud: Harness.aud, teamID: "TEAMB23456", transferredAt: t0.addingTimeInterval(-44.5 * 86_400), actor: "test")
+            .outgoing, clientID: Harness.aud, aud: Harness.aud, teamID: "TEAMB23456", transferredAt: t0.addingTimeInterval(-45.5 * 86_400), actor: "test")
         #expect(try await transfers.listUsers(of: outgoing) == 5)
         // Two transfers that need nothing: one whose only user Apple refused, one received with nothing imported.
         try await e.client.query("INSERT INTO accounts (aud, sub) VALUES ('com.example.other', '001.refused.1')")

@@ -312,7 +312,7 @@ try:
     assert "firing" not in trouble, f"the previous token's alerts are still in the trouble card: {trouble!r}"
     assert not driver.find_element(By.ID, "transfers-note").is_displayed(), "the scope note shows with accounts:read"
     transfer = driver.find_element(By.CSS_SELECTOR, "#transfers tbody tr").text
-    assert "to TEAMB23456" in transfer and "12 days left" in transfer, f"the transfer row: {transfer!r}"
+    assert "to TEAMB23456" in transfer and "13 days left" in transfer, f"the transfer row: {transfer!r}"
     cells = driver.execute_script("return Array.from(document.querySelectorAll('#transfers tbody tr:first-child td.num'), c => c.textContent)")
     assert cells == ["3", "1", "0", "2"], f"users, done, refused, left: {cells}"
     assert "1 closing with users left" in driver.find_element(By.ID, "transfers-counts").text, "the closing count is missing"
