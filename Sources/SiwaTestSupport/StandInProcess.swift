@@ -26,6 +26,11 @@ package struct StandInProcess {
             TestBinary.url.path,
             ["standin", "serve", "--keys", keys, "--port", "0", "--team-id", teamID, "--key-id", keyID, "--client-ids", clientIDs] + arguments,
             environment: ProcessInfo.processInfo.environment, workingDirectory: directory)
+        return try await listening(process, output)
+    }
+
+    /// The started stand-in once it says where it listens (killed if it does not within a minute).
+    private static func listening(_ process: ChildProcess, _ output: ChildOutput) async throws -> StandInProcess {
         guard await output.wait(forLineWith: ["a code: siwa-events standin code"], within: .seconds(60)),
             let line = output.text.split(separator: "\n").first(where: { $0.hasPrefix("standin listening on http://127.0.0.1:") })
         else {
@@ -43,13 +48,7 @@ package struct StandInProcess {
             .replacingOccurrences(of: "\nsiwa-events standin serve", with: "\nexec siwa-events standin serve")
         let environment = ["PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": ProcessInfo.processInfo.environment["HOME"] ?? "/root"]
         let (process, output) = try ChildOutput.start("/bin/bash", ["-c", script], environment: environment, workingDirectory: directory)
-        guard await output.wait(forLineWith: ["a code: siwa-events standin code"], within: .seconds(60)),
-            let line = output.text.split(separator: "\n").first(where: { $0.hasPrefix("standin listening on http://127.0.0.1:") })
-        else {
-            process.signal(SIGKILL)
-            throw StandInDidNotStart(output: output.text)
-        }
-        return StandInProcess(process: process, output: output, base: String(line.dropFirst("standin listening on ".count)))
+        return try await listening(process, output)
     }
 
     /// The `.p8` that `serve` made for the team's key.

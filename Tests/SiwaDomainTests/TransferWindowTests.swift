@@ -6,14 +6,15 @@ import Testing
 struct TransferWindowTests {
     static let transferred = Date(timeIntervalSince1970: 1_767_225_600)  // 2026-01-01T00:00:00Z
 
-    @Test("days left are whole days to the close, 60 days after the transfer; closed from then on")
+    @Test("days left count the day under way (60 all through the transfer day, 1 on the last), 60 days after the transfer; closed from then on")
     func daysLeft() {
         let window = TransferWindow(transferredAt: Self.transferred)
         #expect(window.closesAt == Date(timeIntervalSince1970: 1_767_225_600 + 60 * 86_400))
         #expect(window.daysLeft(at: Self.transferred) == 60)
-        #expect(window.daysLeft(at: Self.transferred.addingTimeInterval(10.5 * 86_400)) == 49)
+        #expect(window.daysLeft(at: Self.transferred.addingTimeInterval(0.5 * 86_400)) == 60)
+        #expect(window.daysLeft(at: Self.transferred.addingTimeInterval(10.5 * 86_400)) == 50)
         #expect(window.isOpen(at: window.closesAt.addingTimeInterval(-1)))
-        #expect(window.daysLeft(at: window.closesAt.addingTimeInterval(-1)) == 0)
+        #expect(window.daysLeft(at: window.closesAt.addingTimeInterval(-1)) == 1)
         #expect(!window.isOpen(at: window.closesAt))
         #expect(window.daysLeft(at: window.closesAt.addingTimeInterval(86_400 * 5)) == 0)
     }
