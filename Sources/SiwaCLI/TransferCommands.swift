@@ -318,6 +318,9 @@ struct TransfersCommand: AsyncParsableCommand {
                             pacer: ApplePacer(perSecond: pacing.rate)),
                         clientID: clientID, target: nil))
                 let pending = try await store.importProgress(of: transfer).pending
+                if pending == 0 {
+                    printError("nothing left to exchange: each transfer_sub is exchanged or refused (--retry-failed asks Apple again for the refused)")
+                }
                 let stopped = try await TransfersCommand.drive(pending: pending) { limit in
                     try await exchange.runOnce(limit: limit, concurrency: pacing.concurrency)
                 }
