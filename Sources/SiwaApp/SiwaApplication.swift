@@ -332,6 +332,7 @@ package enum Server {
             throw error
         }
         await database.close()
+        logger.notice("siwa-events stopped")
         if watch.cutShort {
             logger.error("shutdown took longer than SIWA_SHUTDOWN_GRACE; what was still running was cancelled", metadata: ["grace": "\(DurationSyntax.format(config.shutdownGrace))"])
             throw ShutdownCutShort(grace: config.shutdownGrace)

@@ -32,6 +32,7 @@ struct AppleCommand: AsyncParsableCommand {
             }
             do {
                 try PrivateFile.write(Data((key + "\n").utf8), to: output)
+                printError("wrote a new key to \(output) (readable by you alone); give it to SIWA_APPLE_TOKEN_KEYS_FILE")
             } catch {
                 printError("siwa-events: --output: \(error)")
                 throw ExitCode(1)
