@@ -24,12 +24,12 @@ struct QuickstartTests {
         }
 
         let directory = try TestBinary.makeDirectory("quickstart")
-        try FileManager.default.createDirectory(atPath: "\(directory)/bin", withIntermediateDirectories: false, attributes: [.posixPermissions: 0o755])
         defer { try? FileManager.default.removeItem(atPath: directory) }
-        try FileManager.default.createSymbolicLink(atPath: "\(directory)/bin/siwa-events", withDestinationPath: TestBinary.url.path)
+        // The second terminal as a new one: the system's PATH and the tools the README uses (curl,
+        // jq), not the binary: its block must put the build on PATH itself, as it says.
         let environment = ProcessInfo.processInfo.environment.filter { !$0.key.hasPrefix("SIWA_") && $0.key != "DATABASE_URL" }
         let shell = IntegrationGuideTests.Shell(directory: directory, environment: environment.merging([
-            "PATH": "\(directory)/bin:" + (environment["PATH"] ?? "/usr/bin:/bin")
+            "PATH": "/usr/local/bin:/usr/bin:/bin"
         ]) { $1 })
 
         // Steps 1 and 2, with the debug binary, and step 6 (the stand-in) with the server started
