@@ -183,8 +183,7 @@ package struct AppleTokenStore: AppleCallRecorder {
 
     /// Deletes up to `limit` call records older than `retention` (the history's), oldest first.
     package func pruneCalls(retention: Duration, limit: Int = 1000) async throws -> Int {
-        var deleted = 0
-        for try await (n,) in try await client.bounded.query(
+        return try await client.bounded.count(
             """
             WITH pruned AS (
                 DELETE FROM apple_auth_calls WHERE id IN (
@@ -193,11 +192,7 @@ package struct AppleTokenStore: AppleCallRecorder {
                 RETURNING id
             )
             SELECT count(*)::bigint FROM pruned
-            """, logger: logger
-        ).decode((Int,).self) {
-            deleted = n
-        }
-        return deleted
+            """, logger: logger)
     }
 
     // MARK: Validation

@@ -29,6 +29,15 @@ package struct BoundedPostgres: Sendable {
         return try await withDeadline(limit) { try await client.query(query, logger: logger) }
     }
 
+    /// A statement whose one row is one count (`SELECT count(*)::bigint …`, typically over a
+    /// data-modifying CTE): read to the end, so a statement's error, which arrives with its rows,
+    /// is thrown here.
+    package func count(_ query: PostgresQuery, logger: Logger) async throws -> Int {
+        var count = 0
+        for try await (n,) in try await self.query(query, logger: logger).decode((Int,).self) { count = n }
+        return count
+    }
+
     package func withConnection<Result: Sendable>(_ body: @escaping @Sendable (PostgresConnection) async throws -> Result) async throws -> Result {
         let client = self.client
         return try await withDeadline(limit) { try await client.withConnection(body) }

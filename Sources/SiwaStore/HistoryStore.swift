@@ -214,8 +214,7 @@ package struct HistoryStore: Sendable {
     @discardableResult
     package func deleteKeptTokens(olderThan retention: Duration, limit: Int = 1000, now: Date? = nil) async throws -> Int {
         let seconds = Int(retention.components.seconds)
-        var cleared = 0
-        for try await (n,) in try await client.bounded.query(
+        return try await client.bounded.count(
             """
             WITH old AS (
                 SELECT id FROM rejections
@@ -225,11 +224,7 @@ package struct HistoryStore: Sendable {
                 UPDATE rejections SET token = NULL, key_jwk = NULL, body_prefix = ''::bytea WHERE id IN (SELECT id FROM old) RETURNING id
             )
             SELECT count(*)::bigint FROM cleared
-            """, logger: logger
-        ).decode((Int,).self) {
-            cleared = n
-        }
-        return cleared
+            """, logger: logger)
     }
 
     // MARK: NotificationsStats
@@ -270,8 +265,7 @@ package struct HistoryStore: Sendable {
     /// delta is deleted, and so added, once. Returns how many deltas it folded.
     @discardableResult
     package func foldCounts(limit: Int = foldLimit) async throws -> Int {
-        var folded = 0
-        for try await (n,) in try await client.bounded.query(
+        return try await client.bounded.count(
             """
             WITH moved AS (
                 DELETE FROM notification_count_deltas
@@ -293,11 +287,7 @@ package struct HistoryStore: Sendable {
                 WHERE excluded.first_seen < f.first_seen OR f.last_seen IS NULL OR excluded.last_seen > f.last_seen
             )
             SELECT count(*)::bigint FROM moved
-            """, logger: logger
-        ).decode((Int,).self) {
-            folded = n
-        }
-        return folded
+            """, logger: logger)
     }
 }
 

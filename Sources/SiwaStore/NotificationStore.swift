@@ -308,8 +308,7 @@ package struct NotificationStore: Sendable {
     package func prune(retention: Duration, limit: Int = 1000) async throws -> Int {
         let seconds = Int(retention.components.seconds)
         let open = ProcessingStatus.open.map(\.rawValue)
-        var deleted = 0
-        for try await (n,) in try await client.bounded.query(
+        return try await client.bounded.count(
             """
             WITH old AS (
                 SELECT id FROM notifications
@@ -328,11 +327,7 @@ package struct NotificationStore: Sendable {
                 DELETE FROM notification_counts_recent WHERE second < now() - interval '1 day'
             )
             SELECT count(*)::bigint FROM pruned
-            """, logger: logger
-        ).decode((Int,).self) {
-            deleted = n
-        }
-        return deleted
+            """, logger: logger)
     }
 
     /// Health: the database answers.

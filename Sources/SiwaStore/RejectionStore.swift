@@ -110,8 +110,7 @@ package struct RejectionStore: Sendable {
     /// repeat while it returns a full batch.
     @discardableResult
     package func prune(retention: Duration, limit: Int = 1000) async throws -> Int {
-        var deleted = 0
-        for try await (n,) in try await client.bounded.query(
+        return try await client.bounded.count(
             """
             WITH pruned AS (
                 DELETE FROM rejections WHERE id IN (
@@ -120,11 +119,7 @@ package struct RejectionStore: Sendable {
                 RETURNING id
             )
             SELECT count(*)::bigint FROM pruned
-            """, logger: logger
-        ).decode((Int,).self) {
-            deleted = n
-        }
-        return deleted
+            """, logger: logger)
     }
 
     // MARK: RejectionsInsertBatch

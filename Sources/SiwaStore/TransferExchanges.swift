@@ -34,8 +34,7 @@ extension TransferStore {
     /// Adds `transferSubs` (an export's lines) to exchange; returns how many were new.
     @discardableResult
     package func importTransferSubs(_ transferSubs: [String], into transfer: Transfer) async throws -> Int {
-        var added = 0
-        for try await (n,) in try await client.bounded.query(
+        return try await client.bounded.count(
             """
             WITH added AS (
                 INSERT INTO transfer_imports (transfer_id, transfer_sub)
@@ -45,19 +44,14 @@ extension TransferStore {
                 RETURNING 1
             )
             SELECT count(*)::bigint FROM added
-            """, logger: logger
-        ).decode((Int,).self) {
-            added = n
-        }
-        return added
+            """, logger: logger)
     }
 
     /// When this database moved with the app: the sender's identifiers for our team, prepared
     /// here before the move, become the transfer_subs to exchange. Returns how many were new.
     @discardableResult
     package func importPrepared(into transfer: Transfer, ourTeam: String) async throws -> Int {
-        var added = 0
-        for try await (n,) in try await client.bounded.query(
+        return try await client.bounded.count(
             """
             WITH added AS (
                 INSERT INTO transfer_imports (transfer_id, transfer_sub)
@@ -68,11 +62,7 @@ extension TransferStore {
                 RETURNING 1
             )
             SELECT count(*)::bigint FROM added
-            """, logger: logger
-        ).decode((Int,).self) {
-            added = n
-        }
-        return added
+            """, logger: logger)
     }
 
     package func pendingImports(of transfer: Transfer, limit: Int) async throws -> [String] {
@@ -234,17 +224,12 @@ extension TransferStore {
     /// Puts the refused transfer_subs back to pending; returns how many.
     @discardableResult
     package func retryRefusedImports(of transfer: Transfer) async throws -> Int {
-        var count = 0
-        for try await (n,) in try await client.bounded.query(
+        return try await client.bounded.count(
             """
             WITH retried AS (
                 UPDATE transfer_imports SET error = NULL, updated_at = now() WHERE transfer_id = \(transfer.id) AND error IS NOT NULL RETURNING 1
             )
             SELECT count(*)::bigint FROM retried
-            """, logger: logger
-        ).decode((Int,).self) {
-            count = n
-        }
-        return count
+            """, logger: logger)
     }
 }

@@ -113,8 +113,7 @@ package struct TransferStore: Sendable {
     /// not a new one of ours.
     @discardableResult
     package func listUsers(of transfer: Transfer) async throws -> Int {
-        var added = 0
-        for try await (n,) in try await client.bounded.query(
+        return try await client.bounded.count(
             """
             WITH added AS (
                 INSERT INTO transfer_subs (transfer_id, sub)
@@ -127,11 +126,7 @@ package struct TransferStore: Sendable {
                 RETURNING 1
             )
             SELECT count(*)::bigint FROM added
-            """, logger: logger
-        ).decode((Int,).self) {
-            added = n
-        }
-        return added
+            """, logger: logger)
     }
 
     /// Up to `limit` users whose identifier is still to be asked for, in `sub` order.
@@ -166,8 +161,7 @@ package struct TransferStore: Sendable {
     /// Puts the users whose call failed back to pending; returns how many.
     @discardableResult
     package func retryFailed(of transfer: Transfer) async throws -> Int {
-        var count = 0
-        for try await (n,) in try await client.bounded.query(
+        return try await client.bounded.count(
             """
             WITH retried AS (
                 UPDATE transfer_subs SET error = NULL, updated_at = now()
@@ -175,11 +169,7 @@ package struct TransferStore: Sendable {
                 RETURNING 1
             )
             SELECT count(*)::bigint FROM retried
-            """, logger: logger
-        ).decode((Int,).self) {
-            count = n
-        }
-        return count
+            """, logger: logger)
     }
 
     package func progress(of transfer: Transfer) async throws -> TransferSubProgress {

@@ -204,8 +204,7 @@ extension JobQueue {
     /// event type). Their notifications show `pending` again.
     @discardableResult
     package func retryEffects(jobID: Int?, discarded: Bool, type: String?) async throws -> Int {
-        var count = 0
-        for try await (n,) in try await client.bounded.query(
+        return try await client.bounded.count(
             """
             WITH retried AS (
                 UPDATE jobs j SET state = 'available', run_at = now(), attempt = 0, finished_at = NULL, last_error = NULL,
@@ -217,11 +216,7 @@ extension JobQueue {
                 RETURNING j.notification_id
             )
             SELECT count(*)::bigint FROM retried
-            """, logger: logger
-        ).decode((Int,).self) {
-            count = n
-        }
-        return count
+            """, logger: logger)
     }
 
     /// Enqueues a stored notification's effect again (idempotent: the rules make a second

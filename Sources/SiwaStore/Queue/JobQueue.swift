@@ -27,8 +27,7 @@ package struct JobQueue: Sendable {
     /// process at once.
     @discardableResult
     package func rescueExpiredLeases(maxAttempts: Int, now: Date? = nil) async throws -> Int {
-        var count = 0
-        for try await (n,) in try await client.bounded.query(
+        return try await client.bounded.count(
             """
             WITH clock AS (SELECT coalesce(\(now)::timestamptz, now()) AS now
             ), expired AS (
@@ -48,11 +47,7 @@ package struct JobQueue: Sendable {
                 FROM rescued
             )
             SELECT count(*)::bigint FROM rescued
-            """, logger: logger
-        ).decode((Int,).self) {
-            count = n
-        }
-        return count
+            """, logger: logger)
     }
 
     /// Renews the leases of `jobs`, those of them `worker` still holds, to `lease` after `now`.
