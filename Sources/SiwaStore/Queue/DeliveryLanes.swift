@@ -141,8 +141,7 @@ extension JobQueue {
     /// being delivered right now is left alone. Returns how many.
     @discardableResult
     package func redeliverCallbacks(id: Int?, notificationID: Int? = nil, since: Date?) async throws -> Int {
-        var count = 0
-        for try await (n,) in try await client.bounded.query(
+        let count = try await client.bounded.count(
             """
             WITH redelivered AS (
                 UPDATE jobs SET state = 'available', run_at = now(), attempt = 0, finished_at = NULL, last_error = NULL,
@@ -153,11 +152,8 @@ extension JobQueue {
                 RETURNING id
             )
             SELECT count(*)::bigint FROM redelivered
-            """, logger: logger
-        ).decode((Int,).self) {
-            count = n
-        }
-        if count > 0 { try await client.bounded.query("SELECT pg_notify('siwa_jobs', \(Lane.callbacks.rawValue))", logger: logger) }
+            """, logger: logger)
+        if count > 0 { try await notify(.callbacks) }
         return count
     }
 

@@ -240,7 +240,7 @@ extension JobQueue {
         ).decode((Int,).self) {
             replayed = true
         }
-        if replayed { try await client.bounded.query("SELECT pg_notify('siwa_jobs', \(Lane.effects.rawValue))", logger: logger) }
+        if replayed { try await notify(.effects) }
         return replayed
     }
 

@@ -148,8 +148,7 @@ extension JobQueue {
     @discardableResult
     package func retry(lane: Lane, id: Int?, discarded: Bool) async throws -> Int {
         if lane == .effects { return try await retryEffects(jobID: id, discarded: discarded, type: nil) }
-        var count = 0
-        for try await (n,) in try await client.bounded.query(
+        let count = try await client.bounded.count(
             """
             WITH retried AS (
                 UPDATE jobs SET state = 'available', run_at = now(), attempt = 0, finished_at = NULL, last_error = NULL,
@@ -159,11 +158,14 @@ extension JobQueue {
                 RETURNING id
             )
             SELECT count(*)::bigint FROM retried
-            """, logger: logger
-        ).decode((Int,).self) {
-            count = n
-        }
-        if count > 0 { try await client.bounded.query("SELECT pg_notify('siwa_jobs', \(lane.rawValue))", logger: logger) }
+            """, logger: logger)
+        if count > 0 { try await notify(lane) }
         return count
+    }
+
+    /// Tells `lane`'s workers (NOTIFY `siwa_jobs`) that jobs were put back outside a producer's
+    /// statement (a producer's own statement notifies through `notifySQL`).
+    func notify(_ lane: Lane) async throws {
+        try await client.bounded.query("SELECT pg_notify('siwa_jobs', \(lane.rawValue))", logger: logger)
     }
 }
