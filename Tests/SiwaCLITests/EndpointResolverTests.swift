@@ -17,7 +17,7 @@ import Testing
 /// this test holds and never answers (loopback only: no packet leaves the machine).
 @Suite("Endpoint check: a hanging DNS resolver", .timeLimit(.minutes(10)))
 struct EndpointResolverTests {
-    @Test("while the endpoint check's DNS lookup hangs, /health/live answers on both listeners within 2 s")
+    @Test("while the endpoint check's DNS lookup hangs, /health/live answers on both listeners, each before the lookup ends")
     func hangingResolverDoesNotStallListeners() async throws {
         let keys = try await TestBinary.Keys.make()
         defer { keys.remove() }
@@ -42,7 +42,10 @@ struct EndpointResolverTests {
         #expect(await nameserver.waitForQuery(within: .seconds(90)), "no DNS query from the endpoint check: \(output.text.suffix(4000))")
 
         // Each request on a connection of its own, so the listeners spread them over all their
-        // event loops, the one the lookup would block among them.
+        // event loops, the one the lookup would block among them. A blocked loop answers only when
+        // the lookup gives up (a minute and more); what proves it free is an answer while the
+        // lookup still hangs (checked after the last request), not how fast a loaded machine is:
+        // a bound of 2 s failed one answer at 2.9 s in a full suite on 2 cores.
         var slow: [String] = []
         for (name, listener) in [("public", port), ("admin", adminPort)] {
             for attempt in 0..<4 {
@@ -51,18 +54,18 @@ struct EndpointResolverTests {
                 let start = ContinuousClock.now
                 let status: Int?
                 do {
-                    let response = try await HTTPClient.shared.execute(request, timeout: .seconds(5))
+                    let response = try await HTTPClient.shared.execute(request, timeout: .seconds(20))
                     _ = try await response.body.collect(upTo: 1 << 16)
                     status = Int(response.status.code)
                 } catch {
                     status = nil
                 }
                 let elapsed = ContinuousClock.now - start
-                if status != 200 || elapsed > .seconds(2) { slow.append("\(name) #\(attempt): \(status.map(String.init) ?? "no answer") after \(elapsed)") }
+                if status != 200 { slow.append("\(name) #\(attempt): \(status.map(String.init) ?? "no answer") after \(elapsed)") }
             }
         }
         #expect(slow.isEmpty, "/health/live while the endpoint check's DNS lookup hangs: \(slow)")
-        // The lookup was still hanging throughout: the check has not finished.
+        // The lookup was still hanging after the last answer: the check has not finished.
         #expect(!output.text.contains("endpoint check:"), "\(output.text.suffix(4000))")
 
         process.signal(SIGKILL)
