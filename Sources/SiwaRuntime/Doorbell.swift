@@ -1,8 +1,8 @@
 import NIOCore
 import Synchronization
 
-/// Wakes idle workers early: rung on a `siwa_jobs` NOTIFY. Workers never rely on it — they also
-/// wake every poll interval — so a lost NOTIFY (nobody listening, a pooler) costs latency only.
+/// Wakes idle workers early: rung on a `siwa_jobs` NOTIFY. Workers never rely on it alone — the
+/// listener's check (or, with no listener, their own poll) finds what a lost NOTIFY left.
 package final class Doorbell: Sendable {
     private struct State {
         var rung = false
@@ -50,6 +50,19 @@ package final class Doorbell: Sendable {
         }
     }
 
+    /// Wakes every idle waiter once, without closing: their loops look again and choose their
+    /// next wait (the listener lost its connection, so they poll again).
+    package func wakeAll() {
+        let waiters = state.withLock { state -> [Waiter] in
+            defer { state.waiters.removeAll() }
+            return Array(state.waiters.values)
+        }
+        for waiter in waiters {
+            waiter.timer?.cancel()
+            waiter.continuation.resume()
+        }
+    }
+
     /// Whether `close()` was called.
     package var isClosed: Bool { state.withLock { $0.closed } }
 
@@ -83,6 +96,9 @@ package final class Doorbell: Sendable {
             if woken { timer.cancel() }
         }
     }
+
+    /// Whether a ring is waiting for the next `wait` (nobody was waiting when it came).
+    package var isRung: Bool { state.withLock { $0.rung } }
 
     /// Callers waiting now.
     package var waiting: Int { state.withLock { $0.waiters.count } }

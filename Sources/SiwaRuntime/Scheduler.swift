@@ -6,6 +6,9 @@ import ServiceLifecycle
 package enum Pace: Sendable, Equatable {
     case again
     case idle
+    /// Wait `after` (a ring meanwhile is kept, not lost), then up to this long for a ring of the
+    /// doorbell: the loop chose its own idle wait, and spaces its rounds at least `after` apart.
+    case idleFor(Duration, after: Duration = .zero)
     case after(Duration)
 }
 
@@ -72,6 +75,9 @@ package enum Scheduler {
                         // A doorbell closed by another loop sharing it (each its own service, shut
                         // down one at a time) answers at once: this loop polls until its own turn.
                         case .idle: await (doorbell.isClosed ? pause : doorbell).wait(timeout: schedule.interval)
+                        case .idleFor(let wait, let gap):
+                            if gap > .zero { await pause.wait(timeout: gap) }
+                            if !stopping() { await (doorbell.isClosed ? pause : doorbell).wait(timeout: wait) }
                         case .after(let delay): await pause.wait(timeout: delay)
                         }
                     } catch {

@@ -25,8 +25,25 @@ package struct BoundedPostgres: Sendable {
 
     @discardableResult
     package func query(_ query: PostgresQuery, logger: Logger) async throws -> PostgresRowSequence {
+        if let shared = Self.shared {
+            return try await withDeadline(limit) { try await shared.query(query, logger: logger) }
+        }
         let client = self.client
         return try await withDeadline(limit) { try await client.query(query, logger: logger) }
+    }
+
+    /// The connection of a `readingTogether` scope: `query` (and `count`) in it run there.
+    @TaskLocal static var shared: PostgresConnection?
+
+    /// `body` with every `query` it makes through a `BoundedPostgres` (of any store) in one
+    /// read-only transaction: a monitoring round's dozen reads cost the database one transaction
+    /// instead of a dozen, and see one snapshot. A write in `body` fails (read-only); its own
+    /// `transaction` or `withConnection` calls lease their own connection as usual.
+    package func readingTogether<Result: Sendable>(logger: Logger, _ body: @escaping @Sendable () async throws -> Result) async throws -> Result {
+        try await transaction(logger: logger) { connection in
+            try await connection.query("SET TRANSACTION READ ONLY", logger: logger)
+            return try await Self.$shared.withValue(connection) { try await body() }
+        }
     }
 
     /// A statement whose one row is one count (`SELECT count(*)::bigint …`, typically over a

@@ -92,8 +92,9 @@ package final class AlertMonitor: Service, Sendable {
     /// resolved.
     @discardableResult
     package func evaluate(now: Date) async throws -> [AlertDecision] {
-        let observed = try await observe(now: now)
-        let open = try await store.open()
+        let (observed, open) = try await store.client.bounded.readingTogether(logger: logger) {
+            (try await self.observe(now: now), try await self.store.open())
+        }
         return try await apply(AlertRules.decide(observed, open: open.map(\.episode), now: now), open: open)
     }
 

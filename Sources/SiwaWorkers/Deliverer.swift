@@ -34,11 +34,17 @@ package final class Deliverer: Service, Sendable {
     package struct Configuration: Sendable {
         package var lease: Duration
         package var pollInterval: Duration
+        /// Whether the listener wakes an idle deliverer (nil: it polls).
+        package var listening: ListenState?
 
-        package init(lease: Duration, pollInterval: Duration) {
+        package init(lease: Duration, pollInterval: Duration, listening: ListenState? = nil) {
             self.lease = lease
             self.pollInterval = pollInterval
+            self.listening = listening
         }
+
+        /// How long an idle deliverer waits before it claims again.
+        var idleWait: Duration { listening?.idleWait(poll: pollInterval) ?? pollInterval }
     }
 
     package let lane: DeliveryLane
@@ -85,7 +91,7 @@ package final class Deliverer: Service, Sendable {
             }
             await Scheduler.run(
                 Schedule(interval: configuration.pollInterval, doorbell: doorbell), once: { try await self.runOnce(http: http) },
-                pace: { $0.claimed > 0 ? .again : .idle }
+                pace: { [configuration] in $0.claimed > 0 ? .again : .idleFor(configuration.idleWait) }
             ) { error in
                 logger.warning("worker: database error; retrying", metadata: ["worker": "\(worker)", "error": "\(loggable(error))"])
             }

@@ -32,6 +32,8 @@ package final class EffectWorker: Service, Sendable {
         package var batchSize: Int
         package var lease: Duration
         package var pollInterval: Duration
+        /// Whether the listener wakes idle workers (nil: they poll).
+        package var listening: ListenState?
         package var retry: RetryPolicy
         package var eraseOnDelete: Bool
         /// Each applied effect also enqueues its callback (lane `callbacks`).
@@ -68,7 +70,7 @@ package final class EffectWorker: Service, Sendable {
     package func run() async throws {
         await Scheduler.run(
             Schedule(interval: configuration.pollInterval, doorbell: doorbell), once: { try await self.round() },
-            pace: { $0 ? .again : .idle }
+            pace: { [configuration] in $0 ? .again : .idleFor(configuration.listening?.idleWait(poll: configuration.pollInterval) ?? configuration.pollInterval) }
         ) { error in
             logger.warning("worker: database error; retrying", metadata: ["worker": "\(name)", "error": "\(loggable(error))"])
         }
@@ -79,7 +81,10 @@ package final class EffectWorker: Service, Sendable {
     private func round() async throws -> Bool {
         guard crew.begin() else { return false }
         do {
-            return crew.end(claimed: try await runOnce().claimed)
+            let claimed = try await runOnce().claimed
+            // A full batch is a backlog: wake an idle peer, which wakes the next if it finds one too.
+            if claimed >= configuration.batchSize { doorbell.ring() }
+            return crew.end(claimed: claimed)
         } catch {
             crew.abandon()
             throw error

@@ -76,6 +76,7 @@ package final class EffectWorkers: Service, Sendable {
         self.logger = logger
         let doorbells = Dictionary(uniqueKeysWithValues: Lane.all.map { ($0, Doorbell()) })
         let queue = JobQueue(client: store.client, logger: logger)
+        let listening = configuration.queue.listen ? ListenState() : nil
         effectDoorbell = doorbells[.effects]!
         let appleTokens = AppleTokenStore(client: store.client, logger: logger)
         let apple = configuration.appleGateway(calls: appleTokens)
@@ -83,13 +84,13 @@ package final class EffectWorkers: Service, Sendable {
         deliverers = lanes.map { lane in
             Deliverer(
                 lane: lane, worker: "\(identity)/\(lane.lane)",
-                configuration: Deliverer.Configuration(lease: configuration.queue.lease, pollInterval: configuration.queue.pollInterval), queue: queue,
+                configuration: Deliverer.Configuration(lease: configuration.queue.lease, pollInterval: configuration.queue.pollInterval, listening: listening), queue: queue,
                 doorbell: doorbells[lane.lane]!, logger: logger, metrics: metrics)
         }
         let callbacks = lanes.contains { $0.lane == .callbacks }
         let (policy, settings, upkeep) = (configuration.queue, configuration.effects, configuration.upkeep)
         let effect = EffectWorker.Configuration(
-            batchSize: settings.batchSize, lease: policy.lease, pollInterval: policy.pollInterval, retry: policy.retry,
+            batchSize: settings.batchSize, lease: policy.lease, pollInterval: policy.pollInterval, listening: listening, retry: policy.retry,
             eraseOnDelete: settings.eraseOnDelete, callbacks: callbacks,
             appleTokens: configuration.lanes.apple != nil && settings.revokeOnAppleEvents ? .revoke : .forget)
         let crew = EffectCrew(batchSize: settings.batchSize)
@@ -102,13 +103,19 @@ package final class EffectWorkers: Service, Sendable {
             configuration: .init(maxAttempts: policy.maxAttempts, retention: upkeep.retention, interval: upkeep.interval),
             queue: queue, doorbells: Array(doorbells.values), logger: logger)
         let history = HistoryStore(client: store.client, logger: logger)
-        statsFolder = StatsFolder(history: history, interval: upkeep.interval, logger: logger)
+        let activity = listening.map { _ in Doorbell() }
+        statsFolder = StatsFolder(history: history, interval: upkeep.foldInterval, activity: activity, logger: logger)
         var pruning = configuration.history
         pruning.retryAfter = upkeep.interval
         historyPruner = HistoryPruner(
             configuration: pruning, notifications: NotificationStore(client: store.client, logger: logger),
             rejections: RejectionStore(client: store.client, logger: logger), history: history, logger: logger)
-        listener = !policy.listen ? nil : JobsListener(client: store.client, doorbells: doorbells, logger: logger)
+        let running = [Lane.effects] + deliverers.map(\.lane.lane)
+        listener = listening.map {
+            JobsListener(
+                queue: queue, doorbells: doorbells.filter { running.contains($0.key) }, activity: activity.map { [$0] } ?? [], state: $0,
+                checkInterval: policy.checkInterval, logger: logger)
+        }
         if let validation = configuration.appleValidation, apple != nil {
             validator = AppleTokenValidator(configuration: validation, store: appleTokens, queue: queue, logger: logger)
         } else {

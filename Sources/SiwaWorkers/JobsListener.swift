@@ -1,3 +1,4 @@
+import Foundation
 import Logging
 import PostgresNIO
 import ServiceLifecycle
@@ -6,19 +7,32 @@ import SiwaStore
 import Synchronization
 
 /// LISTEN siwa_jobs on one pooled connection: each NOTIFY rings the doorbell of its lane's loops
-/// (the payload names the lane; any other payload, as ingest's empty one, means effects).
-/// Reconnects after errors (database restart); the loops poll meanwhile, and never rely on it.
+/// (the payload names the lane; any other payload, as ingest's empty one, means effects). While
+/// it listens, one check per process (`JobQueue.nextDue`, every `checkInterval` and when a retry
+/// falls due) rings the lanes with work a lost NOTIFY left, and the loops sleep long
+/// (`ListenState`); when it loses the connection it wakes them all, and they poll until it is
+/// back.
 package final class JobsListener: Service, Sendable {
-    let client: PostgresClient
-    /// One per lane (`Lane.all`).
-    let doorbells: [Lane: Doorbell]
+    package let queue: JobQueue
+    /// The lanes this process runs, each with its loops' doorbell.
+    package let doorbells: [Lane: Doorbell]
+    /// Rung on each ingest NOTIFY besides the effects lane (the stats folder).
+    package let activity: [Doorbell]
+    package let state: ListenState
+    package let checkInterval: Duration
     let logger: Logger
     /// How long one LISTEN holds its connection before giving it back and taking one again.
     let session: Duration
 
-    init(client: PostgresClient, doorbells: [Lane: Doorbell], session: Duration = .seconds(10), logger: Logger) {
-        self.client = client
+    init(
+        queue: JobQueue, doorbells: [Lane: Doorbell], activity: [Doorbell] = [], state: ListenState, checkInterval: Duration,
+        session: Duration = .seconds(300), logger: Logger
+    ) {
+        self.queue = queue
         self.doorbells = doorbells
+        self.activity = activity
+        self.state = state
+        self.checkInterval = checkInterval
         self.session = session
         self.logger = logger
     }
@@ -28,39 +42,80 @@ package final class JobsListener: Service, Sendable {
         schedule.abandonOnShutdown = true
         await Scheduler.run(schedule, once: { try await self.runOnce() }, pace: { _ in .again }) { error in
             logger.debug("LISTEN siwa_jobs interrupted; reconnecting", metadata: ["error": "\(loggable(error))"])
+            // Nobody listens now: every loop looks again and polls until LISTEN is back.
+            for doorbell in doorbells.values { doorbell.wakeAll() }
         }
     }
 
-    /// One LISTEN session of up to `session`; returns how many notifications it received.
+    /// One LISTEN session of up to `session` (nil: the listener's), with its checks; returns how
+    /// many notifications it received.
     ///
     /// The connection goes back to the pool after each session: after a database outage
     /// postgres-nio's pool serves the requests queued meanwhile as connections come back, and a
     /// LISTEN holding one for good could starve every other query.
     @discardableResult
-    package func runOnce() async throws -> Int {
-        try await withThrowingTaskGroup(of: Int?.self) { group in
-            let received = Counter()
+    package func runOnce(session: Duration? = nil) async throws -> Int {
+        let received = Counter()
+        // Doorbells, not sleeps: a wait on one is cut short by `close`, which every exit does.
+        let listening = Doorbell()
+        let stop = Doorbell()
+        defer { state.set(false) }
+        return try await withThrowingTaskGroup(of: Void.self) { group in
+            defer {
+                stop.close()
+                listening.close()
+            }
+            let holding = BoundedPostgres(client: queue.client, limit: (session ?? self.session) + .seconds(30))
             group.addTask {
-                try await self.client.bounded.withConnection { connection in
+                try await holding.withConnection { connection in
                     try await connection.listen(on: "siwa_jobs") { notifications in
-                        // Catch up on anything enqueued before LISTEN took effect.
-                        for doorbell in self.doorbells.values { doorbell.ring() }
+                        self.state.set(true)
+                        listening.close()
                         for try await notification in notifications {
                             received.add()
-                            self.doorbells[Lane(rawValue: notification.payload) ?? .effects]?.ring()
+                            let lane = Lane(rawValue: notification.payload) ?? .effects
+                            if lane == .effects { for doorbell in self.activity { doorbell.ring() } }
+                            self.doorbells[lane]?.ring()
                         }
                     }
                 }
-                return nil
             }
             group.addTask {
-                try await Task.sleep(for: self.session)
-                return nil
+                // Catches up on anything enqueued before LISTEN took effect, then keeps checking.
+                await listening.wait(timeout: session ?? self.session)
+                while !stop.isClosed { await stop.wait(timeout: try await self.check()) }
             }
-            _ = try await group.next()
+            group.addTask { await stop.wait(timeout: session ?? self.session) }
+            try await group.next()
             group.cancelAll()
             return received.value
         }
+    }
+
+    /// One check: rings each lane with a job ready now; returns how long until the next check
+    /// (sooner than `checkInterval` when a retry falls due before).
+    @discardableResult
+    package func check() async throws -> Duration {
+        let (now, due) = try await queue.nextDue(Array(doorbells.keys))
+        let plan = Self.plan(due: due, now: now, interval: checkInterval)
+        for lane in plan.ring { doorbells[lane]?.ring() }
+        return plan.next
+    }
+
+    /// Which lanes to ring at `now`, and when to look again: at the earliest future due time
+    /// within `interval` (a few milliseconds after it, so the job is due when the loop claims).
+    static func plan(due: [Lane: Date], now: Date, interval: Duration) -> (ring: [Lane], next: Duration) {
+        var next = interval
+        var ring: [Lane] = []
+        for (lane, at) in due {
+            let wait = at.timeIntervalSince(now)
+            if wait <= 0 {
+                ring.append(lane)
+            } else {
+                next = min(next, .milliseconds(Int64((wait * 1000).rounded(.up)) + 5))
+            }
+        }
+        return (ring, next)
     }
 }
 

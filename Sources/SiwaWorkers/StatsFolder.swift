@@ -3,22 +3,31 @@ import ServiceLifecycle
 import SiwaRuntime
 import SiwaStore
 
-/// Folds the deltas the ingest triggers append into the stats counts, every few seconds (bounded
-/// per round: at most ten batches of `HistoryStore.foldLimit`).
+/// Folds the deltas the ingest triggers append into the stats counts (bounded per round: at most
+/// ten batches of `HistoryStore.foldLimit`): `interval` after ingest's NOTIFY rings `activity`,
+/// at most one round per `interval`, and every `restInterval` with none (a receiver whose NOTIFY
+/// was lost still gets folded). With no listener to ring it, every `interval`.
 package final class StatsFolder: Service, Sendable {
+    package static let restInterval: Duration = .seconds(60)
+
     let history: HistoryStore
     let interval: Duration
+    let activity: Doorbell?
     let logger: Logger
 
-    init(history: HistoryStore, interval: Duration, logger: Logger) {
+    init(history: HistoryStore, interval: Duration, activity: Doorbell?, logger: Logger) {
         self.history = history
         self.interval = interval
+        self.activity = activity
         self.logger = logger
     }
 
     package func run() async throws {
-        await Scheduler.run(.periodic(every: interval, retryAfter: interval), once: { try await self.runOnce() }) { error in
-            logger.warning("queue maintenance failed; will retry", metadata: ["error": "\(loggable(error))"])
+        var schedule = Schedule.periodic(every: interval, retryAfter: interval)
+        schedule.doorbell = activity
+        let pace: (Int) -> Pace = { [activity, interval] _ in activity == nil ? .idle : .idleFor(Self.restInterval, after: interval) }
+        await Scheduler.run(schedule, once: { try await self.runOnce() }, pace: pace) { error in
+            logger.warning("folding the stats counts failed; will retry", metadata: ["error": "\(loggable(error))"])
         }
     }
 

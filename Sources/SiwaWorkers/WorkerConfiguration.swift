@@ -5,7 +5,11 @@ import SiwaStore
 /// loop looks for work, attempts and backoff, and whether NOTIFY wakes the loops.
 package struct QueuePolicy: Sendable {
     package var lease: Duration = EffectStore.defaultLease
+    /// How often an idle loop claims while no LISTEN wakes it (notify off, or the listener down).
     package var pollInterval: Duration = .milliseconds(100)
+    /// While LISTEN holds, how often the process's one check looks for work a lost NOTIFY left
+    /// (a retry falling due is checked for at its time).
+    package var checkInterval: Duration = .seconds(10)
     package var maxAttempts = 25
     package var backoff = RetryBackoff()
     /// LISTEN for `siwa_jobs` (off: poll only, e.g. behind a transaction-mode pooler).
@@ -43,11 +47,12 @@ package struct DeliveryDestinations: Sendable {
     package init() {}
 }
 
-/// The queue's upkeep: finished jobs kept for `retention`; the maintainer and the stats folder run
-/// every `interval`.
+/// The queue's upkeep: finished jobs kept for `retention`; the maintainer rescues expired leases
+/// every `interval`; the stats folder folds `foldInterval` after ingest (`StatsFolder`).
 package struct QueueUpkeep: Sendable {
     package var retention: Duration = .seconds(7 * 86_400)
-    package var interval: Duration = .seconds(5)
+    package var interval: Duration = .seconds(30)
+    package var foldInterval: Duration = .seconds(5)
 
     package init() {}
 }

@@ -20,14 +20,18 @@ extension Settings {
         docs: "How long finished jobs are kept (attempts are kept in `job_attempts`).")
     package static let jobPollInterval = Setting<Duration>.duration(
         "SIWA_JOB_POLL_INTERVAL", flag: "job-poll-interval", .jobs, default: QueuePolicy().pollInterval,
-        help: "idle workers look for jobs this often (NOTIFY wakes them sooner)",
-        docs: "Idle workers look for jobs this often; NOTIFY wakes them sooner.")
+        help: "idle workers look for jobs this often while no LISTEN wakes them (notify off, or the listener reconnecting)",
+        docs: "Idle workers look for jobs this often while no LISTEN wakes them: `SIWA_JOB_NOTIFY=off`, or the listener reconnecting.")
+    package static let jobCheckInterval = Setting<Duration>.duration(
+        "SIWA_JOB_CHECK_INTERVAL", flag: "job-check-interval", .jobs, default: QueuePolicy().checkInterval, minimum: .milliseconds(100),
+        help: "while LISTEN holds, how often one check looks for jobs a lost NOTIFY left",
+        docs: "While LISTEN holds, idle workers sleep and one check per process looks for jobs a lost NOTIFY left this often (a retry is checked for when it falls due); one cheap statement each time.")
     package static let jobNotify = Setting<Bool>.boolean(
         "SIWA_JOB_NOTIFY", flag: "job-notify", .jobs, default: QueuePolicy().listen, shownAs: ("on", "off"),
         help: "on|off: LISTEN for enqueue notifications",
         docs: "`off`: poll only (e.g. behind a transaction-mode pooler).")
 
-    static let jobs = [workers.info, jobLease.info, jobMaxAttempts.info, jobRetention.info, jobPollInterval.info, jobNotify.info]
+    static let jobs = [workers.info, jobLease.info, jobMaxAttempts.info, jobRetention.info, jobPollInterval.info, jobCheckInterval.info, jobNotify.info]
 }
 
 extension EffectWorkers.Configuration {
@@ -40,6 +44,7 @@ extension EffectWorkers.Configuration {
         queue.lease = try source.value(Settings.jobLease)
         queue.maxAttempts = try source.value(Settings.jobMaxAttempts)
         queue.pollInterval = try source.value(Settings.jobPollInterval)
+        queue.checkInterval = try source.value(Settings.jobCheckInterval)
         queue.listen = try source.value(Settings.jobNotify)
         upkeep.retention = try source.value(Settings.jobRetention)
         history = try HistoryPruner.Configuration(source)

@@ -153,6 +153,37 @@ package struct JobQueue: Sendable {
         return lag
     }
 
+    /// When each of `lanes` next has a job to claim (nil: none waiting), and the database's now:
+    /// the listener's check for what a lost NOTIFY left behind and for retries falling due. One
+    /// statement; each branch reads the head of one partial index, so an idle check costs a few
+    /// index probes whatever the queue holds (available effect jobs are indexed in event order,
+    /// so for them only whether one is ready now is asked).
+    package func nextDue(_ lanes: [Lane]) async throws -> (now: Date, due: [Lane: Date]) {
+        var branches: [String] = []
+        for lane in lanes {
+            for condition in Self.readyConditions(lane) {
+                let head =
+                    lane.readyIndex == .onePerState && condition.hasSuffix("'\(JobState.available.rawValue)'")
+                    ? "(SELECT now() FROM jobs WHERE \(condition) AND run_at <= now() LIMIT 1)"
+                    : "(SELECT min(run_at) FROM jobs WHERE \(condition))"
+                branches.append("SELECT '\(lane)'::text, \(head)")
+            }
+        }
+        var result: (now: Date, due: [Lane: Date]) = (Date(), [:])
+        guard !branches.isEmpty else { return result }
+        let sql = "SELECT NULL::text, now() UNION ALL " + branches.joined(separator: " UNION ALL ")
+        for try await (name, at) in try await client.bounded.query(PostgresQuery(unsafeSQL: sql), logger: logger).decode((String?, Date?).self) {
+            guard let at else { continue }
+            guard let name else {
+                result.now = at
+                continue
+            }
+            guard let lane = lanes.first(where: { $0.rawValue == name }) else { continue }
+            result.due[lane] = min(result.due[lane] ?? at, at)
+        }
+        return result
+    }
+
     /// Jobs discarded since `since`, by lane (`jobs_discarded`), through the index of discarded jobs.
     package func discardedByLane(since: Date) async throws -> [String: Int] {
         var discarded: [String: Int] = [:]
