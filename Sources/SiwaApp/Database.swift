@@ -16,6 +16,8 @@ package struct Database: Sendable {
     package let client: PostgresClient
     package let embedded: EmbeddedPostgres?
     package let startedEmbedded: Bool
+    /// DATABASE_URL's TCP hosts, which the pool reaches through it.
+    package let relay: DatabaseRelay?
     package let description: String
 
     /// `serving`: a long-running `serve` process, whose pool runs without keep-alive timers (see
@@ -24,9 +26,9 @@ package struct Database: Sendable {
     /// (`serve`, `migrate`); other commands name where they looked instead.
     package static func open(_ settings: DatabaseSettings, logger: Logger, serving: Bool = false, creating: Bool = false) async throws -> Database {
         if let url = settings.url {
-            var configuration: PostgresClient.Configuration
+            let target: DatabaseURL.Target
             do {
-                configuration = try DatabaseURL.configuration(url)
+                target = try DatabaseURL.target(url)
             } catch {
                 throw ConfigurationError(variable: "DATABASE_URL", message: error.description)
             }
@@ -37,10 +39,21 @@ package struct Database: Sendable {
                 case .unreachable(let reason): throw DatabaseUnreachable(url: DatabaseURL.redacted(url), reason: reason)
                 }
             }
+            var configuration: PostgresClient.Configuration
+            var relay: DatabaseRelay?
+            switch target.place {
+            case .socket(let path):
+                configuration = .init(unixSocketPath: path, username: target.username, password: target.password, database: target.database)
+            case .hosts(let hosts, let tls):
+                let started = try DatabaseRelay(hosts: hosts, tls: tls, attributes: target.sessionAttributes, logger: logger)
+                try await started.start()
+                relay = started
+                configuration = .init(unixSocketPath: started.socketPath, username: target.username, password: target.password, database: target.database)
+            }
             configuration.options.maximumConnections = settings.poolSize
             if serving { configuration.options.tuneForServing() }
             return Database(
-                client: PostgresClient(configuration: configuration, backgroundLogger: logger), embedded: nil, startedEmbedded: false,
+                client: PostgresClient(configuration: configuration, backgroundLogger: logger), embedded: nil, startedEmbedded: false, relay: relay,
                 description: DatabaseURL.redacted(url))
         }
         guard settings.embedded else { throw DatabaseSettings.noDatabase }
@@ -62,11 +75,12 @@ package struct Database: Sendable {
         if serving { configuration.options.tuneForServing() }
         return Database(
             client: PostgresClient(configuration: configuration, backgroundLogger: logger), embedded: embedded,
-            startedEmbedded: connection.startedByUs, description: "embedded PostgreSQL in \(settings.dataDirectory)")
+            startedEmbedded: connection.startedByUs, relay: nil, description: "embedded PostgreSQL in \(settings.dataDirectory)")
     }
 
-    /// Stops the embedded cluster if this process started it.
+    /// Stops the relay, and the embedded cluster if this process started it.
     package func close() async {
+        await relay?.stop()
         if startedEmbedded, let embedded {
             try? await embedded.stop()
         }

@@ -125,7 +125,9 @@ struct Cluster: Sendable {
     static let hostBasedAuthentication = """
         # Managed by siwa-events: rewritten on every start.
         # Unix-socket connections only (the socket directory is mode 0700); no host lines, no TCP.
+        # Replication too, over that socket: a standby on this machine (pg_basebackup, tests).
         local   all   all   trust
+        local   replication   all   trust
 
         """
 
@@ -285,7 +287,7 @@ struct Cluster: Sendable {
         ]
     }
 
-    private func run(_ tool: PostgresBinaries.Tool, _ arguments: [String]) async throws -> CommandResult {
+    func run(_ tool: PostgresBinaries.Tool, _ arguments: [String]) async throws -> CommandResult {
         let command = try account.commandLine(binaries.path(tool), arguments)
         logger.debug("running \(tool.rawValue)", metadata: ["arguments": "\(arguments.joined(separator: " "))"])
         let result = try await Subprocess.run(

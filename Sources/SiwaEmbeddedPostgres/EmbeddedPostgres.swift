@@ -78,7 +78,7 @@ package struct EmbeddedPostgres: Sendable {
     package static let port = 5432
 
     package let options: Options
-    private let logger: Logger
+    let logger: Logger
 
     package init(options: Options, logger: Logger) {
         self.options = options

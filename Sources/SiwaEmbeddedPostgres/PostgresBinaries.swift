@@ -8,6 +8,7 @@ struct PostgresBinaries: Sendable {
         case postgres
         case psql
         case createdb
+        case pgBasebackup = "pg_basebackup"
     }
 
     let directory: String

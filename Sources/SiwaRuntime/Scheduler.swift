@@ -6,9 +6,8 @@ import ServiceLifecycle
 package enum Pace: Sendable, Equatable {
     case again
     case idle
-    /// Wait `after` (a ring meanwhile is kept, not lost), then up to this long for a ring of the
-    /// doorbell: the loop chose its own idle wait, and spaces its rounds at least `after` apart.
-    case idleFor(Duration, after: Duration = .zero)
+    /// Wait up to this long for a ring of the doorbell (the loop chose its own idle wait).
+    case idleFor(Duration)
     case after(Duration)
 }
 
@@ -24,6 +23,16 @@ package struct Schedule: Sendable {
     /// Graceful shutdown abandons a round in progress (each is its own transaction, so the next
     /// round, here or in another process, redoes it) instead of waiting for it.
     package var abandonOnShutdown = false
+    /// Idle rounds start on multiples of `interval` since the process began, so the periodic
+    /// loops of a process wake together and one pooled connection serves them all: at rest each
+    /// round on a clock of its own opened a connection of its own (the pool closes idle ones
+    /// after 5 s), and each connection costs the server a fork and catalog reads.
+    package var aligned = false
+    /// Aligned: how far past each multiple of `interval` the round starts.
+    package var phase: Duration = .zero
+    /// With a doorbell: at least this long between rounds, however often it rings (a ring
+    /// meanwhile is kept for the wait that follows).
+    package var minimumGap: Duration?
     /// Graceful shutdown ends the loop. Off for a helper its owner cancels when done (a lease
     /// heartbeat must outlive the deliveries still finishing).
     package var stopsOnGracefulShutdown = true
@@ -35,12 +44,45 @@ package struct Schedule: Sendable {
 
     /// A maintenance round every `interval`: abandoned on shutdown (each step is its own
     /// transaction, redone by the next round), retried after `retry` when it fails.
-    package static func periodic(every interval: Duration, retryAfter retry: Duration) -> Schedule {
+    /// `phase`: where in each interval it runs (`Phase`), so the loops of a process take turns on
+    /// one pooled connection instead of each opening its own at the same instant.
+    package static func periodic(every interval: Duration, retryAfter retry: Duration, phase: Duration = .zero) -> Schedule {
         var schedule = Schedule(interval: interval)
         schedule.abandonOnShutdown = true
+        schedule.aligned = true
+        schedule.phase = phase
         (schedule.errorDelay, schedule.maximumErrorDelay) = (retry, retry)
         return schedule
     }
+}
+
+extension Schedule {
+    /// Where aligned schedules count their multiples from.
+    static let epoch = ContinuousClock.now
+
+    /// How long an idle round waits at `now`: `interval`, or to the next multiple of it.
+    func idleWait(now: ContinuousClock.Instant = .now) -> Duration {
+        guard aligned, interval > .zero else { return interval }
+        let step = interval.totalAttoseconds
+        let left = step - (now - Self.epoch - phase).totalAttoseconds % step
+        let second: Int128 = 1_000_000_000_000_000_000
+        return Duration(secondsComponent: Int64(left / second), attosecondsComponent: Int64(left % second))
+    }
+}
+
+/// Where each periodic loop runs within its interval: apart by more than a round takes, and
+/// within the pool's 5 s idle timeout of each other.
+package enum Phase {
+    package static let queue: Duration = .zero
+    package static let alerts: Duration = .milliseconds(500)
+    package static let history: Duration = .milliseconds(1_000)
+    package static let stats: Duration = .milliseconds(1_500)
+    package static let apple: Duration = .milliseconds(2_000)
+    package static let endpoint: Duration = .milliseconds(2_500)
+}
+
+extension Duration {
+    var totalAttoseconds: Int128 { Int128(components.seconds) * 1_000_000_000_000_000_000 + Int128(components.attoseconds) }
 }
 
 /// The one loop runner of every background service: runs `once` until graceful shutdown (or
@@ -74,10 +116,10 @@ package enum Scheduler {
                         case .again: continue
                         // A doorbell closed by another loop sharing it (each its own service, shut
                         // down one at a time) answers at once: this loop polls until its own turn.
-                        case .idle: await (doorbell.isClosed ? pause : doorbell).wait(timeout: schedule.interval)
-                        case .idleFor(let wait, let gap):
-                            if gap > .zero { await pause.wait(timeout: gap) }
-                            if !stopping() { await (doorbell.isClosed ? pause : doorbell).wait(timeout: wait) }
+                        case .idle:
+                            if let gap = schedule.minimumGap { await pause.wait(timeout: gap) }
+                            if !stopping() { await (doorbell.isClosed ? pause : doorbell).wait(timeout: schedule.idleWait()) }
+                        case .idleFor(let wait): await (doorbell.isClosed ? pause : doorbell).wait(timeout: wait)
                         case .after(let delay): await pause.wait(timeout: delay)
                         }
                     } catch {

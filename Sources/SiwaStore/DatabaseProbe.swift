@@ -17,14 +17,28 @@ package enum DatabaseProbe {
         case unreachable(String)
     }
 
-    /// Connects once (within `timeout`) and closes.
+    /// Connects once (within `timeout`) and closes; with several hosts, tries them in order: the
+    /// first that lets us in is enough, and a refusal (which no other host would answer
+    /// differently) is told at once.
     package static func probe(_ url: String, timeout: Duration, logger: Logger) async -> Outcome {
-        let configuration: PostgresConnection.Configuration
+        let configurations: [PostgresConnection.Configuration]
         do {
-            configuration = try DatabaseURL.connectionConfiguration(url, connectTimeout: timeout)
+            configurations = try DatabaseURL.connectionConfigurations(url, connectTimeout: timeout)
         } catch {
             return .refused("\(error)")
         }
+        var reasons: [String] = []
+        for configuration in configurations {
+            switch await probe(configuration, logger: logger) {
+            case .reachable: return .reachable
+            case .refused(let reason): return .refused(reason)
+            case .unreachable(let reason): reasons.append(configurations.count > 1 ? "\(configuration.host ?? "?"): \(reason)" : reason)
+            }
+        }
+        return .unreachable(reasons.joined(separator: "; "))
+    }
+
+    static func probe(_ configuration: PostgresConnection.Configuration, logger: Logger) async -> Outcome {
         do {
             let connection = try await PostgresConnection.connect(configuration: configuration, id: 0, logger: logger)
             try? await connection.close()

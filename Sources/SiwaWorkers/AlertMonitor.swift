@@ -70,7 +70,7 @@ package final class AlertMonitor: Service, Sendable {
     package func run() async throws {
         let interval = configuration.rules.spike.interval
         // Abandoned on shutdown, so a statement that never answers cannot hold SIGTERM.
-        await Scheduler.run(.periodic(every: interval, retryAfter: interval), once: { try await self.runOnce(now: Date()) }) { error in
+        await Scheduler.run(.periodic(every: interval, retryAfter: interval, phase: Phase.alerts), once: { try await self.runOnce(now: Date()) }) { error in
             logger.warning("alert evaluation failed; will retry", metadata: ["error": "\(loggable(error))"])
         }
         let (leases, identity) = (self.leases, self.identity)

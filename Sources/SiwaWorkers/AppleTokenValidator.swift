@@ -35,7 +35,7 @@ package final class AppleTokenValidator: Service, Sendable {
     }
 
     package func run() async throws {
-        await Scheduler.run(.periodic(every: configuration.interval, retryAfter: configuration.interval), once: { try await self.runOnce() }) { error in
+        await Scheduler.run(.periodic(every: configuration.interval, retryAfter: configuration.interval, phase: Phase.apple), once: { try await self.runOnce() }) { error in
             logger.warning("Apple token validation could not be scheduled; will retry", metadata: ["error": "\(loggable(error))"])
         }
     }

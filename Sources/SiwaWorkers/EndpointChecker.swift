@@ -52,7 +52,7 @@ package final class EndpointChecker: Service, Sendable {
     var pollInterval: Duration { min(settings.interval, .seconds(900)) }
 
     package func run() async throws {
-        await Scheduler.run(.periodic(every: pollInterval, retryAfter: .seconds(60)), once: { try await self.runOnce(now: Date()) }) { error in
+        await Scheduler.run(.periodic(every: pollInterval, retryAfter: .seconds(60), phase: Phase.endpoint), once: { try await self.runOnce(now: Date()) }) { error in
             logger.warning("endpoint check failed; will retry", metadata: ["error": "\(loggable(error))"])
         }
         let (leases, identity) = (self.leases, self.identity)

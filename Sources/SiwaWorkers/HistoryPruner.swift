@@ -56,7 +56,7 @@ package final class HistoryPruner: Service, Sendable {
     }
 
     package func run() async throws {
-        await Scheduler.run(.periodic(every: Self.interval, retryAfter: configuration.retryAfter), once: { try await self.runOnce() }) { error in
+        await Scheduler.run(.periodic(every: Self.interval, retryAfter: configuration.retryAfter, phase: Phase.history), once: { try await self.runOnce() }) { error in
             logger.warning("history pruning failed; will retry", metadata: ["error": "\(loggable(error))"])
         }
     }

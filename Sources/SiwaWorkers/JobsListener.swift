@@ -60,14 +60,14 @@ package final class JobsListener: Service, Sendable {
         let listening = Doorbell()
         let stop = Doorbell()
         defer { state.set(false) }
-        return try await withThrowingTaskGroup(of: Void.self) { group in
-            defer {
-                stop.close()
-                listening.close()
-            }
-            let holding = BoundedPostgres(client: queue.client, limit: (session ?? self.session) + .seconds(30))
-            group.addTask {
-                try await holding.withConnection { connection in
+        let holding = BoundedPostgres(client: queue.client, limit: (session ?? self.session) + .seconds(30))
+        try await holding.withConnection { connection in
+            try await withThrowingTaskGroup(of: Void.self) { group in
+                defer {
+                    stop.close()
+                    listening.close()
+                }
+                group.addTask {
                     try await connection.listen(on: "siwa_jobs") { notifications in
                         self.state.set(true)
                         listening.close()
@@ -79,24 +79,25 @@ package final class JobsListener: Service, Sendable {
                         }
                     }
                 }
+                group.addTask {
+                    // Catches up on anything enqueued before LISTEN took effect, then keeps
+                    // checking, on this connection (a check opens none).
+                    await listening.wait(timeout: session ?? self.session)
+                    while !stop.isClosed { await stop.wait(timeout: try await self.check(on: connection)) }
+                }
+                group.addTask { await stop.wait(timeout: session ?? self.session) }
+                try await group.next()
+                group.cancelAll()
             }
-            group.addTask {
-                // Catches up on anything enqueued before LISTEN took effect, then keeps checking.
-                await listening.wait(timeout: session ?? self.session)
-                while !stop.isClosed { await stop.wait(timeout: try await self.check()) }
-            }
-            group.addTask { await stop.wait(timeout: session ?? self.session) }
-            try await group.next()
-            group.cancelAll()
-            return received.value
         }
+        return received.value
     }
 
     /// One check: rings each lane with a job ready now; returns how long until the next check
     /// (sooner than `checkInterval` when a retry falls due before).
     @discardableResult
-    package func check() async throws -> Duration {
-        let (now, due) = try await queue.nextDue(Array(doorbells.keys))
+    package func check(on connection: PostgresConnection? = nil) async throws -> Duration {
+        let (now, due) = try await queue.nextDue(Array(doorbells.keys), on: connection)
         let plan = Self.plan(due: due, now: now, interval: checkInterval)
         for lane in plan.ring { doorbells[lane]?.ring() }
         return plan.next

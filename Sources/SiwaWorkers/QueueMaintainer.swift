@@ -46,7 +46,7 @@ package final class QueueMaintainer: Service, Sendable {
     }
 
     package func run() async throws {
-        await Scheduler.run(.periodic(every: configuration.interval, retryAfter: configuration.interval), once: { try await self.runOnce() }) { error in
+        await Scheduler.run(.periodic(every: configuration.interval, retryAfter: configuration.interval, phase: Phase.queue), once: { try await self.runOnce() }) { error in
             logger.warning("queue maintenance failed; will retry", metadata: ["error": "\(loggable(error))"])
         }
     }

@@ -23,10 +23,10 @@ package final class StatsFolder: Service, Sendable {
     }
 
     package func run() async throws {
-        var schedule = Schedule.periodic(every: interval, retryAfter: interval)
+        var schedule = Schedule.periodic(every: activity == nil ? interval : Self.restInterval, retryAfter: interval, phase: Phase.stats)
         schedule.doorbell = activity
-        let pace: (Int) -> Pace = { [activity, interval] _ in activity == nil ? .idle : .idleFor(Self.restInterval, after: interval) }
-        await Scheduler.run(schedule, once: { try await self.runOnce() }, pace: pace) { error in
+        if activity != nil { schedule.minimumGap = interval }
+        await Scheduler.run(schedule, once: { try await self.runOnce() }) { error in
             logger.warning("folding the stats counts failed; will retry", metadata: ["error": "\(loggable(error))"])
         }
     }

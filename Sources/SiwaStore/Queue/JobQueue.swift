@@ -2,6 +2,7 @@ import Foundation
 import Logging
 import PostgresNIO
 import SiwaDomain
+import SiwaRuntime
 
 /// The job queue: the one owner of the `jobs` and `job_attempts` tables. Each lane's statements
 /// live beside this file (`EffectLane.swift`, `DeliveryLanes.swift`); this file holds what every
@@ -158,7 +159,8 @@ package struct JobQueue: Sendable {
     /// statement; each branch reads the head of one partial index, so an idle check costs a few
     /// index probes whatever the queue holds (available effect jobs are indexed in event order,
     /// so for them only whether one is ready now is asked).
-    package func nextDue(_ lanes: [Lane]) async throws -> (now: Date, due: [Lane: Date]) {
+    /// `connection`: run there (the listener's own, so a check opens no connection).
+    package func nextDue(_ lanes: [Lane], on connection: PostgresConnection? = nil) async throws -> (now: Date, due: [Lane: Date]) {
         var branches: [String] = []
         for lane in lanes {
             for condition in Self.readyConditions(lane) {
@@ -171,8 +173,15 @@ package struct JobQueue: Sendable {
         }
         var result: (now: Date, due: [Lane: Date]) = (Date(), [:])
         guard !branches.isEmpty else { return result }
-        let sql = "SELECT NULL::text, now() UNION ALL " + branches.joined(separator: " UNION ALL ")
-        for try await (name, at) in try await client.bounded.query(PostgresQuery(unsafeSQL: sql), logger: logger).decode((String?, Date?).self) {
+        let query = PostgresQuery(unsafeSQL: "SELECT NULL::text, now() UNION ALL " + branches.joined(separator: " UNION ALL "))
+        let logger = self.logger
+        let rows =
+            if let connection {
+                try await withDeadline(BoundedPostgres.defaultLimit) { try await connection.query(query, logger: logger) }
+            } else {
+                try await client.bounded.query(query, logger: logger)
+            }
+        for try await (name, at) in rows.decode((String?, Date?).self) {
             guard let at else { continue }
             guard let name else {
                 result.now = at

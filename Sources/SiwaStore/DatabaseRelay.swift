@@ -1,0 +1,536 @@
+import Foundation
+import Logging
+import NIOCore
+import NIOPosix
+import NIOSSL
+import SiwaDomain
+import Synchronization
+
+/// DATABASE_URL's TCP hosts behind a unix socket of our own, which postgres-nio's pool connects to
+/// (it takes one host and sets no socket options). Each connection is relayed byte for byte to
+/// the first host that answers, starting from the one last found good, as libpq tries a host list:
+///
+/// - TCP keepalive (5 s idle, 2 s apart, 3 probes) and `TCP_USER_TIMEOUT` (10 s) on every
+///   connection: the kernel ends one to a host gone off the network.
+/// - A statement unanswered for `stallAfter` has its host probed (a new TCP connection and
+///   PostgreSQL's SSLRequest, answered by the postmaster without authentication); no answer
+///   within `probeTimeout`, and every connection to that host is closed and the next host used. A
+///   host that vanished behind something still holding its sockets open is left within seconds,
+///   not after the one-minute limit of each call.
+/// - `read-write` / `primary`: the server's `in_hot_standby` and `default_transaction_read_only`
+///   (reported at start-up since PostgreSQL 14) are read before the client is told the connection
+///   is ready; a standby's connection is closed, the pool retries, and the next host is used.
+/// - TLS (`sslmode`) is the relay's, to the server; the unix leg is private to this process
+///   (a 0700 directory).
+package final class DatabaseRelay: Sendable {
+    package struct Liveness: Sendable {
+        package var connectTimeout: Duration = .seconds(5)
+        package var keepaliveIdle: Duration = .seconds(5)
+        package var keepaliveInterval: Duration = .seconds(2)
+        package var keepaliveCount = 3
+        package var userTimeout: Duration = .seconds(10)
+        package var stallAfter: Duration = .seconds(2)
+        package var probeTimeout: Duration = .seconds(3)
+
+        package init() {}
+    }
+
+    package let hosts: [DatabaseHost]
+    let tls: DatabaseURL.Target.TLSMode
+    let attributes: DatabaseURL.SessionAttributes
+    let liveness: Liveness
+    let logger: Logger
+    /// The socket postgres-nio connects to.
+    package let socketPath: String
+    private let directory: String
+    private let group: any EventLoopGroup
+    private let sslContext: NIOSSLContext?
+    private let state = Mutex(State())
+
+    private struct State {
+        /// Where the next connection starts looking.
+        var preferred = 0
+        /// Relayed connections open, per host index.
+        var open: [Int: [ObjectIdentifier: Pair]] = [:]
+        /// Per host index, how many times it was found dead: a connection made before that (and
+        /// registered in `open` after the closing swept it) is closed when it registers.
+        var deaths: [Int: Int] = [:]
+        var probing: Set<Int> = []
+        var server: (any Channel)?
+    }
+
+    package init(
+        hosts: [DatabaseHost], tls: DatabaseURL.Target.TLSMode, attributes: DatabaseURL.SessionAttributes, liveness: Liveness = Liveness(),
+        group: any EventLoopGroup = MultiThreadedEventLoopGroup.singleton, logger: Logger
+    ) throws {
+        precondition(!hosts.isEmpty)
+        self.hosts = hosts
+        self.tls = tls
+        self.attributes = attributes
+        self.liveness = liveness
+        self.group = group
+        self.logger = logger
+        sslContext = tls == .disable ? nil : try NIOSSLContext(configuration: .makeClientConfiguration())
+        directory = FileManager.default.temporaryDirectory.appendingPathComponent("siwa-relay-\(getpid())-\(UUID().uuidString.prefix(8))").path
+        socketPath = "\(directory)/.s.PGSQL.5432"
+    }
+
+    /// The host connections go to now.
+    package var currentHost: DatabaseHost { hosts[state.withLock { $0.preferred }] }
+
+    /// Binds the socket; connections are relayed from then on, until `stop`.
+    package func start() async throws {
+        try FileManager.default.createDirectory(atPath: directory, withIntermediateDirectories: true, attributes: [.posixPermissions: 0o700])
+        let server = try await ServerBootstrap(group: group)
+            .serverChannelOption(.backlog, value: 256)
+            .childChannelOption(.autoRead, value: false)
+            .childChannelInitializer { [self] inbound in
+                Task { await self.relay(inbound) }
+                return inbound.eventLoop.makeSucceededVoidFuture()
+            }
+            .bind(unixDomainSocketPath: socketPath, cleanupExistingSocketFile: true).get()
+        state.withLock { $0.server = server }
+    }
+
+    /// Closes the socket and every relayed connection.
+    package func stop() async {
+        let (server, open) = state.withLock { state in
+            defer { (state.server, state.open) = (nil, [:]) }
+            return (state.server, state.open.values.flatMap(\.values))
+        }
+        try? await server?.close()
+        for pair in open { pair.end(because: "siwa-events is stopping") }
+        try? FileManager.default.removeItem(atPath: directory)
+    }
+
+    /// Connects `inbound` to the first host that takes it, from the preferred one on.
+    private func relay(_ inbound: any Channel) async {
+        let (first, deaths) = state.withLock { ($0.preferred, $0.deaths) }
+        var reasons: [String] = []
+        for step in 0..<hosts.count {
+            let index = (first + step) % hosts.count
+            do {
+                let upstream = try await connect(index, on: inbound.eventLoop)
+                do {
+                    try await join(inbound, upstream, host: index, deaths: deaths[index, default: 0])
+                    logger.debug("relaying", metadata: ["host": "\(hosts[index])", "deaths": "\(deaths[index, default: 0])"])
+                    return
+                } catch {
+                    upstream.close(promise: nil)
+                    throw error
+                }
+            } catch {
+                reasons.append("\(hosts[index]): \(DatabaseProbe.reason(error))")
+                leave(index, because: DatabaseProbe.reason(error))
+            }
+        }
+        logger.warning("no database host of DATABASE_URL took the connection", metadata: ["hosts": "\(reasons.joined(separator: "; "))"])
+        inbound.close(promise: nil)
+    }
+
+    /// A TCP connection to host `index` with the liveness options, TLS negotiated per `sslmode`.
+    private func connect(_ index: Int, on eventLoop: any EventLoop, timeout: Duration? = nil) async throws -> any Channel {
+        let host = hosts[index]
+        let channel = try await Self.bootstrap(on: eventLoop, liveness: liveness, timeout: timeout ?? liveness.connectTimeout)
+            .connect(host: host.name, port: host.port).get()
+        guard let sslContext else { return channel }
+        do {
+            let answer = try await Self.sslRequest(channel, timeout: timeout ?? liveness.connectTimeout)
+            if answer == UInt8(ascii: "S") {
+                let serverName = host.name.first?.isLetter == true ? host.name : nil
+                try await channel.eventLoop.submit {
+                    try channel.pipeline.syncOperations.addHandler(try NIOSSLClientHandler(context: sslContext, serverHostname: serverName))
+                }.get()
+            } else if tls == .require {
+                throw RelayError.tlsRefused
+            }
+            return channel
+        } catch {
+            channel.close(promise: nil)
+            throw error
+        }
+    }
+
+    static func bootstrap(on eventLoop: any EventLoop, liveness: Liveness, timeout: Duration) -> ClientBootstrap {
+        var bootstrap = ClientBootstrap(group: eventLoop)
+            .connectTimeout(.milliseconds(timeout.milliseconds))
+            .channelOption(.socketOption(.so_keepalive), value: 1)
+            .channelOption(.tcpOption(.tcp_nodelay), value: 1)
+        #if os(Linux)
+            // Linux's option names (netinet/tcp.h): TCP_KEEPIDLE 4, TCP_KEEPINTVL 5, TCP_KEEPCNT 6, TCP_USER_TIMEOUT 18.
+            let tcp = NIOBSDSocket.OptionLevel.tcp
+            for (name, value) in [
+                (4, Int(liveness.keepaliveIdle.milliseconds / 1000)), (5, Int(liveness.keepaliveInterval.milliseconds / 1000)),
+                (6, liveness.keepaliveCount), (18, Int(liveness.userTimeout.milliseconds)),
+            ] {
+                bootstrap = bootstrap.channelOption(ChannelOptions.Types.SocketOption(level: tcp, name: NIOBSDSocket.Option(rawValue: CInt(name))), value: SocketOptionValue(value))
+            }
+        #endif
+        return bootstrap
+    }
+
+    /// PostgreSQL's SSLRequest; the postmaster's one-byte answer (`S` or `N`), within `timeout`.
+    static func sslRequest(_ channel: any Channel, timeout: Duration) async throws -> UInt8 {
+        let promise = channel.eventLoop.makePromise(of: UInt8.self)
+        try await channel.eventLoop.submit {
+            try channel.pipeline.syncOperations.addHandler(FirstByte(promise: promise), name: "first-byte")
+        }.get()
+        let deadline = channel.eventLoop.scheduleTask(in: .milliseconds(timeout.milliseconds)) { promise.fail(RelayError.noAnswer(timeout)) }
+        var request = channel.allocator.buffer(capacity: 8)
+        request.writeInteger(Int32(8))
+        request.writeInteger(Int32(80_877_103))
+        channel.writeAndFlush(request, promise: nil)
+        defer { deadline.cancel() }
+        let answer = try await promise.futureResult.get()
+        _ = try? await channel.pipeline.removeHandler(name: "first-byte").get()
+        return answer
+    }
+
+    /// Joins the two channels (on one event loop) and lets the client's bytes flow.
+    private func join(_ inbound: any Channel, _ upstream: any Channel, host index: Int, deaths: Int) async throws {
+        let attributes = self.attributes
+        let onStall: @Sendable () -> Void = { [self] in suspect(index) }
+        let onRefused: @Sendable (String) -> Void = { [self] reason in leave(index, because: reason) }
+        try await inbound.eventLoop.flatSubmit { () -> EventLoopFuture<Void> in
+            let exchange = Exchange(eventLoop: inbound.eventLoop, stallAfter: .milliseconds(self.liveness.stallAfter.milliseconds), onStall: onStall)
+            let client = RelayHalf(side: .client, exchange: exchange)
+            let server = RelayHalf(side: .server, exchange: exchange)
+            client.partner = server
+            server.partner = client
+            do {
+                try upstream.pipeline.syncOperations.addHandler(StartupCheck(attributes: attributes, onRefused: onRefused))
+                try upstream.pipeline.syncOperations.addHandler(server)
+                try inbound.pipeline.syncOperations.addHandler(client)
+            } catch {
+                return inbound.eventLoop.makeFailedFuture(error)
+            }
+            return inbound.setOption(.autoRead, value: true)
+        }.get()
+        let id = ObjectIdentifier(upstream)
+        let stale = state.withLock { state -> Bool in
+            guard state.deaths[index, default: 0] == deaths else { return true }
+            state.open[index, default: [:]][id] = Pair(client: inbound, server: upstream)
+            return false
+        }
+        if stale {
+            logger.debug("stale", metadata: ["host": "\(hosts[index])"])
+            upstream.close(promise: nil)
+        }
+        upstream.closeFuture.whenComplete { [self] _ in
+            inbound.close(promise: nil)
+            state.withLock { _ = $0.open[index]?.removeValue(forKey: id) }
+        }
+        inbound.closeFuture.whenComplete { _ in upstream.close(promise: nil) }
+    }
+
+    /// Host `index` failed (no connection, a read-only server, no answer to a probe): the next
+    /// connection starts at the host after it.
+    private func leave(_ index: Int, because reason: String) {
+        let moved = state.withLock { state -> Bool in
+            guard state.preferred == index, hosts.count > 1 else { return false }
+            state.preferred = (index + 1) % hosts.count
+            return true
+        }
+        if moved {
+            logger.warning(
+                "database host left; connections go to the next host of DATABASE_URL",
+                metadata: ["host": "\(hosts[index])", "reason": "\(reason)", "next": "\(currentHost)"])
+        }
+    }
+
+    /// A statement on host `index` waits: is the host still there? One probe at a time per host.
+    private func suspect(_ index: Int) {
+        logger.debug("suspect", metadata: ["host": "\(hosts[index])"])
+        guard state.withLock({ $0.probing.insert(index).inserted }) else { return }
+        Task {
+            let alive: Bool
+            do {
+                let channel = try await connect(index, on: group.any(), timeout: liveness.probeTimeout, plain: true)
+                alive = true
+                channel.close(promise: nil)
+            } catch {
+                alive = false
+            }
+            let open = state.withLock { state -> [Pair] in
+                state.probing.remove(index)
+                guard !alive else { return [] }
+                state.deaths[index, default: 0] += 1
+                return Array((state.open.removeValue(forKey: index) ?? [:]).values)
+            }
+            guard !alive else { return }
+            leave(index, because: "no answer to a probe within \(DurationSyntax.format(liveness.probeTimeout)) while a statement waited")
+            logger.warning("closing the connections to a database host that stopped answering", metadata: ["host": "\(hosts[index])", "connections": "\(open.count)"])
+            for pair in open { pair.end(because: "the database host \(hosts[index]) stopped answering; connect again") }
+        }
+    }
+
+    /// A probe's connection: TCP and the SSLRequest's answer, no TLS handshake.
+    private func connect(_ index: Int, on eventLoop: any EventLoop, timeout: Duration, plain: Bool) async throws -> any Channel {
+        let host = hosts[index]
+        let channel = try await Self.bootstrap(on: eventLoop, liveness: liveness, timeout: timeout).connect(host: host.name, port: host.port).get()
+        do {
+            _ = try await Self.sslRequest(channel, timeout: timeout)
+            return channel
+        } catch {
+            channel.close(promise: nil)
+            throw error
+        }
+    }
+}
+
+/// A relayed connection: the pool's side and the server's.
+struct Pair: Sendable {
+    let client: any Channel
+    let server: any Channel
+
+    /// Ends the connection as PostgreSQL does when it terminates a session: a FATAL error to the
+    /// client (SQLSTATE 08006), then close. postgres-nio fails a statement in flight on that error;
+    /// a bare close of the socket can leave one waiting forever (see `BoundedPostgres`).
+    func end(because message: String) {
+        var error = client.allocator.buffer(capacity: 64 + message.utf8.count)
+        error.writeInteger(UInt8(ascii: "E"))
+        let lengthIndex = error.writerIndex
+        error.writeInteger(Int32(0))
+        for (field, value) in [("S", "FATAL"), ("V", "FATAL"), ("C", "08006"), ("M", message)] {
+            error.writeInteger(UInt8(ascii: Unicode.Scalar(field)!))
+            error.writeNullTerminatedString(value)
+        }
+        error.writeInteger(UInt8(0))
+        error.setInteger(Int32(error.writerIndex - lengthIndex), at: lengthIndex)
+        let (client, server) = (self.client, self.server)
+        client.writeAndFlush(error).whenComplete { _ in
+            client.close(promise: nil)
+            server.close(promise: nil)
+        }
+    }
+}
+
+enum RelayError: Error, CustomStringConvertible {
+    case tlsRefused
+    case noAnswer(Duration)
+
+    var description: String {
+        switch self {
+        case .tlsRefused: "the server does not offer TLS, and sslmode=require"
+        case .noAnswer(let timeout): "no answer within \(DurationSyntax.format(timeout))"
+        }
+    }
+}
+
+/// Takes the first byte a channel reads (the SSLRequest's answer).
+private final class FirstByte: ChannelInboundHandler, RemovableChannelHandler {
+    typealias InboundIn = ByteBuffer
+    let promise: EventLoopPromise<UInt8>
+
+    init(promise: EventLoopPromise<UInt8>) { self.promise = promise }
+
+    func channelRead(context: ChannelHandlerContext, data: NIOAny) {
+        var buffer = unwrapInboundIn(data)
+        if let byte = buffer.readInteger(as: UInt8.self) { promise.succeed(byte) }
+    }
+
+    func channelInactive(context: ChannelHandlerContext) {
+        promise.fail(ChannelError.eof)
+        context.fireChannelInactive()
+    }
+
+    func errorCaught(context: ChannelHandlerContext, error: any Error) { promise.fail(error) }
+}
+
+/// Whether a statement waits for its answer, and for how long (on the pair's event loop).
+private final class Exchange {
+    let eventLoop: any EventLoop
+    let stallAfter: TimeAmount
+    let onStall: @Sendable () -> Void
+    /// Since when the client's last bytes wait for the server's (nil: none wait).
+    var waitingSince: NIODeadline?
+    var timer: Scheduled<Void>?
+    var closed = false
+
+    init(eventLoop: any EventLoop, stallAfter: TimeAmount, onStall: @escaping @Sendable () -> Void) {
+        self.eventLoop = eventLoop
+        self.stallAfter = stallAfter
+        self.onStall = onStall
+    }
+
+    func clientSent() {
+        guard waitingSince == nil else { return }
+        let now = NIODeadline.now()
+        waitingSince = now
+        arm(at: now + stallAfter)
+    }
+
+    func serverSent() { waitingSince = nil }
+
+    /// One timer at most, re-armed only when it fires: a busy connection costs one per `stallAfter`.
+    func arm(at deadline: NIODeadline) {
+        guard timer == nil, !closed else { return }
+        let bound = NIOLoopBound(self, eventLoop: eventLoop)
+        timer = eventLoop.scheduleTask(deadline: deadline) { bound.value.fire() }
+    }
+
+    func fire() {
+        timer = nil
+        guard let since = waitingSince, !closed else { return }
+        let now = NIODeadline.now()
+        if now - since >= stallAfter {
+            onStall()
+            arm(at: now + stallAfter)
+        } else {
+            arm(at: since + stallAfter)
+        }
+    }
+
+    func close() {
+        closed = true
+        timer?.cancel()
+        timer = nil
+    }
+}
+
+/// One side of a relayed connection: what it reads, its partner writes.
+private final class RelayHalf: ChannelInboundHandler {
+    typealias InboundIn = ByteBuffer
+    typealias OutboundOut = ByteBuffer
+    enum Side { case client, server }
+
+    let side: Side
+    let exchange: Exchange
+    var partner: RelayHalf?
+    var context: ChannelHandlerContext?
+
+    init(side: Side, exchange: Exchange) {
+        self.side = side
+        self.exchange = exchange
+    }
+
+    func handlerAdded(context: ChannelHandlerContext) { self.context = context }
+
+    func handlerRemoved(context: ChannelHandlerContext) {
+        self.context = nil
+        partner = nil
+    }
+
+    func channelRead(context: ChannelHandlerContext, data: NIOAny) {
+        switch side {
+        case .client: exchange.clientSent()
+        case .server: exchange.serverSent()
+        }
+        partner?.context?.write(data, promise: nil)
+    }
+
+    func channelReadComplete(context: ChannelHandlerContext) { partner?.context?.flush() }
+
+    /// Backpressure: a partner that cannot take more stops this side reading.
+    func channelWritabilityChanged(context: ChannelHandlerContext) {
+        if let other = partner?.context { try? other.channel.syncOptions?.setOption(.autoRead, value: context.channel.isWritable) }
+        context.fireChannelWritabilityChanged()
+    }
+
+    func channelInactive(context: ChannelHandlerContext) {
+        exchange.close()
+        partner?.context?.close(promise: nil)
+        context.fireChannelInactive()
+    }
+
+    func errorCaught(context: ChannelHandlerContext, error: any Error) { context.close(promise: nil) }
+}
+
+/// Watches a relayed connection's start-up: holds what the server says after authentication until
+/// it is ready, and closes the connection if the server reported itself read-only where
+/// `target_session_attrs` wants writes. A server that refuses or closes before it is ready
+/// (stopped, starting, recovering) is reported too: the next connection tries the next host.
+private final class StartupCheck: ChannelInboundHandler, RemovableChannelHandler {
+    typealias InboundIn = ByteBuffer
+    typealias InboundOut = ByteBuffer
+
+    let attributes: DatabaseURL.SessionAttributes
+    let onRefused: @Sendable (String) -> Void
+    var pending: ByteBuffer?
+    var held: [ByteBuffer] = []
+    var authenticated = false
+    var hotStandby = false
+    var readOnlyDefault = false
+    var done = false
+
+    init(attributes: DatabaseURL.SessionAttributes, onRefused: @escaping @Sendable (String) -> Void) {
+        self.attributes = attributes
+        self.onRefused = onRefused
+    }
+
+    func channelInactive(context: ChannelHandlerContext) {
+        if !done { onRefused("the server closed the connection before it was ready") }
+        done = true
+        context.fireChannelInactive()
+    }
+
+    func channelRead(context: ChannelHandlerContext, data: NIOAny) {
+        guard !done else { return context.fireChannelRead(data) }
+        var incoming = unwrapInboundIn(data)
+        if pending == nil { pending = incoming } else { pending!.writeBuffer(&incoming) }
+        var forwarded = false
+        while let message = nextMessage() {
+            let type = message.getInteger(at: message.readerIndex, as: UInt8.self) ?? 0
+            switch type {
+            case UInt8(ascii: "R") where !authenticated:
+                authenticated = message.getInteger(at: message.readerIndex + 5, as: Int32.self) == 0
+                if authenticated { held.append(message) } else { forward(message, context); forwarded = true }
+            case UInt8(ascii: "S") where authenticated:
+                parameter(message)
+                held.append(message)
+            case UInt8(ascii: "Z") where authenticated:
+                held.append(message)
+                return ready(context)
+            case UInt8(ascii: "E"):
+                // An error at start-up (a server starting, a refusal): the client reads it as is.
+                held.append(message)
+                onRefused("the server refused the connection at start-up")
+                return pass(context)
+            default:
+                if authenticated { held.append(message) } else { forward(message, context); forwarded = true }
+            }
+        }
+        if forwarded { context.fireChannelReadComplete() }
+    }
+
+    private func forward(_ message: ByteBuffer, _ context: ChannelHandlerContext) { context.fireChannelRead(wrapInboundOut(message)) }
+
+    /// One whole message off `pending` (type byte, length including itself, body).
+    private func nextMessage() -> ByteBuffer? {
+        guard var buffer = pending, buffer.readableBytes >= 5, let length = buffer.getInteger(at: buffer.readerIndex + 1, as: Int32.self),
+            length >= 4, buffer.readableBytes >= Int(length) + 1
+        else { return nil }
+        let message = buffer.readSlice(length: Int(length) + 1)
+        pending = buffer
+        return message
+    }
+
+    private func parameter(_ message: ByteBuffer) {
+        var body = message.getSlice(at: message.readerIndex + 5, length: message.readableBytes - 5) ?? ByteBuffer()
+        guard let name = body.readNullTerminatedString(), let value = body.readNullTerminatedString() else { return }
+        if name == "in_hot_standby" { hotStandby = value == "on" }
+        if name == "default_transaction_read_only" { readOnlyDefault = value == "on" }
+    }
+
+    private func ready(_ context: ChannelHandlerContext) {
+        let readOnly = attributes != .any && (hotStandby || (attributes == .readWrite && readOnlyDefault))
+        guard !readOnly else {
+            done = true
+            onRefused("a read-only server (target_session_attrs=\(attributes.rawValue))")
+            context.close(promise: nil)
+            return
+        }
+        pass(context)
+    }
+
+    /// Everything held and read so far goes on; from now on the bytes pass untouched.
+    private func pass(_ context: ChannelHandlerContext) {
+        done = true
+        for message in held { forward(message, context) }
+        held = []
+        if let rest = pending, rest.readableBytes > 0 { forward(rest, context) }
+        pending = nil
+        context.fireChannelReadComplete()
+        context.pipeline.syncOperations.removeHandler(context: context, promise: nil)
+    }
+}
