@@ -51,7 +51,7 @@ package struct DeliveryDestinations: Sendable {
 /// every `interval`; the stats folder folds `foldInterval` after ingest (`StatsFolder`).
 package struct QueueUpkeep: Sendable {
     package var retention: Duration = .seconds(7 * 86_400)
-    package var interval: Duration = .seconds(30)
+    package var interval: Duration = .seconds(60)
     package var foldInterval: Duration = .seconds(5)
 
     package init() {}

@@ -2,7 +2,7 @@ extension Settings {
     package static let databaseURL = Setting<String?>.optionalText(
         "DATABASE_URL", flag: "database-url", .database, shown: "embedded cluster",
         help: "PostgreSQL URL; without it the embedded cluster under SIWA_DATA_DIR is used",
-        docs: "`postgres://user:password@host:5432/db?sslmode=disable\\|prefer\\|require`, or `postgres://user@/db?host=/run/postgresql` for a unix socket.",
+        docs: "`postgres://user:password@host:5432/db?sslmode=disable\\|prefer\\|require`, or `postgres://user@/db?host=/run/postgresql` for a unix socket. Several hosts, tried in order as libpq does: `postgres://u:p@h1:5432,h2:5432/db?target_session_attrs=read-write` (`any`, the default; `read-write`; `primary`); see operations.md, \"HA / failover\".",
         secret: true)
     package static let embeddedDatabase = Setting<Bool>.boolean(
         "SIWA_EMBEDDED_DATABASE", flag: "embedded-database", .database, default: true, shownAs: ("on", "off"),
