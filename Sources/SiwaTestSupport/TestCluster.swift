@@ -124,9 +124,11 @@ package struct OwnCluster: Sendable {
     package let database: PostgresClient.Configuration
     package let directory: String
 
-    package static func start(label: String) async throws -> OwnCluster {
+    /// `settings`: postgresql.conf settings (e.g. autovacuum off, so that `pg_stat_database`
+    /// counts the service alone).
+    package static func start(label: String, settings: [String: String] = [:]) async throws -> OwnCluster {
         let directory = "/tmp/siwa-\(UUID().uuidString.prefix(8).lowercased())"
-        let cluster = EmbeddedPostgres(options: .init(dataDirectory: directory, durable: false), logger: Logger(label: label))
+        let cluster = EmbeddedPostgres(options: .init(dataDirectory: directory, durable: false, extraSettings: settings), logger: Logger(label: label))
         let connection = try await cluster.start()
         let database = PostgresClient.Configuration(
             unixSocketPath: connection.socketPath, username: connection.username, password: nil, database: connection.database)
@@ -140,4 +142,16 @@ package struct OwnCluster: Sendable {
     }
 
     package func remove() { try? FileManager.default.removeItem(atPath: directory) }
+
+    /// DATABASE_URL for the service role, over the unix socket.
+    package var url: String {
+        let socket = ((database.unixSocketPath ?? "") as NSString).deletingLastPathComponent
+        return "postgres://\(database.username)@/\(database.database ?? "")?host=\(socket)"
+    }
+
+    /// Stops the cluster, then removes it.
+    package func stopAndRemove() async {
+        try? await cluster.stop()
+        remove()
+    }
 }

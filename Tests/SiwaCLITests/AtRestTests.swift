@@ -15,19 +15,10 @@ struct AtRestTests {
     func quietAtRest() async throws {
         let keys = try await TestBinary.Keys.make()
         defer { keys.remove() }
-        let databaseURL = try await TestBinary.databaseURL()
-        // Counted in pg_stat_database, which counts autovacuum's transactions too (busy on a
-        // fresh database, whose tables have no statistics yet): off, what is left is the service's.
-        try await TestBinary.withDatabase(databaseURL) { client in
-            try await client.query(
-                """
-                DO $$ DECLARE t regclass; BEGIN
-                    FOR t IN SELECT c.oid FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
-                        WHERE c.relkind IN ('r', 'm') AND n.nspname NOT IN ('pg_catalog', 'information_schema') AND n.nspname NOT LIKE 'pg_toast%'
-                    LOOP EXECUTE format('ALTER TABLE %s SET (autovacuum_enabled = off)', t); END LOOP;
-                END $$
-                """)
-        }
+        // A cluster of its own, autovacuum off: pg_stat_database then counts the service alone,
+        // whatever the rest of the suite does to the shared cluster meanwhile.
+        let cluster = try await OwnCluster.start(label: "rest", settings: ["autovacuum": "off"])
+        let databaseURL = cluster.url
         let serving = try await TestBinary.startServing(
             environment: ["DATABASE_URL": databaseURL, "SIWA_EMBEDDED_DATABASE": "off", "SIWA_APPLE_BUNDLE_IDS": keys.aud, "SIWA_APPLE_JWKS_URL": keys.jwksURL],
             directory: keys.directory)
@@ -60,7 +51,7 @@ struct AtRestTests {
             // the service opens costs the server one transaction (its start-up) besides.
             let spent = after - before - 2
             let connections = try await TestBinary.count(client, sessions) - opened
-            #expect(spent <= 30, "\(spent) transactions at rest in a minute, \(connections) of them connections opened")
+            #expect(spent <= 30, "\(spent) transactions at rest in a minute, \(connections) of them connections opened; serve said: \(serving.output.text.suffix(3000))")
             print("at rest: \(spent) transactions and \(connections) connections in 62 s")
 
             // Then a notification: applied without waiting for any poll.
@@ -80,5 +71,6 @@ struct AtRestTests {
         }
         serving.process.signal(SIGTERM)
         #expect(await serving.process.waitForExit() == 0)
+        await cluster.stopAndRemove()
     }
 }

@@ -32,15 +32,17 @@ struct DatabaseRelayTests {
 
     @Test("A host that goes silent with its sockets held open is left within seconds: the waiting statement fails, the next runs on the next host")
     func silentHostIsLeft() async throws {
-        let database = try await TestCluster.shared.makeDatabase()
-        let socket = try #require(database.unixSocketPath)
+        // A cluster of its own: the shared one, loaded by the rest of the suite, may refuse
+        // connections meanwhile, which is another test's subject.
+        let cluster = try await OwnCluster.start(label: "relay")
+        let socket = try #require(cluster.database.unixSocketPath)
         let first = TCPProxy(target: socket)
         let second = TCPProxy(target: socket)
         let hosts = [DatabaseHost(name: "127.0.0.1", port: try await first.start()), DatabaseHost(name: "127.0.0.1", port: try await second.start())]
         let relay = try DatabaseRelay(hosts: hosts, tls: .disable, attributes: .any, logger: Logger(label: "relay"))
         try await relay.start()
         let client = PostgresClient(
-            configuration: .init(unixSocketPath: relay.socketPath, username: database.username, password: nil, database: database.database))
+            configuration: .init(unixSocketPath: relay.socketPath, username: cluster.database.username, password: nil, database: cluster.database.database))
         try await withThrowingTaskGroup(of: Void.self) { group async throws -> Void in
             group.addTask { await client.run() }
             defer { group.cancelAll() }
@@ -76,5 +78,6 @@ struct DatabaseRelayTests {
         await relay.stop()
         await first.stop()
         await second.stop()
+        await cluster.stopAndRemove()
     }
 }
