@@ -216,8 +216,8 @@ package final class DatabaseRelay: Sendable {
             logger.debug("stale", metadata: ["host": "\(hosts[index])"])
             upstream.close(promise: nil)
         }
+        // The relay halves end each side when the other goes (the client told why first).
         upstream.closeFuture.whenComplete { [self] _ in
-            inbound.close(promise: nil)
             state.withLock { _ = $0.open[index]?.removeValue(forKey: id) }
         }
         inbound.closeFuture.whenComplete { _ in upstream.close(promise: nil) }
@@ -287,7 +287,19 @@ struct Pair: Sendable {
     /// client (SQLSTATE 08006), then close. postgres-nio fails a statement in flight on that error;
     /// a bare close of the socket can leave one waiting forever (see `BoundedPostgres`).
     func end(because message: String) {
-        var error = client.allocator.buffer(capacity: 64 + message.utf8.count)
+        let error = Self.fatal(message, allocator: client.allocator)
+        let (client, server) = (self.client, self.server)
+        client.writeAndFlush(error).whenComplete { _ in
+            client.close(promise: nil)
+            server.close(promise: nil)
+        }
+    }
+}
+
+extension Pair {
+    /// PostgreSQL's ErrorResponse for a session ended: FATAL, SQLSTATE 08006 (connection_failure).
+    static func fatal(_ message: String, allocator: ByteBufferAllocator) -> ByteBuffer {
+        var error = allocator.buffer(capacity: 64 + message.utf8.count)
         error.writeInteger(UInt8(ascii: "E"))
         let lengthIndex = error.writerIndex
         error.writeInteger(Int32(0))
@@ -297,11 +309,7 @@ struct Pair: Sendable {
         }
         error.writeInteger(UInt8(0))
         error.setInteger(Int32(error.writerIndex - lengthIndex), at: lengthIndex)
-        let (client, server) = (self.client, self.server)
-        client.writeAndFlush(error).whenComplete { _ in
-            client.close(promise: nil)
-            server.close(promise: nil)
-        }
+        return error
     }
 }
 
@@ -427,9 +435,19 @@ private final class RelayHalf: ChannelInboundHandler {
         context.fireChannelWritabilityChanged()
     }
 
+    /// The server's side gone: the client is told as PostgreSQL tells a session it ends (a FATAL
+    /// error, then close), which postgres-nio fails a statement in flight on; a bare close can
+    /// leave one waiting out its limit (see `Pair.end`).
     func channelInactive(context: ChannelHandlerContext) {
         exchange.close()
-        partner?.context?.close(promise: nil)
+        if let other = partner?.context {
+            if side == .server, other.channel.isActive {
+                other.writeAndFlush(wrapOutboundOut(Pair.fatal("the database server closed the connection", allocator: other.channel.allocator)))
+                    .whenComplete { _ in other.close(promise: nil) }
+            } else {
+                other.close(promise: nil)
+            }
+        }
         context.fireChannelInactive()
     }
 
