@@ -6,22 +6,11 @@ import NIOSSL
 import SiwaDomain
 import Synchronization
 
-/// DATABASE_URL's TCP hosts behind a unix socket of our own, which postgres-nio's pool connects to
-/// (it takes one host and sets no socket options). Each connection is relayed byte for byte to
-/// the first host that answers, starting from the one last found good, as libpq tries a host list:
-///
-/// - TCP keepalive (5 s idle, 2 s apart, 3 probes) and `TCP_USER_TIMEOUT` (10 s) on every
-///   connection: the kernel ends one to a host gone off the network.
-/// - A statement unanswered for `stallAfter` has its host probed (a new TCP connection and
-///   PostgreSQL's SSLRequest, answered by the postmaster without authentication); no answer
-///   within `probeTimeout`, and every connection to that host is closed and the next host used. A
-///   host that vanished behind something still holding its sockets open is left within seconds,
-///   not after the one-minute limit of each call.
-/// - `read-write` / `primary`: the server's `in_hot_standby` and `default_transaction_read_only`
-///   (reported at start-up since PostgreSQL 14) are read before the client is told the connection
-///   is ready; a standby's connection is closed, the pool retries, and the next host is used.
-/// - TLS (`sslmode`) is the relay's, to the server; the unix leg is private to this process
-///   (a 0700 directory).
+/// DATABASE_URL's TCP hosts behind a private unix socket that postgres-nio's pool connects to (it
+/// takes one host, no socket options): each connection goes to the first host that answers, from
+/// the last good one, with keepalive and `TCP_USER_TIMEOUT` (`Liveness`). A statement unanswered
+/// for `stallAfter` gets its host probed; a silent host is left. `read-write` drops a standby at
+/// start-up. TLS is the relay's. docs/operations.md, "HA / failover", says what users rely on.
 package final class DatabaseRelay: Sendable {
     package struct Liveness: Sendable {
         package var connectTimeout: Duration = .seconds(5)
