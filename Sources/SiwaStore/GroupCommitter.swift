@@ -68,7 +68,8 @@ package final class GroupCommitter: Service, Sendable {
         self.timeout = timeout
         self.logger = logger
         self.onBatch = onBatch
-        self.slots = Mutex(keepConnections ? (0..<maximumInFlight).map { _ in KeptConnection(client: store.client) } : [])
+        let slotLimit = Self.slotLimit(timeout: timeout)
+        self.slots = Mutex(keepConnections ? (0..<maximumInFlight).map { _ in KeptConnection(client: store.client, limit: slotLimit) } : [])
         (batches, batchesIn) = AsyncStream.makeStream()
     }
 
@@ -86,6 +87,11 @@ package final class GroupCommitter: Service, Sendable {
         }
         for slot in slots.withLock({ $0 }) { slot.close() }
     }
+
+    /// How long a commit slot's call may run before the slot moves on to another connection: its
+    /// requests were answered 503 at `timeout` already, so waiting longer only holds the slot
+    /// (the call itself goes on, and a late commit makes Apple's retry a duplicate).
+    static func slotLimit(timeout: Duration) -> Duration { max(timeout * 3, .seconds(15)) }
 
     /// Requests waiting for a commit slot at most, by default: far above what a peak keeps queued
     /// (64 connections keep at most 64); about 3 KiB each, so ≈ 13 MiB when full (`scripts/bench

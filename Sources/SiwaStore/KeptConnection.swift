@@ -106,6 +106,7 @@ package final class KeptConnection: Sendable {
             repeat {
                 do {
                     try await client.withConnection { connection in
+                        let watch = CloseWatch(connection) { [weak self] in self?.retire(holder) }
                         while true {
                             let next: Work?
                             if let waiting = pending {
@@ -126,7 +127,11 @@ package final class KeptConnection: Sendable {
                                 return
                             }
                             closedInARow = 0
+                            // A statement postgres-nio loses as the connection closes is failed
+                            // by the close, not by the call's limit.
+                            guard watch.start(work) else { continue }
                             await work.run(connection)
+                            watch.finish()
                         }
                     }
                 } catch {
@@ -142,6 +147,55 @@ package final class KeptConnection: Sendable {
     /// The pool lent three connections in a row that were already closed.
     package struct NoOpenConnection: Error, CustomStringConvertible {
         package var description: String { "the database closed every connection the pool lent (is PostgreSQL restarting?)" }
+    }
+
+    /// The connection closed under a call: what it sent may or may not have been done.
+    package struct ConnectionClosed: Error, CustomStringConvertible {
+        package var description: String { "the database connection closed before the call was answered" }
+    }
+
+    /// Fails the call running on a lent connection when that connection closes: postgres-nio 1.33
+    /// can drop a statement in flight on a closing connection, and its call would otherwise wait
+    /// out its whole limit (a commit slot held for a minute after a failover). One callback per
+    /// lease, not per call.
+    private final class CloseWatch: Sendable {
+        private struct State {
+            var running: Work?
+            var closed = false
+        }
+        private let state = Mutex(State())
+        private let interrupted: @Sendable () -> Void
+
+        /// `interrupted`: a call was running when the connection closed (its holder, stuck on
+        /// it, is retired as at a call's limit).
+        init(_ connection: PostgresConnection, interrupted: @escaping @Sendable () -> Void) {
+            self.interrupted = interrupted
+            connection.closeFuture.whenComplete { [weak self] _ in self?.closed() }
+        }
+
+        /// False (and `work` failed) when the connection has closed already.
+        func start(_ work: Work) -> Bool {
+            let open = state.withLock { state in
+                guard !state.closed else { return false }
+                state.running = work
+                return true
+            }
+            if !open { work.fail(ConnectionClosed()) }
+            return open
+        }
+
+        func finish() { state.withLock { $0.running = nil } }
+
+        private func closed() {
+            let running = state.withLock { state in
+                state.closed = true
+                defer { state.running = nil }
+                return state.running
+            }
+            guard let running else { return }
+            running.fail(ConnectionClosed())
+            interrupted()
+        }
     }
 
     private struct Work: Sendable {

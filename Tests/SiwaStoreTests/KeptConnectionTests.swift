@@ -130,4 +130,31 @@ struct KeptConnectionTests {
             }
         }
     }
+
+    @Test("a call whose connection closes under it is answered then, not at its limit, and the next call runs on another connection")
+    func closedUnderACall() async throws {
+        try await Self.withClient(maximumConnections: 3) { client in
+            let kept = KeptConnection(client: client)
+            // The call's answer never comes (as a statement postgres-nio drops on a closing
+            // connection): only the connection's close can end it before its 60 s limit.
+            let (started, startedIn) = AsyncStream<Int>.makeStream()
+            let (never, neverIn) = AsyncStream<Void>.makeStream()
+            defer { neverIn.finish() }
+            let call = Task {
+                try await kept.withConnection { connection in
+                    startedIn.yield(try await Self.backend(connection))
+                    for await _ in never {}
+                }
+            }
+            var backend = 0
+            for await pid in started { backend = pid; break }
+            let closing = ContinuousClock.now
+            try await client.withConnection { _ = try await $0.query("SELECT pg_terminate_backend(\(backend)::int)", logger: Self.logger) }
+            await #expect(throws: KeptConnection.ConnectionClosed.self) { try await call.value }
+            #expect(ContinuousClock.now - closing < .seconds(30), "answered at its limit, not when the connection closed")
+            let next = try await kept.withConnection { try await Self.backend($0) }
+            #expect(next != backend)
+            kept.close()
+        }
+    }
 }
