@@ -60,6 +60,8 @@ package struct Configuration: Sendable {
             workers.effects.revokeOnAppleEvents = credentials.revokeOnAppleEvents
             workers.appleValidation = credentials.validation
         }
+        workers.lanes.mail = try MailProviders.configured(source, apps: apple.bundleIDs)
+        workers.effects.suppressOnConsentRevoked = try source.value(Settings.suppressOnConsentRevoked)
         alerts = try AlertMonitor.Configuration(source)
         alerts.apps = apple.bundleIDs.sorted()
     }
@@ -76,6 +78,7 @@ package struct Configuration: Sendable {
             "apple_token_validation": "\(apple?.validation.map { "on, \($0.perMinute)/min" } ?? "off")",
             "callbacks": "\(workers.lanes.callbacks.map { URLRedaction.redacted($0.url) } ?? "off")",
             "alert_sinks": "\(sinkNames.isEmpty ? "off (the log only)" : sinkNames.joined(separator: ", "))",
+            "suppression_targets": "\(workers.lanes.mail.map { $0.targets.map(\.rawValue).joined(separator: ", ") } ?? "off (the feed only)")",
             "endpoint_check": "\(alerts.endpoint.url.map { URLRedaction.redacted($0) } ?? "off")",
         ]
     }

@@ -43,6 +43,8 @@ package final class AppleAuthStandIn: Service, Sendable {
     let configuration: Configuration
     let secrets: ClientSecretCheck
     let ledger: Mutex<AuthLedger>
+    /// The mail providers' suppression lists (`MailRoutes`).
+    let mailLedger = Mutex(MailLedger())
     let transfers: TransferSubs
     let logger: Logger
     private let listening = ListeningPort()
@@ -60,6 +62,7 @@ package final class AppleAuthStandIn: Service, Sendable {
         let router = Router()
         addAuthRoutes(to: router)
         addControlRoutes(to: router)
+        addMailRoutes(to: router)
         let app = Application(
             router: router, configuration: .init(address: .hostname(configuration.host, port: configuration.port), serverName: nil),
             onServerRunning: { [listening] channel in listening.resolve(.success(channel.localAddress?.port ?? 0)) },

@@ -3,11 +3,13 @@ import HTTPTypes
 import Hummingbird
 import NIOCore
 import SiwaDomain
+import Synchronization
 
 /// The stand-in's own endpoints, for tests and for a user trying it: `POST /standin/codes` (a code,
 /// as Apple gives a device at sign-in), `GET /standin/revocations` (what `/auth/revoke` was sent),
 /// `POST /standin/failures` (the failure switch), `POST /standin/users` (a user's app-transfer
-/// marks: `{sub, is_private_email?, revoked?}`). No credential guards them, so they answer only
+/// marks: `{sub, is_private_email?, revoked?}`), `GET /standin/mail` (the mail providers'
+/// suppression lists and the requests they were sent), `POST /standin/mail/failures`. No credential guards them, so they answer only
 /// this machine (`ControlRouteGuard`): a loopback `Host`, JSON bodies.
 extension AppleAuthStandIn {
     func addControlRoutes(to router: Router<BasicRequestContext>) {
@@ -38,6 +40,30 @@ extension AppleAuthStandIn {
         }
         control.get("revocations") { _, _ -> Response in
             AppleAnswer.json(["revocations": .array(self.revocations.map(\.json))])
+        }
+        control.get("mail") { _, _ -> Response in
+            let (lists, requests) = self.mailLedger.withLock { ($0.suppressed, $0.requests) }
+            return AppleAnswer.json([
+                "suppressed": .object(Dictionary(uniqueKeysWithValues: lists.map { ($0.key.rawValue, .array($0.value.sorted().map { .string($0) })) })),
+                "requests": .array(requests.map(\.json)),
+            ])
+        }
+        control.post("mail/failures") { request, _ -> Response in
+            do throws(ControlError) {
+                let fields = try await self.readFields(request)
+                guard let provider = fields["provider"]?.stringValue.flatMap(SuppressionTarget.init(rawValue:)) else {
+                    throw ControlError("provider must be one of postmark, sendgrid, mailgun, resend, ses")
+                }
+                guard let status = Self.integer(fields["status"]), (100...599).contains(status) else {
+                    throw ControlError("status must be an HTTP status, e.g. 503")
+                }
+                let count = fields["count"] == nil ? 1 : Self.integer(fields["count"]) ?? -1
+                guard count >= 0 else { throw ControlError("count must be a whole number of requests (0 turns the switch off)") }
+                self.mailLedger.withLock { $0.failNext(count, of: provider, status: status, retryAfter: Self.integer(fields["retry_after"])) }
+                return Response(status: .noContent)
+            } catch {
+                return error.response
+            }
         }
         control.post("failures") { request, _ -> Response in
             do throws(ControlError) {

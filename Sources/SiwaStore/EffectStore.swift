@@ -46,11 +46,12 @@ package struct EffectStore: Sendable {
     /// error that may be the jobs' own (`mayBeTheJobs`).
     package func runBatch(
         worker: String, limit: Int, eraseOnDelete: Bool, callbacks: Bool = false, appleTokens: KeptTokensOnAppleEvent = .forget,
-        lease: Duration = EffectStore.defaultLease, now: Date? = nil
+        suppressions: SuppressionOptions = .init(), lease: Duration = EffectStore.defaultLease, now: Date? = nil
     ) async throws -> Round {
         try await retryingAccountRace(worker: worker) {
             try await runBatchOnce(
-                worker: worker, limit: limit, eraseOnDelete: eraseOnDelete, callbacks: callbacks, appleTokens: appleTokens, lease: lease, now: now)
+                worker: worker, limit: limit, eraseOnDelete: eraseOnDelete, callbacks: callbacks, appleTokens: appleTokens, suppressions: suppressions,
+                lease: lease, now: now)
         }
     }
 
@@ -74,7 +75,8 @@ package struct EffectStore: Sendable {
     static let accountRaceTries = 3
 
     private func runBatchOnce(
-        worker: String, limit: Int, eraseOnDelete: Bool, callbacks: Bool, appleTokens: KeptTokensOnAppleEvent, lease: Duration, now: Date?
+        worker: String, limit: Int, eraseOnDelete: Bool, callbacks: Bool, appleTokens: KeptTokensOnAppleEvent, suppressions: SuppressionOptions,
+        lease: Duration, now: Date?
     ) async throws -> Round {
         let logger = self.logger
         let claim = JobQueue.Effects.Claim(limit: limit, lease: lease, now: now)
@@ -86,7 +88,8 @@ package struct EffectStore: Sendable {
                 guard !jobs.isEmpty else { return Round() }
                 inHand.jobs = jobs
                 let applied = try await Self.applyLocked(
-                    jobs, worker: worker, eraseOnDelete: eraseOnDelete, callbacks: callbacks, appleTokens: appleTokens, on: connection, logger: logger)
+                    jobs, worker: worker, eraseOnDelete: eraseOnDelete, callbacks: callbacks, appleTokens: appleTokens, suppressions: suppressions,
+                    on: connection, logger: logger)
                 return Round(claimed: jobs, applied: applied)
             }
         } catch {
@@ -132,7 +135,8 @@ package struct EffectStore: Sendable {
     /// savepoint and records the failed attempt instead — both under the same lock.
     /// An error that says nothing about the job (see `mayBeTheJobs`) is thrown, not recorded.
     package func runOne(
-        _ job: ClaimedJob, worker: String, eraseOnDelete: Bool, callbacks: Bool = false, appleTokens: KeptTokensOnAppleEvent = .forget, maxAttempts: Int,
+        _ job: ClaimedJob, worker: String, eraseOnDelete: Bool, callbacks: Bool = false, appleTokens: KeptTokensOnAppleEvent = .forget,
+        suppressions: SuppressionOptions = .init(), maxAttempts: Int,
         lease: Duration = EffectStore.defaultLease,
         delay: @escaping @Sendable (Int) -> Duration
     ) async throws -> OneOutcome {
@@ -144,7 +148,8 @@ package struct EffectStore: Sendable {
                 try await connection.query("SAVEPOINT one_job", logger: logger)
                 do {
                     let applied = try await Self.applyLocked(
-                        [job], worker: worker, eraseOnDelete: eraseOnDelete, callbacks: callbacks, appleTokens: appleTokens, on: connection, logger: logger)
+                        [job], worker: worker, eraseOnDelete: eraseOnDelete, callbacks: callbacks, appleTokens: appleTokens, suppressions: suppressions,
+                        on: connection, logger: logger)
                     guard let effect = applied.first else { return .gone }
                     return .applied(effect)
                 } catch {
@@ -163,9 +168,10 @@ package struct EffectStore: Sendable {
     /// locks the users' accounts, lets `EffectBatchPlan` decide, executes its plan. Returns what was
     /// applied. With `callbacks`, each applied effect also enqueues its callback (lane `callbacks`)
     /// in the same transaction. A revoking event's user loses their kept Apple tokens (`appleTokens`).
+    /// The addresses the events stop or restart are suppressed or lifted (`SuppressionStore.apply`).
     static func applyLocked(
         _ jobs: [ClaimedJob], worker: String, eraseOnDelete: Bool, callbacks: Bool, appleTokens: KeptTokensOnAppleEvent = .forget,
-        on connection: PostgresConnection, logger: Logger
+        suppressions: SuppressionOptions = .init(), on connection: PostgresConnection, logger: Logger
     ) async throws -> [AppliedEffect] {
         guard !jobs.isEmpty else { return [] }
         let users = EffectBatchPlan.users(of: jobs.map(\.planned))
@@ -205,6 +211,8 @@ package struct EffectStore: Sendable {
             // decided without it. Roll back; the batch runs again and locks that row.
             throw EffectStoreError.accountCreatedConcurrently(users: users.count - written)
         }
+        // Last, so the feed's lock is held only from here to COMMIT.
+        try await SuppressionStore.apply(plan.jobs, accounts: states, options: suppressions, on: connection, logger: logger)
         return applied
     }
 

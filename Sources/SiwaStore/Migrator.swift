@@ -34,6 +34,7 @@ let embedded: [(file: String, bytes: [UInt8])] = [
     ("026_alert_kinds_by_name.sql", PackageResources._26_alert_kinds_by_name_sql),
     ("027_notification_status_follows_jobs.sql", PackageResources._27_notification_status_follows_jobs_sql),
     ("028_apple_validations_lane.sql", PackageResources._28_apple_validations_lane_sql),
+    ("029_suppressions.sql", PackageResources._29_suppressions_sql),
 ]
 
 /// A numbered SQL migration from `sql/` (built into the binary, so it runs from any directory).

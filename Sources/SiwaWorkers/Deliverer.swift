@@ -182,7 +182,8 @@ package final class Deliverer: Service, Sendable {
         let outcome = await lane.sender.send(delivery, timeout: lane.timeout, http: http)
         // Cut short by shutdown: not an attempt. The lease is released on the way out.
         if Task.isCancelled { return .handedBack }
-        let delay = lane.retry.backoff.delay(attempt: delivery.attempt, unit: Double.random(in: 0..<1))
+        var delay = lane.retry.backoff.delay(attempt: delivery.attempt, unit: Double.random(in: 0..<1))
+        if case .throttled(_, _, let retryAfter) = outcome { delay = max(delay, retryAfter) }
         var metadata: Logger.Metadata = ["job_id": "\(delivery.id)", "attempt": "\(delivery.attempt)", "ms": "\((ContinuousClock.now - started).milliseconds)"]
         metadata.merge(lane.sender.metadata(delivery)) { $1 }
         do {
@@ -198,7 +199,7 @@ package final class Deliverer: Service, Sendable {
             case .delivered(let status):
                 metadata["status"] = "\(status.map(String.init) ?? "none")"
                 logger.info("\(lane.event)", metadata: metadata.merging(["outcome": "delivered"]) { $1 })
-            case .failed(let status, let error):
+            case .failed(let status, let error), .throttled(let status, let error, _):
                 metadata["status"] = "\(status.map(String.init) ?? "none")"
                 metadata["error"] = "\(error)"
                 metadata["outcome"] = "\(result.rawValue)"

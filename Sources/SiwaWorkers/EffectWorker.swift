@@ -40,6 +40,8 @@ package final class EffectWorker: Service, Sendable {
         package var callbacks: Bool
         /// What a revoking event does with the user's kept Apple tokens.
         package var appleTokens: KeptTokensOnAppleEvent = .forget
+        /// What the effects do for suppressions (the feed always; jobs for each provider).
+        package var suppressions = SuppressionOptions()
     }
 
     package let name: String
@@ -106,7 +108,8 @@ package final class EffectWorker: Service, Sendable {
             round = try await cancelWhenGracefulShutdown {
                 try await self.store.runBatch(
                     worker: self.name, limit: self.configuration.batchSize, eraseOnDelete: self.configuration.eraseOnDelete,
-                    callbacks: self.configuration.callbacks, appleTokens: self.configuration.appleTokens, lease: self.configuration.lease, now: now)
+                    callbacks: self.configuration.callbacks, appleTokens: self.configuration.appleTokens,
+                    suppressions: self.configuration.suppressions, lease: self.configuration.lease, now: now)
             }
         } catch let failed as EffectStore.BatchFailed {
             // One bad job must not hold back its batch: its jobs one by one.
@@ -137,6 +140,7 @@ package final class EffectWorker: Service, Sendable {
             let outcome = try await cancelWhenGracefulShutdown {
                 try await store.runOne(
                     job, worker: worker, eraseOnDelete: configuration.eraseOnDelete, callbacks: configuration.callbacks, appleTokens: configuration.appleTokens,
+                    suppressions: configuration.suppressions,
                     maxAttempts: configuration.retry.maxAttempts, lease: configuration.lease
                 ) { attempt in configuration.retry.backoff.delay(attempt: attempt, unit: Double.random(in: 0..<1)) }
             }

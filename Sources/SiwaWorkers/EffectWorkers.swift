@@ -45,6 +45,9 @@ package final class EffectWorkers: Service, Sendable {
                     deliveries.append(.appleValidations(revocations, store: tokens, gateway: apple, retry: retry, logger: logger))
                 }
             }
+            if let mail = lanes.mail {
+                deliveries += mail.providers.map { .suppressions($0, of: mail, retry: retry) }
+            }
             return deliveries
         }
 
@@ -92,7 +95,9 @@ package final class EffectWorkers: Service, Sendable {
         let effect = EffectWorker.Configuration(
             batchSize: settings.batchSize, lease: policy.lease, pollInterval: policy.pollInterval, listening: listening, retry: policy.retry,
             eraseOnDelete: settings.eraseOnDelete, callbacks: callbacks,
-            appleTokens: configuration.lanes.apple != nil && settings.revokeOnAppleEvents ? .revoke : .forget)
+            appleTokens: configuration.lanes.apple != nil && settings.revokeOnAppleEvents ? .revoke : .forget,
+            suppressions: SuppressionOptions(
+                policy: .init(onConsentRevoked: settings.suppressOnConsentRevoked), targets: configuration.lanes.mail?.targets ?? []))
         let crew = EffectCrew(batchSize: settings.batchSize)
         effects = (0..<settings.workers).map { [effectDoorbell] index in
             EffectWorker(

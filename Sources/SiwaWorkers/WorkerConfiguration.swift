@@ -30,6 +30,8 @@ package struct EffectSettings: Sendable {
     /// Apple's own `account-delete`/`consent-revoked` queue the user's kept tokens for revocation
     /// too (with Apple credentials); off, they are deleted (Apple has ended them).
     package var revokeOnAppleEvents = false
+    /// `consent-revoked` suppresses the user's addresses too (`SIWA_SUPPRESS_ON_CONSENT_REVOKED`).
+    package var suppressOnConsentRevoked = false
 
     package init() {}
 }
@@ -43,6 +45,8 @@ package struct DeliveryDestinations: Sendable {
     /// Lanes `apple_revocations` and, with `AppleTokenValidator`, `apple_validations` (nil: no
     /// Apple credentials).
     package var apple: AppleRevocations?
+    /// Lanes `suppressions_<provider>`: the mail providers kept in line (empty: the feed only).
+    package var mail: MailProviders?
 
     package init() {}
 }

@@ -4,7 +4,7 @@ import SiwaDomain
 /// The settings a command can read, one group per part of the service. A command lists the groups
 /// it reads; its `--help` shows those and no others.
 package enum SettingGroup: String, CaseIterable, Sendable {
-    case database, apple, appleCredentials, listeners, process, history, jobs, accounts, callbacks, alerts, logging
+    case database, apple, appleCredentials, listeners, process, history, jobs, accounts, callbacks, alerts, suppressions, logging
 
     package var title: String {
         switch self {
@@ -18,6 +18,7 @@ package enum SettingGroup: String, CaseIterable, Sendable {
         case .accounts: "Accounts and sessions"
         case .callbacks: "Callbacks"
         case .alerts: "Alerts"
+        case .suppressions: "Suppressions (mail providers)"
         case .logging: "Logging"
         }
     }

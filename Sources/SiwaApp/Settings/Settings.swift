@@ -2,7 +2,7 @@
 /// per group in this folder). `all` is the order of `--help` and the configuration table of docs/reference.md.
 package enum Settings {
     /// Every setting, group by group, in the order `--help` and docs/reference.md list them.
-    package static let all: [SettingInfo] = database + apple + appleCredentials + listeners + process + history + jobs + accounts + callbacks + alerts + endpoint + logging
+    package static let all: [SettingInfo] = database + apple + appleCredentials + listeners + process + history + jobs + accounts + callbacks + alerts + endpoint + suppressions + logging
 
     /// The setting a flag (without dashes) sets.
     package static func named(flag: String) -> SettingInfo? { all.first { $0.flag == flag } }

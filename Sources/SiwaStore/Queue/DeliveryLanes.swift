@@ -31,6 +31,8 @@ package enum DeliveryOutcome: Sendable {
     case failed(status: Int?, error: String)
     /// Cannot be sent, now or later (e.g. its destination is no longer configured): discarded at once.
     case undeliverable(error: String)
+    /// Failed, and the other side said when to come back (a 429's `Retry-After`): retried no sooner.
+    case throttled(status: Int?, error: String, retryAfter: Duration)
 }
 
 /// One sink message of an alert and how its delivery went.
@@ -65,6 +67,9 @@ extension JobQueue {
             WITH candidates AS (
                 SELECT id FROM jobs
                 WHERE lane = \(lane.rawValue) AND state IN ('available', 'retryable') AND run_at <= coalesce(\(now)::timestamptz, now())
+                  AND (NOT \(lane.inOrderPerTarget) OR NOT EXISTS (
+                      SELECT 1 FROM jobs e WHERE e.lane = jobs.lane AND e.aud = jobs.aud AND e.target = jobs.target
+                        AND e.state IN ('available', 'retryable', 'running') AND e.id < jobs.id))
                 ORDER BY run_at, id
                 LIMIT \(limit)
                 FOR UPDATE SKIP LOCKED
@@ -101,7 +106,7 @@ extension JobQueue {
         var maxAttempts = maxAttempts
         switch outcome {
         case .delivered(let code): (status, error) = (code, nil)
-        case .failed(let code, let message): (status, error) = (code, message)
+        case .failed(let code, let message), .throttled(let code, let message, _): (status, error) = (code, message)
         case .undeliverable(let message): (status, error, maxAttempts) = (nil, message, 1)
         }
         let delivered = error == nil

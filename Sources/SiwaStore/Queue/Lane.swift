@@ -32,14 +32,18 @@ package struct Lane: RawRepresentable, Hashable, Sendable, CustomStringConvertib
     /// The payload is a secret (an encrypted token): cleared when the job completes, and a job
     /// still holding it is never pruned.
     package let payloadIsSecret: Bool
+    /// Jobs of one target (`aud`, `target`) run one at a time, in id order: a later job waits
+    /// while an earlier one is open (the suppression lanes: an address's operations in order).
+    package let inOrderPerTarget: Bool
 
     /// Declares a lane named `name`: lowercase letters, digits and `_`, at most 40 (sql/024).
-    package init(_ name: String, subject: Subject, readyIndex: ReadyIndex = .oneForBoth, payloadIsSecret: Bool = false) {
+    package init(_ name: String, subject: Subject, readyIndex: ReadyIndex = .oneForBoth, payloadIsSecret: Bool = false, inOrderPerTarget: Bool = false) {
         precondition(Self.isValidName(name), "a lane's name is lowercase letters, digits and _ (at most 40): \(name)")
         self.rawValue = name
         self.subject = subject
         self.readyIndex = readyIndex
         self.payloadIsSecret = payloadIsSecret
+        self.inOrderPerTarget = inOrderPerTarget
     }
 
     /// A declared lane by its name; nil for any other.
@@ -67,9 +71,15 @@ package struct Lane: RawRepresentable, Hashable, Sendable, CustomStringConvertib
     /// fingerprint, never the token); one open job per token.
     package static let appleValidations = Lane("apple_validations", subject: .user)
 
+    /// Suppress or lift an address at a mail provider (`aud`, `sub`: the user; `target`: the
+    /// address; `kind`: the action; payload: the reason), one lane per provider, in order per address.
+    package static func suppressions(_ target: SuppressionTarget) -> Lane {
+        Lane("suppressions_\(target.rawValue)", subject: .user, inOrderPerTarget: true)
+    }
+
     /// The lanes this build runs: the listener's doorbells, depth, lag and metrics cover these.
     /// A lane declared elsewhere (a test's) works with every statement that takes a `Lane`.
-    package static let all: [Lane] = [.effects, .callbacks, .alerts, .appleRevocations, .appleValidations]
+    package static let all: [Lane] = [.effects, .callbacks, .alerts, .appleRevocations, .appleValidations] + SuppressionTarget.allCases.map(suppressions)
 }
 
 /// Where a job stands (`jobs.state`, the `job_state` type).
