@@ -48,3 +48,8 @@ CREATE TABLE suppression_syncs (
     started_at timestamptz NOT NULL DEFAULT now(),
     finished_at timestamptz
 );
+
+-- A token may read the feed (scope `suppressions:read`).
+ALTER TABLE api_tokens DROP CONSTRAINT api_tokens_scopes_check;
+ALTER TABLE api_tokens ADD CONSTRAINT api_tokens_scopes_check CHECK (cardinality(scopes) > 0 AND scopes <@ ARRAY['sessions:write', 'sessions:read',
+    'accounts:read', 'accounts:erase', 'notifications:read', 'alerts:read', 'suppressions:read', 'admin']);

@@ -39,6 +39,7 @@ package struct SiwaApplication: Sendable {
     let backend: BackendController?
     let history: HistoryController?
     let alertsAPI: AlertsController?
+    let suppressionsAPI: SuppressionsController?
     let transfersAPI: TransfersController?
     let databaseTimeout: Duration
     let metricsToken: String?
@@ -78,7 +79,9 @@ package struct SiwaApplication: Sendable {
         self.effects = effects
         self.tokens = TokenStore(client: client, logger: logger)
         self.backend = !config.receives ? nil : BackendController(
-            accounts: AccountStore(client: client, logger: logger), keys: keys,
+            accounts: AccountStore(
+                client: client, logger: logger,
+                suppressions: SuppressionOptions(targets: config.workers.lanes.mail?.targets ?? [])), keys: keys,
             settings: .init(
                 bundleIDs: Set(config.apple.bundleIDs), clientIDs: config.apple.clientIDs, sessionTTL: config.sessionTTL, clockSkew: config.apple.clockSkew,
                 databaseTimeout: config.database.timeout),
@@ -91,6 +94,7 @@ package struct SiwaApplication: Sendable {
         self.history = !config.receives ? nil : HistoryController(
             history: HistoryStore(client: client, logger: logger), rejections: rejectionStore, callbackURL: config.workers.lanes.callbacks?.url)
         self.alertsAPI = !config.receives ? nil : AlertsController(alerts: AlertStore(client: client, logger: logger))
+        self.suppressionsAPI = !config.receives ? nil : SuppressionsController(store: SuppressionStore(client: client, logger: logger), apps: config.apple.bundleIDs)
         self.transfersAPI = !config.receives ? nil : TransfersController(transfers: TransferStore(client: client, logger: logger), clock: clock)
         self.databaseTimeout = config.database.timeout
         self.metricsToken = config.http.metricsToken
@@ -150,6 +154,7 @@ package struct SiwaApplication: Sendable {
             backend.register(on: v1)
             history?.register(on: v1)
             alertsAPI?.register(on: v1)
+            suppressionsAPI?.register(on: v1)
             transfersAPI?.register(on: v1)
             WebController().register(on: router)
         }

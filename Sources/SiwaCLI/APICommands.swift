@@ -180,15 +180,16 @@ struct AccountsCommand: AsyncParsableCommand {
                 Examples:
                   siwa-events accounts erase --aud com.example.app --sub 001234.abcd
                 """)
-        static let settingGroups: [SettingGroup] = [.database, .logging]
+        static let settingGroups: [SettingGroup] = [.database, .suppressions, .logging]
         @Option(help: "The app's bundle ID.") var aud: String
         @Option(help: "Apple's user identifier.") var sub: String
 
         func run(_ settings: SettingSource) async throws {
             let database = try DatabaseSettings(settings)
             let logger = try makeLogger(settings)
+            let suppressions = SuppressionOptions(targets: try settings.value(Settings.suppressionTargets))
             let erasure = try await Database.with(database, logger: logger) { database in
-                try await AccountStore(client: database.client, logger: logger).erase(aud: aud, sub: sub, actor: cliActor)
+                try await AccountStore(client: database.client, logger: logger, suppressions: suppressions).erase(aud: aud, sub: sub, actor: cliActor)
             }
             print(
                 "erased \(aud)/\(sub) at \(iso8601(erasure.erasedAt)); revoked \(erasure.revokedSessions) session\(erasure.revokedSessions == 1 ? "" : "s");"

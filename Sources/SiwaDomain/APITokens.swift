@@ -9,6 +9,8 @@ package enum APIScope: String, Sendable, CaseIterable, Hashable {
     case accountsErase = "accounts:erase"
     case notificationsRead = "notifications:read"
     case alertsRead = "alerts:read"
+    /// The suppression feed (`GET /v1/suppressions`): addresses, to stop mailing them.
+    case suppressionsRead = "suppressions:read"
     case admin
 }
 

@@ -78,6 +78,14 @@ package struct SuppressionChange: Sendable, Equatable {
     package var action: SuppressionAction
     package var reason: SuppressionReason
     package var eventTime: Int64
+
+    package init(key: SuppressionKey, sub: String, action: SuppressionAction, reason: SuppressionReason, eventTime: Int64) {
+        self.key = key
+        self.sub = sub
+        self.action = action
+        self.reason = reason
+        self.eventTime = eventTime
+    }
 }
 
 /// The suppression rules, pure. An address of an app is suppressed from an `email-disabled` (or the

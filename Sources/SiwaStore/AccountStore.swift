@@ -64,10 +64,13 @@ package enum AccountStoreError: Error, Sendable {
 package struct AccountStore: Sendable {
     package let client: PostgresClient
     let logger: Logger
+    /// An erasure suppresses the user's addresses (the feed, and a job per mail provider).
+    let suppressions: SuppressionOptions
 
-    package init(client: PostgresClient, logger: Logger) {
+    package init(client: PostgresClient, logger: Logger, suppressions: SuppressionOptions = .init()) {
         self.client = client
         self.logger = logger
+        self.suppressions = suppressions
     }
 
     private static let sessionColumns = """
@@ -225,8 +228,14 @@ package struct AccountStore: Sendable {
     /// store the address again, and the audit log records who asked. One transaction; erasing a
     /// user we know nothing about records the request all the same.
     package func erase(aud: String, sub: String, actor: String) async throws -> Erasure {
-        let logger = self.logger
+        let (logger, suppressions) = (self.logger, self.suppressions)
         return try await client.bounded.transaction(logger: logger) { connection in
+            var email: String?
+            for try await (held,) in try await connection.query(
+                "SELECT email FROM accounts WHERE aud = \(aud) AND sub = \(sub) FOR UPDATE", logger: logger
+            ).decode((String?,).self) {
+                email = held
+            }
             var erasedAt = Date()
             for try await (at,) in try await connection.query(
                 """
@@ -256,6 +265,8 @@ package struct AccountStore: Sendable {
                 revoked = n
             }
             try await EffectStore.eraseAddresses(of: [(aud, sub)], on: connection, logger: logger)
+            // The address stays in one place: the suppression list, as "do not mail".
+            try await SuppressionStore.suppressErased([(aud, sub, email)], now: erasedAt, options: suppressions, on: connection, logger: logger)
             return Erasure(erasedAt: erasedAt, revokedSessions: revoked, appleRevocations: queued)
         }
     }

@@ -94,12 +94,14 @@ package struct SuppressionStore: Sendable {
     }
 
     /// Writes the addresses' new states, the changes (the feed, in their order) and one job per
-    /// change and target, in one statement; NOTIFYs each lane given work.
-    static func write(
+    /// change and target, in one statement, under `feedLock`; NOTIFYs each lane given work.
+    package static func write(
         _ states: [SuppressionKey: SuppressionState], changes: [SuppressionChange], targets: [SuppressionTarget], on connection: PostgresConnection,
         logger: Logger
     ) async throws {
         guard !states.isEmpty || !changes.isEmpty else { return }
+        // Held already by a writer that read first; taken here by any other (reentrant).
+        try await lock(on: connection, logger: logger)
         let rows = states.sorted { $0.key < $1.key }
         let lanes = targets.map { Lane.suppressions($0).rawValue }
         for try await _ in try await connection.query(

@@ -7,7 +7,8 @@ import Testing
 package enum DatabaseSearch {
     /// Counts rows anywhere in the public schema whose text, jsonb or bytea columns contain
     /// `needle` — as text, or inside base64url (how a JWS carries it).
-    package static func occurrences(of needle: String, in client: PostgresClient) async throws -> Int {
+    /// `except`: tables not searched (the suppression list keeps an erased address on purpose).
+    package static func occurrences(of needle: String, in client: PostgresClient, except: Set<String> = []) async throws -> Int {
         var columns: [(String, String, String)] = []
         for try await row in try await client.query(
             """
@@ -24,7 +25,7 @@ package enum DatabaseSearch {
             return String(Base64URL.encode(padded).dropFirst(shift == 0 ? 0 : shift + 1).dropLast(2))
         }
         var total = 0
-        for (table, column, type) in columns {
+        for (table, column, type) in columns where !except.contains(table) {
             let expression = type == "bytea" ? "encode(\"\(column)\", 'escape')" : "\"\(column)\"::text"
             var conditions = ["\(expression) LIKE '%' || $1 || '%'"]
             for (index, _) in encoded.enumerated() { conditions.append("\(expression) LIKE '%' || $\(index + 2) || '%'") }

@@ -1,0 +1,59 @@
+import Foundation
+import Logging
+import PostgresNIO
+import SiwaDomain
+
+/// The suppression feed's reads: pages of changes after a cursor (the change's id, taken in
+/// commit order: see `SuppressionStore`), and the addresses suppressed now.
+extension SuppressionStore {
+    /// Changes after `after` (0: from the start), oldest first, at most `limit`; of `aud` only, or
+    /// of any of `apps`.
+    package func changes(apps: [String], after: Int, limit: Int) async throws -> [SuppressionFeedItem] {
+        var items: [SuppressionFeedItem] = []
+        for try await row in try await client.bounded.query(
+            """
+            SELECT id, aud, address, sub, action, reason, event_time, recorded_at FROM suppression_changes
+            WHERE id > \(after) AND aud = ANY(\(apps)::text[])
+            ORDER BY id LIMIT \(max(1, min(limit, 10_000)))
+            """, logger: logger
+        ).decode((Int, String, String, String, String, String, Date, Date).self) {
+            guard let action = SuppressionAction(rawValue: row.4), let reason = SuppressionReason(rawValue: row.5) else { continue }
+            items.append(
+                SuppressionFeedItem(cursor: row.0, aud: row.1, address: row.2, sub: row.3, action: action, reason: reason, eventTime: row.6, recordedAt: row.7))
+        }
+        return items
+    }
+
+    /// The addresses of `apps` suppressed now, by (aud, address), after the key `after`, at most `limit`.
+    package func suppressed(apps: [String], after: SuppressionKey? = nil, limit: Int) async throws -> [SuppressionEntry] {
+        var entries: [SuppressionEntry] = []
+        for try await row in try await client.bounded.query(
+            """
+            SELECT aud, address, sub, suppressed, reason, event_time FROM suppressions
+            WHERE aud = ANY(\(apps)::text[]) AND (aud, address) > (\(after?.aud ?? ""), \(after?.address ?? ""))
+              AND suppressed
+            ORDER BY aud, address LIMIT \(max(1, min(limit, 10_000)))
+            """, logger: logger
+        ).decode((String, String, String, Bool, String, Date).self) {
+            entries.append(
+                SuppressionEntry(aud: row.0, address: row.1, sub: row.2, suppressed: row.3, reason: SuppressionReason(rawValue: row.4) ?? .emailDisabled, eventTime: row.5))
+        }
+        return entries
+    }
+
+    /// Every address known for `apps` (suppressed or not), by key after `after`: what a backfill pushes.
+    package func known(apps: [String], after: SuppressionKey?, limit: Int) async throws -> [SuppressionEntry] {
+        var entries: [SuppressionEntry] = []
+        for try await row in try await client.bounded.query(
+            """
+            SELECT aud, address, sub, suppressed, reason, event_time FROM suppressions
+            WHERE aud = ANY(\(apps)::text[]) AND (aud, address) > (\(after?.aud ?? ""), \(after?.address ?? ""))
+            ORDER BY aud, address LIMIT \(max(1, min(limit, 10_000)))
+            """, logger: logger
+        ).decode((String, String, String, Bool, String, Date).self) {
+            entries.append(
+                SuppressionEntry(aud: row.0, address: row.1, sub: row.2, suppressed: row.3, reason: SuppressionReason(rawValue: row.4) ?? .emailDisabled, eventTime: row.5))
+        }
+        return entries
+    }
+}
