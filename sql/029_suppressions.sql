@@ -53,3 +53,10 @@ CREATE TABLE suppression_syncs (
 ALTER TABLE api_tokens DROP CONSTRAINT api_tokens_scopes_check;
 ALTER TABLE api_tokens ADD CONSTRAINT api_tokens_scopes_check CHECK (cardinality(scopes) > 0 AND scopes <@ ARRAY['sessions:write', 'sessions:read',
     'accounts:read', 'accounts:erase', 'notifications:read', 'alerts:read', 'suppressions:read', 'admin']);
+
+-- Each provider's last success, read by the dashboard and `suppressions list` without a scan.
+CREATE INDEX jobs_suppressions_postmark_done ON jobs (finished_at) WHERE lane = 'suppressions_postmark' AND state = 'completed';
+CREATE INDEX jobs_suppressions_sendgrid_done ON jobs (finished_at) WHERE lane = 'suppressions_sendgrid' AND state = 'completed';
+CREATE INDEX jobs_suppressions_mailgun_done ON jobs (finished_at) WHERE lane = 'suppressions_mailgun' AND state = 'completed';
+CREATE INDEX jobs_suppressions_resend_done ON jobs (finished_at) WHERE lane = 'suppressions_resend' AND state = 'completed';
+CREATE INDEX jobs_suppressions_ses_done ON jobs (finished_at) WHERE lane = 'suppressions_ses' AND state = 'completed';

@@ -18,7 +18,7 @@ struct SiwaEvents: AsyncParsableCommand {
               siwa-events <command> --help
             """,
         subcommands: [
-            Serve.self, Migrate.self, NotificationsCommand.self, RejectionsCommand.self, JobsCommand.self, CallbacksCommand.self, AlertsCommand.self, ReplayCommand.self, TokensCommand.self, AccountsCommand.self, AppleCommand.self, TransfersCommand.self, AuditCommand.self,
+            Serve.self, Migrate.self, NotificationsCommand.self, RejectionsCommand.self, JobsCommand.self, CallbacksCommand.self, AlertsCommand.self, ReplayCommand.self, TokensCommand.self, AccountsCommand.self, SuppressionsCommand.self, AppleCommand.self, TransfersCommand.self, AuditCommand.self,
             DatabaseCommand.self, Verify.self, Doctor.self, Healthcheck.self,
             KeysCommand.self, Send.self, StandInCommand.self,
         ])

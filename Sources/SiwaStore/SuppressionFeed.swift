@@ -57,3 +57,10 @@ extension SuppressionStore {
         return entries
     }
 }
+
+extension SuppressionStore {
+    /// How many addresses of `apps` are known (what a backfill will push).
+    package func knownCount(apps: [String]) async throws -> Int {
+        try await client.bounded.count("SELECT count(*)::bigint FROM suppressions WHERE aud = ANY(\(apps)::text[])", logger: logger)
+    }
+}

@@ -148,6 +148,9 @@ extension JobQueue {
     @discardableResult
     package func retry(lane: Lane, id: Int?, discarded: Bool) async throws -> Int {
         if lane == .effects { return try await retryEffects(jobID: id, discarded: discarded, type: nil) }
+        if let target = SuppressionTarget.allCases.first(where: { Lane.suppressions($0) == lane }) {
+            return try await retrySuppressions(target, id: id, discarded: discarded)
+        }
         let count = try await client.bounded.count(
             """
             WITH retried AS (

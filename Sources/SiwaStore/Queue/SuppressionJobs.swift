@@ -1,0 +1,128 @@
+import Foundation
+import Logging
+import PostgresNIO
+import SiwaDomain
+
+/// How one provider's lane stands: what waits, what failed for good, when it last succeeded.
+package struct SuppressionTargetStatus: Sendable, Equatable {
+    package var target: SuppressionTarget
+    /// Open: waiting, retrying or in flight.
+    package var pending: Int
+    /// Of those, failed at least once and waiting to be tried again.
+    package var retrying: Int
+    /// Dead letters: out of attempts, kept until an operator retries them.
+    package var discarded: Int
+    package var lastSuccess: Date?
+    /// The newest failure's words (the provider's own), if the lane is failing now.
+    package var lastError: String?
+}
+
+/// The suppression lanes' own statements beside the generic ones (`list`, `depth`): each
+/// provider's status, a retry that re-sends an address's current state (so a dead letter put back
+/// never sends a stale action), and the backfill of `suppressions sync`.
+extension JobQueue {
+    /// Every provider's lane, in `SuppressionTarget` order, through the lanes' partial indexes.
+    package func suppressionTargets() async throws -> [SuppressionTargetStatus] {
+        var result: [SuppressionTargetStatus] = []
+        for target in SuppressionTarget.allCases {
+            let lane = Lane.suppressions(target).rawValue
+            for try await row in try await client.bounded.query(
+                """
+                SELECT (SELECT count(*) FROM jobs WHERE lane = \(lane) AND target IS NOT NULL AND state IN ('available', 'retryable', 'running'))::bigint,
+                    (SELECT count(*) FROM jobs WHERE lane = \(lane) AND state = 'retryable')::bigint,
+                    (SELECT count(*) FROM jobs WHERE lane = \(lane) AND state = 'discarded')::bigint,
+                    (SELECT max(finished_at) FROM jobs WHERE lane = \(lane) AND state = 'completed'),
+                    (SELECT last_error FROM jobs WHERE lane = \(lane) AND state = 'retryable' ORDER BY run_at DESC LIMIT 1)
+                """, logger: logger
+            ).decode((Int, Int, Int, Date?, String?).self) {
+                result.append(
+                    SuppressionTargetStatus(target: target, pending: row.0, retrying: row.1, discarded: row.2, lastSuccess: row.3, lastError: row.4))
+            }
+        }
+        return result
+    }
+
+    /// Puts a suppression lane's jobs back (one by id, or every dead letter), each carrying its
+    /// address's current state: suppressed now, it suppresses; lifted, it lifts.
+    package func retrySuppressions(_ target: SuppressionTarget, id: Int?, discarded: Bool) async throws -> Int {
+        let lane = Lane.suppressions(target)
+        let count = try await client.bounded.count(
+            """
+            WITH retried AS (
+                UPDATE jobs j SET state = 'available', run_at = now(), attempt = 0, finished_at = NULL, last_error = NULL, last_status = NULL,
+                    locked_by = NULL, lease_expires_at = NULL,
+                    kind = CASE WHEN s.suppressed THEN 'suppress' ELSE 'lift' END, payload = s.reason
+                FROM suppressions s
+                WHERE j.lane = \(lane.rawValue) AND j.state IN ('available', 'retryable', 'discarded') AND s.aud = j.aud AND s.address = j.target
+                  AND ((\(id)::bigint IS NOT NULL AND j.id = \(id)) OR (\(discarded) AND j.state = 'discarded'))
+                RETURNING j.id
+            )
+            SELECT count(*)::bigint FROM retried
+            """, logger: logger)
+        if count > 0 { try await notify(lane) }
+        return count
+    }
+
+    /// Where a backfill of `target` stands.
+    package struct SuppressionSync: Sendable, Equatable {
+        package var queued: Int
+        package var finished: Date?
+        /// This call's chunk.
+        package var added: Int
+    }
+
+    /// One chunk of a backfill: the next `limit` addresses of `apps` after the sync's cursor, each
+    /// queued with its current state, and the cursor moved, in one transaction, so a killed run
+    /// resumes where its last chunk committed and queues no address twice. `restart`: from the start.
+    package func syncSuppressions(_ target: SuppressionTarget, apps: [String], limit: Int, restart: Bool = false) async throws -> SuppressionSync {
+        let lane = Lane.suppressions(target)
+        let logger = self.logger
+        let result = try await client.bounded.transaction(logger: logger) { connection -> SuppressionSync in
+            for try await _ in try await connection.query(
+                """
+                INSERT INTO suppression_syncs (target) VALUES (\(target.rawValue))
+                ON CONFLICT (target) DO UPDATE SET after_aud = '', after_address = '', queued = 0, started_at = now(), finished_at = NULL
+                    WHERE \(restart)
+                """, logger: logger) {}
+            var sync = SuppressionSync(queued: 0, finished: nil, added: 0)
+            for try await row in try await connection.query(
+                """
+                WITH cursor AS (
+                    SELECT after_aud, after_address, queued, finished_at FROM suppression_syncs WHERE target = \(target.rawValue) FOR UPDATE
+                ), chunk AS (
+                    SELECT s.aud, s.address, s.sub, s.suppressed, s.reason FROM suppressions s, cursor c
+                    WHERE c.finished_at IS NULL AND s.aud = ANY(\(apps)::text[]) AND (s.aud, s.address) > (c.after_aud, c.after_address)
+                    ORDER BY s.aud, s.address LIMIT \(max(1, limit))
+                ), queued AS (
+                    INSERT INTO jobs (lane, kind, aud, sub, target, payload, run_at)
+                    SELECT \(lane.rawValue), CASE WHEN suppressed THEN 'suppress' ELSE 'lift' END, aud, sub, address, reason, now()
+                    FROM chunk ORDER BY aud, address
+                    RETURNING 1
+                ), last AS (
+                    SELECT aud, address FROM chunk ORDER BY aud DESC, address DESC LIMIT 1
+                ), moved AS (
+                    UPDATE suppression_syncs t SET
+                        after_aud = coalesce((SELECT aud FROM last), t.after_aud), after_address = coalesce((SELECT address FROM last), t.after_address),
+                        queued = t.queued + (SELECT count(*) FROM chunk),
+                        finished_at = CASE WHEN t.finished_at IS NOT NULL THEN t.finished_at WHEN (SELECT count(*) FROM chunk) < \(max(1, limit)) THEN now() END
+                    WHERE t.target = \(target.rawValue)
+                    RETURNING t.queued, t.finished_at
+                )
+                SELECT (SELECT queued FROM moved), (SELECT finished_at FROM moved), (SELECT count(*) FROM queued)::bigint
+                """, logger: logger
+            ).decode((Int, Date?, Int).self) {
+                sync = SuppressionSync(queued: row.0, finished: row.1, added: row.2)
+            }
+            return sync
+        }
+        if result.added > 0 { try await notify(lane) }
+        return result
+    }
+
+    /// Jobs of `target`'s lane still open (what a paced backfill waits on).
+    package func openSuppressions(_ target: SuppressionTarget) async throws -> Int {
+        try await client.bounded.count(
+            "SELECT count(*)::bigint FROM jobs WHERE lane = \(Lane.suppressions(target).rawValue) AND target IS NOT NULL AND state IN ('available', 'retryable', 'running')",
+            logger: logger)
+    }
+}
