@@ -60,3 +60,7 @@ CREATE INDEX jobs_suppressions_sendgrid_done ON jobs (finished_at) WHERE lane = 
 CREATE INDEX jobs_suppressions_mailgun_done ON jobs (finished_at) WHERE lane = 'suppressions_mailgun' AND state = 'completed';
 CREATE INDEX jobs_suppressions_resend_done ON jobs (finished_at) WHERE lane = 'suppressions_resend' AND state = 'completed';
 CREATE INDEX jobs_suppressions_ses_done ON jobs (finished_at) WHERE lane = 'suppressions_ses' AND state = 'completed';
+
+-- When a delivery job began failing (its first failed attempt; cleared when it succeeds): how
+-- long a provider has kept failing, for `suppression_target_failing`, without reading attempts.
+ALTER TABLE jobs ADD COLUMN failing_since timestamptz;

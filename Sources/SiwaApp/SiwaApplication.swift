@@ -73,7 +73,7 @@ package struct SiwaApplication: Sendable {
         let endpointChecks = EndpointCheckStore(client: client, logger: logger)
         self.health = HealthController(
             store: store, keys: config.receives ? keys : nil, databaseTimeout: config.database.timeout, endpoint: (config.alerts.endpoint, endpointChecks),
-            queue: JobQueue(client: client, logger: logger), clock: clock)
+            queue: JobQueue(client: client, logger: logger), suppressionTargets: config.workers.lanes.mail?.targets ?? [], clock: clock)
         self.adminHosts = config.http.adminHosts
         let effects = EffectStore(client: client, logger: logger)
         self.effects = effects

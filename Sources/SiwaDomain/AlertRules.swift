@@ -59,6 +59,8 @@ package struct AlertRuleSettings: Sendable, Equatable {
     package var badSignatures = 20
     /// jobs_discarded fires at this many discards of one lane in the spike window.
     package var discardedJobs = 1
+    /// suppression_target_failing fires when a provider's operation has failed this long.
+    package var suppressionFailing: Duration = .seconds(600)
     package var transferDeadline = TransferDeadlineSettings()
     package var quiet = QuietSettings()
     /// endpoint_unhealthy: the URL checked (`SIWA_PUBLIC_URL`) and the certificate's days.

@@ -39,6 +39,7 @@ package struct AlertKind: RawRepresentable, Hashable, Sendable, CustomStringConv
     package static let transferDeadline = AlertKind("transfer_deadline")
     package static let quietApp = AlertKind("quiet_app")
     package static let endpointUnhealthy = AlertKind("endpoint_unhealthy")
+    package static let suppressionTargetFailing = AlertKind("suppression_target_failing")
     /// `siwa-events alerts test`: checks every sink; no rule fires it.
     package static let test = AlertKind("test")
 }

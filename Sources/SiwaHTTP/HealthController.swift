@@ -18,12 +18,15 @@ package struct HealthController: Sendable {
     let endpoint: (settings: EndpointHealthSettings, checks: EndpointCheckStore)?
     /// The queue, for the Apple revocations still waiting that the admin `/health` counts.
     let queue: JobQueue?
+    /// The mail providers configured (`SIWA_SUPPRESSION_TARGETS`), whose lanes the admin `/health` shows.
+    let suppressionTargets: [SuppressionTarget]
     let clock: @Sendable () -> Date
 
     package init(
         store: NotificationStore, keys: AppleKeyCache?, databaseTimeout: Duration, endpoint: (settings: EndpointHealthSettings, checks: EndpointCheckStore)? = nil,
-        queue: JobQueue? = nil, clock: @escaping @Sendable () -> Date = { Date() }
+        queue: JobQueue? = nil, suppressionTargets: [SuppressionTarget] = [], clock: @escaping @Sendable () -> Date = { Date() }
     ) {
+        self.suppressionTargets = suppressionTargets
         self.store = store
         self.keys = keys
         self.databaseTimeout = databaseTimeout
@@ -69,15 +72,20 @@ package struct HealthController: Sendable {
     /// (`unchecked`, `healthy`, `unhealthy`), the `cause` (the failing check, or `certificate`),
     /// when it was checked, the certificate's expiry and days left, and each check's finding;
     /// `apple_revocations` counts the revocations Apple has not taken (`waiting`, `discarded`; null
-    /// while the database does not answer).
+    /// while the database does not answer); `suppressions`, each configured mail provider's lane
+    /// (pending, retrying, dead letters, last success, the newest failure's words).
     private func registerEndpoint(on router: Router<SiwaRequestContext>, _ endpoint: (settings: EndpointHealthSettings, checks: EndpointCheckStore)) {
-        let (databaseTimeout, clock, queue) = (self.databaseTimeout, self.clock, self.queue)
+        let (databaseTimeout, clock, queue, targets) = (self.databaseTimeout, self.clock, self.queue, self.suppressionTargets)
         router.get("/health") { _, _ in
             var answer: [String: JSONValue] = ["endpoint": .null]
             if let queue {
                 // Informative like the rest: an unreachable database makes it null, not the answer an error.
                 let backlog = try? await withDeadline(databaseTimeout) { try await queue.appleRevocationBacklog() }
                 answer["apple_revocations"] = backlog?.json ?? .null
+                if !targets.isEmpty {
+                    let lanes = try? await withDeadline(databaseTimeout) { try await queue.suppressionTargets() }
+                    answer["suppressions"] = lanes.map { .array($0.filter { targets.contains($0.target) }.map(\.json)) } ?? .null
+                }
             }
             guard let url = endpoint.settings.url else { return Response.json(.object(answer)) }
             var object: [String: JSONValue] = ["url": .string(URLRedaction.redacted(url)), "status": .string("unchecked")]
@@ -95,5 +103,15 @@ package struct HealthController: Sendable {
             answer["endpoint"] = .object(object)
             return Response.json(.object(answer))
         }
+    }
+}
+
+extension SuppressionTargetStatus {
+    var json: JSONValue {
+        [
+            "target": .string(target.rawValue), "pending": .number(Double(pending)), "retrying": .number(Double(retrying)),
+            "discarded": .number(Double(discarded)), "last_success": lastSuccess.map { .string(iso8601($0)) } ?? .null,
+            "last_error": lastError.map(JSONValue.string) ?? .null,
+        ]
     }
 }

@@ -32,6 +32,9 @@ extension AlertRuleSettings {
                 source.metrics?.discarded.set(Double(discarded.values.reduce(0, +)))
                 return discarded
             },
+            ObservingRule(SuppressionTargetRule(threshold: suppressionFailing, resolveAfter: resolveAfter)) { source, now in
+                try await JobQueue(client: source.client, logger: source.logger).suppressionsFailing(since: source.windowStart(now), now: now)
+            },
             ObservingRule(QueueLagRule(threshold: queueLag, resolveAfter: resolveAfter)) { source, now in
                 let lag = try await JobQueue(client: source.client, logger: source.logger).queueLag(now: now)
                 source.metrics?.queueLag.set(Double(lag))

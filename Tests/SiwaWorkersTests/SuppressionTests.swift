@@ -2,6 +2,7 @@ import AsyncHTTPClient
 import Foundation
 import NIOHTTP1
 import PostgresNIO
+import SiwaApp
 import SiwaAppleStandIn
 import SiwaDomain
 import SiwaRuntime
@@ -49,12 +50,15 @@ struct SuppressionTests {
         ) async throws -> Setup {
             let apple = try await AppleRevocationTests.Apple.start(signer: AppleRevocationTests.signer)
             let base = try await apple.service.url
-            let e = try await EffectHarness.start { configuration in
-                configuration.lanes.mail = targets.isEmpty ? nil : SuppressionTests.providers(base, targets, apps: apps)
-                configuration.effects.workers = effectWorkers
-                configuration.effects.batchSize = batchSize
-                configuration.queue.backoff = RetryBackoff(base: .zero, cap: .zero)  // a retry is due at once
-            }
+            let mail = targets.isEmpty ? nil : SuppressionTests.providers(base, targets, apps: apps)
+            let e = try await EffectHarness.start(
+                { configuration in
+                    configuration.lanes.mail = mail
+                    configuration.effects.workers = effectWorkers
+                    configuration.effects.batchSize = batchSize
+                    configuration.queue.backoff = RetryBackoff(base: .zero, cap: .zero)  // a retry is due at once
+                },
+                server: { $0.workers.lanes.mail = mail })
             return Setup(apple: apple, e: e, base: base)
         }
 
@@ -177,7 +181,24 @@ struct SuppressionTests {
             try await s.e.drain()
         }
         #expect(try await s.e.h.count("SELECT count(*) FROM jobs WHERE lane = 'suppressions_postmark'") == 3)
-        var rounds = 0
+        // After the first failure, the provider is failing: the alert fires once it has lasted 10 min.
+        #expect(try await s.deliver(.postmark) == 1)
+        let queue = JobQueue(client: s.e.client, logger: s.e.h.logs.logger())
+        let rule = SuppressionTargetRule(threshold: .seconds(600), resolveAfter: .seconds(300))
+        let later = Date().addingTimeInterval(660)
+        let failing = try await queue.suppressionsFailing(since: .distantPast, now: later)
+        #expect(failing.keys.map(\.rawValue) == ["postmark"])
+        let decisions = rule.step(failing, open: [], now: later)
+        guard case .fire(let episode)? = decisions.first else { Issue.record("no alert: \(decisions)"); return }
+        #expect(episode.key.type == "postmark")
+        #expect(rule.subject(AlertMessage(id: 1, episode: episode, window: .seconds(300), resolvedAt: nil)).contains("suppressions list --target postmark --failed"))
+        #expect(rule.step(try await queue.suppressionsFailing(since: .distantPast, now: Date()), open: [], now: Date()).allSatisfy { $0 == .none })
+        // The admin /health, which the dashboard's "Mail providers" card reads, shows it failing.
+        let health = try await s.e.h.server.request(.GET, "/health", headers: [])
+        let lane = try #require(health.json?["suppressions"]?.arrayValue?.first, "\(health.body)")
+        #expect(lane["target"]?.stringValue == "postmark" && lane["retrying"]?.numberValue == 1 && lane["pending"]?.numberValue == 3, "\(health.body)")
+        #expect(lane["last_error"]?.stringValue?.hasPrefix("HTTP 503") == true, "\(health.body)")
+        var rounds = 1
         while try await s.e.h.count("SELECT count(*) FROM jobs WHERE lane = 'suppressions_postmark' AND state <> 'completed'") > 0 {
             // One at a time: the claim takes only the address's oldest open job.
             #expect(try await s.deliver(.postmark) == 1)
@@ -189,6 +210,7 @@ struct SuppressionTests {
         #expect(requests.map { $0["status"]?.numberValue } == [503, 503, 503, 200, 200, 200])
         #expect(requests.suffix(3).map { $0["path"]?.stringValue?.hasSuffix("/delete") } == [false, true, false])
         #expect(try await s.standIn().suppressed["postmark"] == [Self.address])
+        #expect(try await queue.suppressionsFailing(since: Date(), now: Date()).isEmpty, "caught up: no longer failing")
         // The failures' words were kept, attempt by attempt.
         #expect(try await s.e.h.count("SELECT count(*) FROM job_attempts WHERE lane = 'suppressions_postmark' AND outcome = 'retrying' AND error LIKE 'HTTP 503%'") == 3)
         await s.stop()

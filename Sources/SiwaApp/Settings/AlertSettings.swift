@@ -68,6 +68,10 @@ extension Settings {
         "SIWA_ALERT_DISCARDED_JOBS", flag: "alert-discarded-jobs", .alerts, default: AlertRuleSettings().discardedJobs, 1...10_000_000,
         help: "jobs_discarded fires at this many discards in the spike window",
         docs: "`jobs_discarded` fires at this many discards in the window.")
+    package static let alertSuppressionFailing = Setting<Duration>.duration(
+        "SIWA_ALERT_SUPPRESSION_FAILING", flag: "alert-suppression-failing", .alerts, default: AlertRuleSettings().suppressionFailing, minimum: .seconds(1),
+        help: "suppression_target_failing fires when a mail provider's operation has failed this long",
+        docs: "`suppression_target_failing` fires when an operation at a mail provider has failed this long (or one ran out of attempts).")
     package static let alertTransferDays = Setting<Int>.integer(
         "SIWA_ALERT_TRANSFER_DAYS", flag: "alert-transfer-days", .alerts, default: TransferDeadlineSettings().days, 1...59,
         help: "transfer_deadline fires at this many days left in a transfer's window while users remain",
@@ -91,7 +95,7 @@ extension Settings {
 
     static let alerts = [
         spikeInterval.info, spikeWindow.info, spikeMinCount.info, spikeFactor.info, spikeNewAppCount.info, spikeResolveAfter.info,
-        alertWebhookURLs.info, alertSecret.info, alertSlackURL.info, alertQueueLag.info, alertBadSignatures.info, alertDiscardedJobs.info,
+        alertWebhookURLs.info, alertSecret.info, alertSlackURL.info, alertQueueLag.info, alertBadSignatures.info, alertDiscardedJobs.info, alertSuppressionFailing.info,
         alertTransferDays.info, alertTransferLastDays.info, alertQuietOdds.info, alertQuietMinHistory.info, alertQuietMinGap.info,
     ]
 }
@@ -105,6 +109,7 @@ extension AlertMonitor.Configuration {
         rules.queueLag = try source.value(Settings.alertQueueLag)
         rules.badSignatures = try source.value(Settings.alertBadSignatures)
         rules.discardedJobs = try source.value(Settings.alertDiscardedJobs)
+        rules.suppressionFailing = try source.value(Settings.alertSuppressionFailing)
         rules.transferDeadline.days = try source.value(Settings.alertTransferDays)
         rules.transferDeadline.lastDays = try source.value(Settings.alertTransferLastDays)
         endpoint = try EndpointHealthSettings(source)

@@ -522,7 +522,7 @@ function plural(count, noun) { return count + " " + noun + (count === 1 ? "" : "
 
 // Trouble first: firing alerts, an endpoint that is not healthy and discarded Apple revocations,
 // at the top of the page on every width, each a link to its card. Filled as the cards load.
-const trouble = { alerts: [], endpoint: null, discarded: 0 };
+const trouble = { alerts: [], endpoint: null, discarded: 0, suppressions: [] };
 
 function renderTrouble() {
   const lines = [];
@@ -532,6 +532,10 @@ function renderTrouble() {
   }
   if (trouble.endpoint) {
     lines.push(["#endpoint-title", "The endpoint Apple posts to is " + trouble.endpoint.status + (trouble.endpoint.cause ? ": " + trouble.endpoint.cause : "")]);
+  }
+  for (const lane of trouble.suppressions) {
+    lines.push(["#suppressions-title", "Mail provider " + lane.target + ": " + (lane.discarded ? plural(lane.discarded, "dead letter") : plural(lane.retrying, "operation") + " retrying")
+      + (lane.last_error ? " (" + lane.last_error + ")" : "")]);
   }
   if (trouble.discarded) {
     lines.push(["#alerts-title", plural(trouble.discarded, "Apple token revocation") + " discarded: " + (trouble.discarded === 1 ? "its token stays" : "their tokens stay") + " unrevoked"]);
@@ -623,6 +627,24 @@ function revocations(backlog) {
   note.replaceChildren(...parts);
 }
 
+// Each configured mail provider's lane (admin /health): failing ones go to "Needs attention".
+function suppressions(lanes) {
+  $("#suppressions-card").hidden = !lanes || lanes.length === 0;
+  trouble.suppressions = (lanes || []).filter((lane) => lane.discarded > 0 || lane.retrying > 0);
+  if (!lanes || lanes.length === 0) return;
+  const body = $("#suppressions tbody");
+  body.replaceChildren();
+  for (const lane of lanes) {
+    const row = el("tr", { className: lane.discarded || lane.retrying ? "firing" : "" });
+    cell(row, lane.target); cell(row, lane.pending, "num"); cell(row, lane.retrying, "num"); cell(row, lane.discarded, "num");
+    cell(row, lane.last_success ? time(lane.last_success) : "never"); cell(row, lane.last_error);
+    body.appendChild(row);
+  }
+  const failing = trouble.suppressions.length;
+  $("#suppressions-counts").replaceChildren(countChip("failing", failing, failing ? "bad" : "good"));
+  labelCells($("#suppressions"));
+}
+
 // The endpoint registered with Apple (admin /health, no scope needed): shown when SIWA_PUBLIC_URL
 // is set. The findings quote what the endpoint answered: text only, like everything else.
 async function endpoint() {
@@ -634,6 +656,7 @@ async function endpoint() {
     return;
   }
   revocations(data.apple_revocations);
+  suppressions(data.suppressions);
   const result = data.endpoint;
   trouble.discarded = data.apple_revocations?.discarded || 0;
   trouble.endpoint = result?.status === "unhealthy" ? result : null;

@@ -121,6 +121,7 @@ extension JobQueue {
                     finished_at = CASE WHEN \(delivered) OR attempt >= \(maxAttempts) THEN now() END,
                     run_at = CASE WHEN \(delivered) THEN run_at ELSE now() + \(Int(delay.milliseconds)) * interval '1 millisecond' END,
                     last_status = \(status), last_error = \(error), locked_by = NULL, lease_expires_at = NULL,
+                    failing_since = CASE WHEN \(delivered) THEN NULL ELSE coalesce(failing_since, now()) END,
                     payload = CASE WHEN \(delivered) AND \(callback.lane.payloadIsSecret) THEN NULL ELSE payload END
                 WHERE id = \(callback.id) AND attempt = \(callback.attempt) AND state = 'running' AND locked_by = \(worker)
                 RETURNING id, notification_id, alert_id, attempt, attempted_at, state

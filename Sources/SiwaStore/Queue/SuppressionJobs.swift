@@ -50,7 +50,7 @@ extension JobQueue {
             """
             WITH retried AS (
                 UPDATE jobs j SET state = 'available', run_at = now(), attempt = 0, finished_at = NULL, last_error = NULL, last_status = NULL,
-                    locked_by = NULL, lease_expires_at = NULL,
+                    locked_by = NULL, lease_expires_at = NULL, failing_since = NULL,
                     kind = CASE WHEN s.suppressed THEN 'suppress' ELSE 'lift' END, payload = s.reason
                 FROM suppressions s
                 WHERE j.lane = \(lane.rawValue) AND j.state IN ('available', 'retryable', 'discarded') AND s.aud = j.aud AND s.address = j.target
@@ -124,5 +124,29 @@ extension JobQueue {
         try await client.bounded.count(
             "SELECT count(*)::bigint FROM jobs WHERE lane = \(Lane.suppressions(target).rawValue) AND target IS NOT NULL AND state IN ('available', 'retryable', 'running')",
             logger: logger)
+    }
+}
+
+extension JobQueue {
+    /// `suppression_target_failing`'s reads: per provider with a failing or dead operation, how
+    /// long its oldest failing one has waited at `now`, and its dead letters since `since`. One
+    /// statement over the lanes' ready and discarded indexes.
+    package func suppressionsFailing(since: Date, now: Date) async throws -> [SuppressionTarget: SuppressionTargetRule.Observed] {
+        let lanes = SuppressionTarget.allCases.map { Lane.suppressions($0).rawValue }
+        var result: [SuppressionTarget: SuppressionTargetRule.Observed] = [:]
+        for try await (lane, seconds, discarded) in try await client.bounded.query(
+            """
+            SELECT l.lane,
+                (SELECT extract(epoch FROM \(now)::timestamptz - min(failing_since))::bigint FROM jobs
+                 WHERE lane = l.lane AND target IS NOT NULL AND state IN ('available', 'retryable', 'running') AND failing_since IS NOT NULL),
+                (SELECT count(*) FROM jobs WHERE lane = l.lane AND state = 'discarded' AND finished_at >= \(since))::bigint
+            FROM unnest(\(lanes)::text[]) AS l(lane)
+            """, logger: logger
+        ).decode((String, Int?, Int).self) {
+            guard let target = SuppressionTarget.allCases.first(where: { Lane.suppressions($0).rawValue == lane }) else { continue }
+            guard seconds != nil || discarded > 0 else { continue }
+            result[target] = SuppressionTargetRule.Observed(failingFor: seconds.map { .seconds($0) }, discarded: discarded)
+        }
+        return result
     }
 }
