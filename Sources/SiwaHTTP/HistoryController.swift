@@ -145,9 +145,12 @@ package struct HistoryController: Sendable {
         let revocations = try await JobQueue(client: history.client, logger: context.logger).listAppleRevocations(
             failed: false, aud: aud, sub: sub, limit: limit)
         let calls = try await AppleTokenStore(client: history.client, logger: context.logger).calls(aud: aud, sub: sub, limit: limit)
+        let suppressions = try await SuppressionStore(client: history.client, logger: context.logger).timeline(aud: aud, sub: sub, limit: limit)
         return .json([
             "aud": .string(aud), "sub": .string(sub), "items": .array(entries.map { $0.json(email: email) }),
             "apple_revocations": .array(revocations.map(\.json)), "apple_calls": .array(calls.map(\.json)),
+            "suppressions": .array(suppressions.changes.map { $0.json(email: email) }),
+            "suppression_operations": .array(suppressions.operations.map { $0.json(email: email) }),
         ])
     }
 

@@ -37,15 +37,27 @@ package struct SuppressionsController: Sendable {
         }
         let limit = try JSONBody.limit(request, default: 100, maximum: ListLimit.maximum)
         let items = try await store.changes(apps: apps, after: after, limit: limit)
-        return .json(["items": .array(items.map(\.json)), "next_cursor": .string(String(items.last?.cursor ?? after))])
+        return .json(["items": .array(items.map { $0.json() }), "next_cursor": .string(String(items.last?.cursor ?? after))])
     }
 }
 
 extension SuppressionFeedItem {
-    var json: JSONValue {
+    /// `email`: a token without the address's scope sees `null` for it (as in the history).
+    func json(email: EmailVisibility = .shown) -> JSONValue {
         [
-            "cursor": .string(String(cursor)), "aud": .string(aud), "address": .string(address), "sub": .string(sub), "action": .string(action.rawValue),
+            "cursor": .string(String(cursor)), "aud": .string(aud), "address": email == .shown ? .string(address) : .null, "sub": .string(sub),
+            "action": .string(action.rawValue),
             "reason": .string(reason.rawValue), "event_time": .string(iso8601(eventTime)), "recorded_at": .string(iso8601(recordedAt)),
+        ]
+    }
+}
+
+extension SuppressionOperation {
+    func json(email: EmailVisibility) -> JSONValue {
+        [
+            "target": .string(target.rawValue), "address": email == .shown ? .string(address) : .null, "action": .string(action.rawValue),
+            "state": .string(state.rawValue), "attempt": .number(Double(attempt)), "created_at": .string(iso8601(createdAt)),
+            "finished_at": finishedAt.map { .string(iso8601($0)) } ?? .null, "last_error": lastError.map(JSONValue.string) ?? .null,
         ]
     }
 }

@@ -64,3 +64,49 @@ extension SuppressionStore {
         try await client.bounded.count("SELECT count(*)::bigint FROM suppressions WHERE aud = ANY(\(apps)::text[])", logger: logger)
     }
 }
+
+/// One provider's operation for a user's address, as the user's timeline shows it.
+package struct SuppressionOperation: Sendable, Equatable {
+    package var target: SuppressionTarget
+    package var address: String
+    package var action: SuppressionAction
+    package var state: JobState
+    package var attempt: Int
+    package var createdAt: Date
+    package var finishedAt: Date?
+    package var lastError: String?
+}
+
+extension SuppressionStore {
+    /// The user's changes in the feed, oldest first, and each provider's operations for them.
+    package func timeline(aud: String, sub: String, limit: Int) async throws -> (changes: [SuppressionFeedItem], operations: [SuppressionOperation]) {
+        var changes: [SuppressionFeedItem] = []
+        for try await row in try await client.bounded.query(
+            """
+            SELECT id, aud, address, sub, action, reason, event_time, recorded_at FROM suppression_changes
+            WHERE aud = \(aud) AND sub = \(sub) ORDER BY id LIMIT \(max(1, min(limit, 10_000)))
+            """, logger: logger
+        ).decode((Int, String, String, String, String, String, Date, Date).self) {
+            guard let action = SuppressionAction(rawValue: row.4), let reason = SuppressionReason(rawValue: row.5) else { continue }
+            changes.append(
+                SuppressionFeedItem(cursor: row.0, aud: row.1, address: row.2, sub: row.3, action: action, reason: reason, eventTime: row.6, recordedAt: row.7))
+        }
+        let lanes = SuppressionTarget.allCases.map { Lane.suppressions($0).rawValue }
+        var operations: [SuppressionOperation] = []
+        for try await row in try await client.bounded.query(
+            """
+            SELECT lane, target, kind, state::text, attempt, created_at, finished_at, last_error FROM jobs
+            WHERE lane = ANY(\(lanes)::text[]) AND aud = \(aud) AND sub = \(sub) AND target IS NOT NULL
+            ORDER BY id LIMIT \(max(1, min(limit, 10_000)))
+            """, logger: logger
+        ).decode((String, String, String, String, Int, Date, Date?, String?).self) {
+            guard let target = SuppressionTarget.allCases.first(where: { Lane.suppressions($0).rawValue == row.0 }),
+                let action = SuppressionAction(rawValue: row.2), let state = JobState(rawValue: row.3)
+            else { continue }
+            operations.append(
+                SuppressionOperation(
+                    target: target, address: row.1, action: action, state: state, attempt: row.4, createdAt: row.5, finishedAt: row.6, lastError: row.7))
+        }
+        return (changes, operations)
+    }
+}

@@ -96,10 +96,10 @@ package final class ChildOutput: Sendable {
 
     /// Whether the output comes to hold a complete line containing every one of `parts` within
     /// `limit` (one log line's message and metadata, say: `["] job", "jti=a", "outcome=applied"]`).
-    package func wait(forLineWith parts: [String], within limit: Duration = .seconds(30)) async -> Bool {
+    package func wait(forLineWith parts: [String], count: Int = 1, within limit: Duration = .seconds(30)) async -> Bool {
         let deadline = ContinuousClock.now + limit
         func found() -> Bool {
-            text.split(separator: "\n", omittingEmptySubsequences: false).dropLast().contains { line in parts.allSatisfy { line.contains($0) } }
+            text.split(separator: "\n", omittingEmptySubsequences: false).dropLast().count { line in parts.allSatisfy { line.contains($0) } } >= count
         }
         while true {
             let seen = reads.value

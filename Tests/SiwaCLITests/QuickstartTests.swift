@@ -13,7 +13,7 @@ struct QuickstartTests {
     func quickstart() async throws {
         let blocks = try IntegrationGuideTests.testedBlocks(in: "README.md")
         #expect(
-            Set(blocks.keys) == ["quickstart", "quickstart-revoked", "standin", "try-apple", "try-apple-revoked", "try-transfer"],
+            Set(blocks.keys) == ["quickstart", "quickstart-revoked", "standin", "try-apple", "try-apple-revoked", "try-transfer", "try-suppress", "try-suppressed"],
             "README.md's tested blocks changed: run each new one here")
         var (port, adminPort, standInBase) = (0, 0, "")  // the servers', once they have bound them
         func block(_ name: String) throws -> String {
@@ -56,7 +56,8 @@ struct QuickstartTests {
                 "SIWA_CALLBACK_URL": endpoint.url.absoluteString, "SIWA_CALLBACK_SECRET": TestWebhooks.secret,
                 "SIWA_APPLE_TEAM_ID": StandInProcess.teamID, "SIWA_APPLE_KEY_ID": StandInProcess.keyID,
                 "SIWA_APPLE_PRIVATE_KEY_FILE": "siwa-keys/AuthKey_\(StandInProcess.keyID).p8", "SIWA_APPLE_TOKEN_KEYS_FILE": "siwa-keys/token-key",
-                "SIWA_APPLE_AUTH_URL": standIn.base,
+                "SIWA_APPLE_AUTH_URL": standIn.base, "SIWA_SUPPRESSION_TARGETS": "postmark", "SIWA_POSTMARK_TOKEN": "standin-postmark-token",
+                "SIWA_POSTMARK_URL": standIn.base + "/postmark",
             ], unsetting: { $0.hasPrefix("SIWA_") || $0 == "DATABASE_URL" }, directory: directory)
         let server = serving.process
         defer { server.signal(SIGTERM) }
@@ -115,6 +116,23 @@ struct QuickstartTests {
             lookup.stdout == #"{"sub":"\#(newSub)","previous_subs":["001234.abcdef.0001"]}"# + "\n" + #"["\#(newSub)"]"# + "\n"
                 + #"{"sub":"\#(newSub)","signed":"001234.abcdef.0001"}"# + "\n",
             "\(lookup.stdout) \(lookup.stderr)")
+
+        // Steps 11 and 12: the address suppressed at the stand-in's Postmark once its lane
+        // delivered, then lifted.
+        let delivered = ["suppression at postmark", "outcome=delivered"]
+        let before = serving.output.text.split(separator: "\n").count { line in delivered.allSatisfy { line.contains($0) } }
+        let disabled = try await shell.run(try block("try-suppress"))
+        #expect(disabled.status == 0 && disabled.stdout.isEmpty, "\(disabled.stdout) \(disabled.stderr)")
+        try #require(await serving.output.wait(forLineWith: delivered, count: before + 1, within: .seconds(60)), "\(serving.output.text)")
+        let suppressed = try await shell.run(try block("try-suppressed"))
+        #expect(suppressed.status == 0 && suppressed.stdout == #"["q7x2m@privaterelay.appleid.com"]"# + "\n", "\(suppressed.stdout) \(suppressed.stderr)")
+        try #require(await serving.output.wait(forLineWith: delivered, count: before + 2, within: .seconds(60)), "\(serving.output.text)")
+        // Step 12's "the same command shows []".
+        let shownAgain = try #require(blocks["try-suppressed"]?.code.split(separator: "\n").first { $0.hasPrefix("curl") }).replacingOccurrences(of: "http://127.0.0.1:8090", with: standInBase)
+        let lifted = try await shell.run(shownAgain)
+        #expect(lifted.stdout == "[]\n", "\(lifted.stdout) \(lifted.stderr)")
+        // The address never reached the server's log.
+        #expect(!serving.output.text.contains("q7x2m"), "an address in the log")
         server.signal(SIGTERM)
         #expect(await server.waitForExit() == 0)
         // The server's whole log: no code or token of the stand-in's shape (a letter and 64 hex

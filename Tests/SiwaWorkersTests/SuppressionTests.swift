@@ -160,6 +160,10 @@ struct SuppressionTests {
             if requests.count == 2 { Self.check(requests[1], is: Self.expected(target, .lift), target) }
         }
         #expect(try await s.e.h.count("SELECT count(*) FROM suppression_changes") == 2)
+        // The user's timeline shows both changes and each provider's operations.
+        let timeline = try await API.call(s.e.h, .GET, "/v1/accounts/\(Harness.aud)/sup-1/timeline", token: try await API.token(s.e.h, [.admin]))
+        #expect(timeline.json?["suppressions"]?.arrayValue?.compactMap { $0["action"]?.stringValue } == ["suppress", "lift"], "\(timeline.body)")
+        #expect(timeline.json?["suppression_operations"]?.arrayValue?.count == 10)
         #expect(try await s.e.h.count("SELECT count(*) FROM jobs WHERE lane LIKE 'suppressions_%' AND state = 'completed'") == 10)
         // The address never reached a log line.
         #expect(!s.e.h.logs.all.joined(separator: "\n").contains("x7mq2b"))
