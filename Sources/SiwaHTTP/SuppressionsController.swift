@@ -24,10 +24,8 @@ package struct SuppressionsController: Sendable {
         try context.require(.suppressionsRead)
         let parameters = QueryParameters(request)
         var apps = self.apps
-        if let aud = parameters["aud"].map(String.init) {
-            guard apps.contains(aud) else { throw APIError.invalid("aud \(UntrustedText.bounded(aud, limit: 128)) is not one of SIWA_APPLE_BUNDLE_IDS (\(apps.joined(separator: ", ")))") }
-            apps = [aud]
-        }
+        // A filter, as in the other lists: an app not configured has no changes here.
+        if let aud = parameters["aud"].map(String.init) { apps = apps.filter { $0 == aud } }
         var after = 0
         if let text = parameters["after"] {
             guard let cursor = Int(String(text)), cursor >= 0 else {

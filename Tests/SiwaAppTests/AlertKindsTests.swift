@@ -49,7 +49,7 @@ struct AlertKindsTests {
 
     @Test("`alerts silence --help` and a runbook of docs/operations.md name every built-in kind")
     func named() async throws {
-        #expect(Self.kinds.count == 8 && !Self.kinds.contains("test"), "\(Self.kinds)")
+        #expect(Self.kinds.count == 9 && !Self.kinds.contains("test"), "\(Self.kinds)")
         let help = try await TestBinary.run(["alerts", "silence", "--help"], directory: FileManager.default.temporaryDirectory.path)
         for kind in Self.kinds { #expect(help.stdout.contains(kind), "alerts silence --help lacks \(kind)") }
 

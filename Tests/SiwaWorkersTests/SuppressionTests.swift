@@ -260,7 +260,7 @@ struct SuppressionTests {
         await s.stop()
     }
 
-    @Test("the feed over HTTP: suppressions:read, oldest first, pages by cursor, next_cursor never null; bad input is a 400 naming the parameter")
+    @Test("the feed over HTTP: suppressions:read, oldest first, pages by cursor, next_cursor never null; another app's is empty; bad input is a 400 naming the parameter")
     func feedAPI() async throws {
         let s = try await Setup.start([])
         for (type, at, sub) in [("email-disabled", 1_000, "f1"), ("email-disabled", 2_000, "f2"), ("email-enabled", 3_000, "f1"), ("email-enabled", 4_000, "f1")] {
@@ -285,7 +285,9 @@ struct SuppressionTests {
         #expect(one.json?["items"]?.arrayValue?.count == 1)
         let denied = try await API.call(s.e.h, .GET, "/v1/suppressions", token: try await API.token(s.e.h, [.notificationsRead]))
         #expect(denied.status == 403)
-        for (query, word) in [("after=abc", "after"), ("after=-1", "after"), ("aud=com.example.other", "aud"), ("limit=0", "limit")] {
+        let other = try await API.call(s.e.h, .GET, "/v1/suppressions?aud=com.example.other&after=2", token: token)
+        #expect(other.status == 200 && other.json?["items"]?.arrayValue?.isEmpty == true && other.json?["next_cursor"] == .string("2"), "\(other.body)")
+        for (query, word) in [("after=abc", "after"), ("after=-1", "after"), ("limit=0", "limit")] {
             let bad = try await API.call(s.e.h, .GET, "/v1/suppressions?\(query)", token: token)
             #expect(bad.status == 400, "\(query)")
             #expect(bad.body.contains(word), "\(query): \(bad.body)")
