@@ -27,6 +27,7 @@ CREATE TABLE suppression_changes (
     recorded_at timestamptz NOT NULL DEFAULT now()
 );
 CREATE INDEX suppression_changes_by_app ON suppression_changes (aud, id);
+CREATE INDEX suppression_changes_by_user ON suppression_changes (aud, sub, id);
 
 -- One lane per mail provider (`Lane.suppressions`): aud/sub name the user, target the address,
 -- kind the action, payload the reason. Jobs of one address run one at a time in id order (the

@@ -21,11 +21,12 @@ struct Sign: AsyncParsableCommand {
     @Option(help: "Bundle ID for aud.") var aud: String
     @Option(help: "How many.") var count: Int
     @Option(help: "Output file.") var output: String
+    @Option(help: "Comma-separated event types, used in turn.") var types: String = "email-disabled,email-enabled,consent-revoked,account-delete"
 
     func run() async throws {
         let pem = try String(contentsOfFile: keys + "/private-key.pem", encoding: .utf8)
         let signer = try AppleStyleSigner(pem: pem)
-        let types = ["email-disabled", "email-enabled", "consent-revoked", "account-delete"]
+        let types = self.types.split(separator: ",").map(String.init)
         let workers = max(1, ProcessInfo.processInfo.activeProcessorCount)
         let base = Date()
         let run = UUID().uuidString.prefix(8)

@@ -71,9 +71,18 @@ package struct SuppressionStore: Sendable {
         var users = Array(Set(relevant.map(\.user)))
         users.sort { ($0.aud, $0.sub) < ($1.aud, $1.sub) }
         let named = Array(Set(relevant.compactMap { job in job.event.email.map { SuppressionKey(aud: job.aud, address: $0) } })).sorted()
-        var states: [SuppressionKey: SuppressionState] = [:]
         var known: [AccountKey: [String]] = [:]
         for user in users { if let email = accounts[user]?.email { known[user, default: []].append(email) } }
+        let states = try await Self.states(of: users, or: named, on: connection, logger: logger)
+        let decided = SuppressionRules.plan(relevant, known: known, states: states, policy: options.policy)
+        try await write(decided.states.filter { states[$0.key] != $0.value }, changes: decided.changes, targets: options.targets, on: connection, logger: logger)
+    }
+
+    /// The rows of the users' addresses and of the addresses named (locked by `feedLock`, held).
+    static func states(
+        of users: [AccountKey], or named: [SuppressionKey], on connection: PostgresConnection, logger: Logger
+    ) async throws -> [SuppressionKey: SuppressionState] {
+        var states: [SuppressionKey: SuppressionState] = [:]
         for try await row in try await connection.query(
             """
             SELECT s.aud, s.address, s.sub, s.suppressed, s.reason, (extract(epoch FROM s.event_time) * 1000)::int8
@@ -82,11 +91,10 @@ package struct SuppressionStore: Sendable {
                OR (s.aud, s.address) IN (SELECT * FROM unnest(\(named.map(\.aud))::text[], \(named.map(\.address))::text[]))
             """, logger: logger
         ).decode((String, String, String, Bool, String, Int64).self) {
-            let key = SuppressionKey(aud: row.0, address: row.1)
-            states[key] = SuppressionState(sub: row.2, suppressed: row.3, reason: SuppressionReason(rawValue: row.4) ?? .emailDisabled, eventTime: row.5)
+            states[SuppressionKey(aud: row.0, address: row.1)] = SuppressionState(
+                sub: row.2, suppressed: row.3, reason: SuppressionReason(rawValue: row.4) ?? .emailDisabled, eventTime: row.5)
         }
-        let decided = SuppressionRules.plan(relevant, known: known, states: states, policy: options.policy)
-        try await write(decided.states.filter { states[$0.key] != $0.value }, changes: decided.changes, targets: options.targets, on: connection, logger: logger)
+        return states
     }
 
     static func lock(on connection: PostgresConnection, logger: Logger) async throws {
@@ -144,21 +152,12 @@ package struct SuppressionStore: Sendable {
     ) async throws {
         guard !users.isEmpty else { return }
         try await lock(on: connection, logger: logger)
-        var states: [SuppressionKey: SuppressionState] = [:]
         var known: [AccountKey: [String]] = [:]
         for user in users { if let email = user.email { known[AccountKey(aud: user.aud, sub: user.sub), default: []].append(email) } }
-        for try await row in try await connection.query(
-            """
-            SELECT s.aud, s.address, s.sub, s.suppressed, s.reason, (extract(epoch FROM s.event_time) * 1000)::int8
-            FROM suppressions s
-            WHERE (s.aud, s.sub) IN (SELECT * FROM unnest(\(users.map(\.aud))::text[], \(users.map(\.sub))::text[]))
-               OR (s.aud, s.address) IN (SELECT * FROM unnest(\(users.map(\.aud))::text[], \(users.map { SuppressionRules.normalized($0.email ?? "") })::text[]))
-            """, logger: logger
-        ).decode((String, String, String, Bool, String, Int64).self) {
-            states[SuppressionKey(aud: row.0, address: row.1)] = SuppressionState(
-                sub: row.2, suppressed: row.3, reason: SuppressionReason(rawValue: row.4) ?? .erased, eventTime: row.5)
-            known[AccountKey(aud: row.0, sub: row.2), default: []].append(row.1)
-        }
+        let states = try await Self.states(
+            of: users.map { AccountKey(aud: $0.aud, sub: $0.sub) }, or: users.compactMap { user in user.email.map { SuppressionKey(aud: user.aud, address: $0) } },
+            on: connection, logger: logger)
+        for (key, state) in states { known[AccountKey(aud: key.aud, sub: state.sub), default: []].append(key.address) }
         let time = Int64((now.timeIntervalSince1970 * 1000).rounded())
         let events = users.flatMap { user in
             SuppressionRules.events(
