@@ -381,6 +381,39 @@ struct SuppressionTests {
         #expect(read == read.sorted())
         await s.stop()
     }
+
+    @Test("two deliverers (two processes) on one provider, many addresses: each address's operations reach the provider in event order, the last one's state wins")
+    func orderUnderConcurrentDeliverers() async throws {
+        let s = try await Setup.start([.postmark])
+        let addresses = (0..<6).map { "c\($0)q@privaterelay.appleid.com" }
+        // Each address: disabled, enabled, disabled, enabled, each its own batch.
+        for step in 0..<4 {
+            for (n, address) in addresses.enumerated() {
+                try await s.e.post(step % 2 == 0 ? "email-disabled" : "email-enabled", sub: "o\(n)", at: Int64(1_000 * (step + 1) + n), email: address)
+            }
+            try await s.e.drain()
+        }
+        #expect(try await s.e.h.count("SELECT count(*) FROM jobs WHERE lane = 'suppressions_postmark'") == 24)
+        let first = try #require(s.e.workers.deliverer(.suppressions(.postmark)))
+        let second = Deliverer(
+            lane: first.lane, worker: "other-process/suppressions_postmark", configuration: .init(lease: .seconds(30), pollInterval: .milliseconds(100)),
+            queue: JobQueue(client: s.e.client, logger: s.e.h.logs.logger()), logger: s.e.h.logs.logger())
+        var rounds = 0
+        while try await s.e.h.count("SELECT count(*) FROM jobs WHERE lane = 'suppressions_postmark' AND state <> 'completed'") > 0 {
+            async let a = first.runOnce(http: .shared)
+            async let b = second.runOnce(http: .shared)
+            _ = try await (a.claimed, b.claimed)
+            rounds += 1
+            try #require(rounds < 50)
+        }
+        let requests = try await s.requests(.postmark)
+        for address in addresses {
+            let mine = requests.filter { ($0["body"]?.stringValue ?? "").contains(address) }
+            #expect(mine.map { $0["path"]?.stringValue?.hasSuffix("/delete") == true } == [false, true, false, true], "\(address)")
+        }
+        #expect(try await s.standIn().suppressed["postmark"] ?? [] == [])
+        await s.stop()
+    }
 }
 
 /// Set once, read from any task.
