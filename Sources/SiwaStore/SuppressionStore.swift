@@ -78,7 +78,8 @@ package struct SuppressionStore: Sendable {
         try await write(decided.states.filter { states[$0.key] != $0.value }, changes: decided.changes, targets: options.targets, on: connection, logger: logger)
     }
 
-    /// The rows of the users' addresses and of the addresses named (locked by `feedLock`, held).
+    /// The rows of the users' addresses and of the addresses named (locked by `feedLock`, held):
+    /// two index lookups (by user, by key); an OR of the two scanned the table, under the lock.
     static func states(
         of users: [AccountKey], or named: [SuppressionKey], on connection: PostgresConnection, logger: Logger
     ) async throws -> [SuppressionKey: SuppressionState] {
@@ -86,9 +87,12 @@ package struct SuppressionStore: Sendable {
         for try await row in try await connection.query(
             """
             SELECT s.aud, s.address, s.sub, s.suppressed, s.reason, (extract(epoch FROM s.event_time) * 1000)::int8
-            FROM suppressions s
-            WHERE (s.aud, s.sub) IN (SELECT * FROM unnest(\(users.map(\.aud))::text[], \(users.map(\.sub))::text[]))
-               OR (s.aud, s.address) IN (SELECT * FROM unnest(\(named.map(\.aud))::text[], \(named.map(\.address))::text[]))
+            FROM unnest(\(users.map(\.aud))::text[], \(users.map(\.sub))::text[]) AS u(aud, sub)
+            JOIN suppressions s ON s.aud = u.aud AND s.sub = u.sub
+            UNION
+            SELECT s.aud, s.address, s.sub, s.suppressed, s.reason, (extract(epoch FROM s.event_time) * 1000)::int8
+            FROM unnest(\(named.map(\.aud))::text[], \(named.map(\.address))::text[]) AS n(aud, address)
+            JOIN suppressions s ON s.aud = n.aud AND s.address = n.address
             """, logger: logger
         ).decode((String, String, String, Bool, String, Int64).self) {
             states[SuppressionKey(aud: row.0, address: row.1)] = SuppressionState(

@@ -62,10 +62,13 @@ package final class JobsListener: Service, Sendable {
         defer { state.set(false) }
         let holding = BoundedPostgres(client: queue.client, limit: (session ?? self.session) + .seconds(30))
         try await holding.withConnection { connection in
+            let closed = Doorbell()
+            connection.closeFuture.whenComplete { _ in closed.close() }
             try await withThrowingTaskGroup(of: Void.self) { group in
                 defer {
                     stop.close()
                     listening.close()
+                    closed.close()
                 }
                 group.addTask {
                     try await connection.listen(on: "siwa_jobs") { notifications in
@@ -86,6 +89,18 @@ package final class JobsListener: Service, Sendable {
                     while !stop.isClosed { await stop.wait(timeout: try await self.check(on: connection)) }
                 }
                 group.addTask { await stop.wait(timeout: session ?? self.session) }
+                group.addTask {
+                    // The connection closed (the database gone, or the relay left a silent host):
+                    // postgres-nio may lose the check or the LISTEN in flight and answer neither
+                    // until the session's limit, so the close itself says nobody listens: every
+                    // loop is woken and polls. The session ends as the LISTEN task does (ending it
+                    // here would cancel that task into an UNLISTEN on the closed connection).
+                    await closed.wait(timeout: (session ?? self.session) + .seconds(60))
+                    guard connection.isClosed, !stop.isClosed else { return }
+                    self.state.set(false)
+                    for doorbell in self.doorbells.values { doorbell.wakeAll() }
+                    await stop.wait(timeout: (session ?? self.session) + .seconds(60))
+                }
                 try await group.next()
                 group.cancelAll()
             }
