@@ -2,6 +2,7 @@ import Logging
 import PostgresNIO
 import SiwaDomain
 import SiwaRuntime
+import Synchronization
 
 /// The PostgreSQL client as the stores use it (`client.bounded`): every call answers within
 /// `limit`, and at once when its caller is cancelled.
@@ -57,7 +58,7 @@ package struct BoundedPostgres: Sendable {
 
     package func withConnection<Result: Sendable>(_ body: @escaping @Sendable (PostgresConnection) async throws -> Result) async throws -> Result {
         let client = self.client
-        return try await withDeadline(limit) { try await client.withConnection(body) }
+        return try await watched { watch in try await client.withConnection { connection in try await watch(connection) { try await body(connection) } } }
     }
 
     /// `PostgresClient.transaction` (the closure's own error, not postgres-nio's wrapper), bounded.
@@ -65,7 +66,39 @@ package struct BoundedPostgres: Sendable {
         logger: Logger, _ body: @escaping @Sendable (PostgresConnection) async throws -> Result
     ) async throws -> Result {
         let client = self.client
-        return try await withDeadline(limit) { try await client.transaction(logger: logger) { connection in try await body(connection) } }
+        return try await watched { watch in
+            try await client.transaction(logger: logger) { connection in try await watch(connection) { try await body(connection) } }
+        }
+    }
+
+    /// What `watched` hands its operation: runs a body on a connection, watched for its close.
+    typealias Watch<Result: Sendable> = @Sendable (PostgresConnection, () async throws -> Result) async throws -> Result
+
+    /// `operation` within `limit`, answered at once when its caller is cancelled (its task is then
+    /// cancelled too) and, with `KeptConnection.ConnectionClosed`, when the connection its body
+    /// runs on closes first (`ConnectionWatches`): a statement postgres-nio lost then costs the
+    /// caller nothing, and the pooled connection's task ends with the call.
+    private func watched<Result: Sendable>(_ operation: @escaping @Sendable (_ watch: Watch<Result>) async throws -> Result) async throws -> Result {
+        let work = Mutex<Task<Void, Never>?>(nil)
+        return try await withTaskCancellationHandler {
+            try await withDeadline(limit, submit: { (completion: Completion<Result>) in
+                let task = Task {
+                    do {
+                        let result = try await operation { connection, body in
+                            let token = ConnectionWatches.shared.watch(connection) { completion(.failure(KeptConnection.ConnectionClosed())) }
+                            defer { token.map(ConnectionWatches.shared.unwatch) }
+                            return try await body()
+                        }
+                        completion(.success(result))
+                    } catch {
+                        completion(.failure(error))
+                    }
+                }
+                work.withLock { $0 = task }
+            })
+        } onCancel: {
+            work.withLock { $0 }?.cancel()
+        }
     }
 }
 

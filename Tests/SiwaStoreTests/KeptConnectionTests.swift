@@ -157,4 +157,27 @@ struct KeptConnectionTests {
             kept.close()
         }
     }
+
+    @Test("a bounded transaction whose connection closes under it is answered then, not at its limit; the pool serves the next call")
+    func boundedTransactionClosedUnderIt() async throws {
+        try await Self.withClient(maximumConnections: 3) { client in
+            let (started, startedIn) = AsyncStream<Int>.makeStream()
+            let (never, neverIn) = AsyncStream<Void>.makeStream()
+            defer { neverIn.finish() }
+            let call = Task {
+                try await client.bounded.transaction(logger: Self.logger) { connection in
+                    startedIn.yield(try await Self.backend(connection))
+                    for await _ in never {}
+                }
+            }
+            var backend = 0
+            for await pid in started { backend = pid; break }
+            let closing = ContinuousClock.now
+            try await client.withConnection { _ = try await $0.query("SELECT pg_terminate_backend(\(backend)::int)", logger: Self.logger) }
+            await #expect(throws: KeptConnection.ConnectionClosed.self) { try await call.value }
+            #expect(ContinuousClock.now - closing < .seconds(30), "answered at its limit, not when the connection closed")
+            let next = try await client.bounded.withConnection { try await Self.backend($0) }
+            #expect(next != backend)
+        }
+    }
 }

@@ -36,7 +36,9 @@ struct WorkerRestartTests {
         try await BulkLoad.notifications(count: 2_000, users: 200, aud: "com.example.app", client: client)
         // The workers' claims wait behind a lock until PostgreSQL stops: every job is still to do
         // then, and batches are in hand (blocked) when their connections go.
-        let pending = try await client.bounded.withConnection { connection in
+        // (The raw client: this call stops PostgreSQL under its own connection, which a bounded
+        // call answers as closed.)
+        let pending = try await client.withConnection { connection in
             try await connection.query("BEGIN", logger: logger)
             try await connection.query("LOCK TABLE jobs IN SHARE MODE", logger: logger)
             var pending = 0
