@@ -208,14 +208,18 @@ struct SuppressionsCommand: AsyncParsableCommand {
                 let meter = ProgressLine(total: total)
                 defer { meter.finish() }
                 var sync = try await queue.syncSuppressions(target, apps: apps, limit: chunk, restart: restart)
+                var added = sync.added
                 meter.show(done: sync.queued)
                 while sync.finished == nil {
                     while try await queue.openSuppressions(target) >= backlog { try await Task.sleep(for: .milliseconds(200)) }
                     sync = try await queue.syncSuppressions(target, apps: apps, limit: chunk)
+                    added += sync.added
                     meter.show(done: sync.queued)
                 }
+                sync.added = added
                 return sync
             }
+            // Nothing queued by this run: an earlier one finished.
             if result.added == 0 && result.queued > 0 && !restart {
                 print("\(target.rawValue): the sync finished at \(result.finished.map(iso8601) ?? "-") (\(result.queued) addresses queued); --restart pushes them again")
             } else {
