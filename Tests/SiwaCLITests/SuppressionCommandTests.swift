@@ -40,11 +40,8 @@ struct SuppressionCommandTests {
             let (process, output) = try ChildOutput.start(
                 TestBinary.url.path, ["suppressions", "sync", "--target", "postmark", "--chunk", "10", "--backlog", "5"],
                 environment: ProcessInfo.processInfo.environment.merging(environment) { $1 }, workingDirectory: directory)
-            try await withDeadline(.seconds(120)) {
-                while try await Self.count(client, "SELECT count(*) FROM jobs WHERE lane = 'suppressions_postmark'") < 10 {
-                    try await Task.sleep(for: .milliseconds(50))
-                }
-            }
+            // Each chunk it queues NOTIFYs siwa_jobs with the lane's name.
+            try await DatabaseEvents.count(client, "SELECT count(*) FROM jobs WHERE lane = 'suppressions_postmark'", reaches: 10, on: "siwa_jobs", within: .seconds(120))
             process.signal(SIGKILL)
             _ = await process.waitForExit()
             #expect(try await Self.count(client, "SELECT count(*) FROM jobs WHERE lane = 'suppressions_postmark'") == 10, "\(output.text)")
