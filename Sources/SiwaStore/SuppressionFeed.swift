@@ -61,18 +61,6 @@ extension SuppressionStore {
     }
 }
 
-/// One provider's operation for a user's address, as the user's timeline shows it.
-package struct SuppressionOperation: Sendable, Equatable {
-    package var target: SuppressionTarget
-    package var address: String
-    package var action: SuppressionAction
-    package var state: JobState
-    package var attempt: Int
-    package var createdAt: Date
-    package var finishedAt: Date?
-    package var lastError: String?
-}
-
 extension SuppressionStore {
     /// The user's changes in the feed, oldest first, and each provider's operations for them.
     package func timeline(aud: String, sub: String, limit: Int) async throws -> (changes: [SuppressionFeedItem], operations: [SuppressionOperation]) {
@@ -81,22 +69,7 @@ extension SuppressionStore {
             SELECT id, aud, address, sub, action, reason, event_time, recorded_at FROM suppression_changes
             WHERE aud = \(aud) AND sub = \(sub) ORDER BY id LIMIT \(max(1, min(limit, 10_000)))
             """)
-        let lanes = SuppressionTarget.allCases.map { Lane.suppressions($0).rawValue }
-        var operations: [SuppressionOperation] = []
-        for try await row in try await client.bounded.query(
-            """
-            SELECT lane, target, kind, state::text, attempt, created_at, finished_at, last_error FROM jobs
-            WHERE lane = ANY(\(lanes)::text[]) AND aud = \(aud) AND sub = \(sub) AND target IS NOT NULL
-            ORDER BY id LIMIT \(max(1, min(limit, 10_000)))
-            """, logger: logger
-        ).decode((String, String, String, String, Int, Date, Date?, String?).self) {
-            guard let target = SuppressionTarget.allCases.first(where: { Lane.suppressions($0).rawValue == row.0 }),
-                let action = SuppressionAction(rawValue: row.2), let state = JobState(rawValue: row.3)
-            else { continue }
-            operations.append(
-                SuppressionOperation(
-                    target: target, address: row.1, action: action, state: state, attempt: row.4, createdAt: row.5, finishedAt: row.6, lastError: row.7))
-        }
+        let operations = try await JobQueue(client: client, logger: logger).suppressionOperations(aud: aud, sub: sub, limit: limit)
         return (changes, operations)
     }
 }

@@ -135,12 +135,10 @@ package struct SuppressionStore: Sendable {
                 INSERT INTO suppression_changes (aud, address, sub, action, reason, event_time)
                 SELECT aud, address, sub, action, reason, timestamptz 'epoch' + event_ms * interval '1 millisecond' FROM changed ORDER BY n
                 RETURNING 1
+            ), lanes AS (
+                SELECT * FROM unnest(\(lanes)::text[]) WITH ORDINALITY AS l(lane, m)
             ), queued AS (
-                INSERT INTO jobs (lane, kind, aud, sub, target, payload, run_at)
-                SELECT l.lane, c.action, c.aud, c.sub, c.address, c.reason, now()
-                FROM changed c CROSS JOIN unnest(\(lanes)::text[]) WITH ORDINALITY AS l(lane, m)
-                ORDER BY c.n, l.m
-                RETURNING lane
+                \(unescaped: JobQueue.enqueueSuppressionsSQL(changes: "changed", lanes: "lanes"))
             )
             SELECT (SELECT count(*) FROM upserted), (SELECT count(*) FROM fed),
                 (SELECT count(pg_notify('siwa_jobs', lane)) FROM (SELECT DISTINCT lane FROM queued) q)

@@ -150,3 +150,51 @@ extension JobQueue {
         return result
     }
 }
+
+/// One provider's operation for a user's address, as the user's timeline shows it.
+package struct SuppressionOperation: Sendable, Equatable {
+    package var target: SuppressionTarget
+    package var address: String
+    package var action: SuppressionAction
+    package var state: JobState
+    package var attempt: Int
+    package var createdAt: Date
+    package var finishedAt: Date?
+    package var lastError: String?
+}
+
+extension JobQueue {
+    /// The body of a data-modifying CTE that queues one job per row of `changes` (columns `aud`,
+    /// `sub`, `address`, `action`, `reason`, `n`: the change's order) and lane of `lanes` (`lane`,
+    /// `m`), in change order, returning `lane`.
+    static func enqueueSuppressionsSQL(changes: String, lanes: String) -> String {
+        """
+        INSERT INTO jobs (lane, kind, aud, sub, target, payload, run_at)
+        SELECT l.lane, c.action, c.aud, c.sub, c.address, c.reason, now()
+        FROM \(changes) c CROSS JOIN \(lanes) l
+        ORDER BY c.n, l.m
+        RETURNING lane
+        """
+    }
+
+    /// Each provider's operations for the user's addresses, oldest first (the user's timeline).
+    package func suppressionOperations(aud: String, sub: String, limit: Int) async throws -> [SuppressionOperation] {
+        let lanes = SuppressionTarget.allCases.map { Lane.suppressions($0).rawValue }
+        var operations: [SuppressionOperation] = []
+        for try await row in try await client.bounded.query(
+            """
+            SELECT lane, target, kind, state::text, attempt, created_at, finished_at, last_error FROM jobs
+            WHERE lane = ANY(\(lanes)::text[]) AND aud = \(aud) AND sub = \(sub) AND target IS NOT NULL
+            ORDER BY id LIMIT \(max(1, min(limit, 10_000)))
+            """, logger: logger
+        ).decode((String, String, String, String, Int, Date, Date?, String?).self) {
+            guard let target = SuppressionTarget.allCases.first(where: { Lane.suppressions($0).rawValue == row.0 }),
+                let action = SuppressionAction(rawValue: row.2), let state = JobState(rawValue: row.3)
+            else { continue }
+            operations.append(
+                SuppressionOperation(
+                    target: target, address: row.1, action: action, state: state, attempt: row.4, createdAt: row.5, finishedAt: row.6, lastError: row.7))
+        }
+        return operations
+    }
+}
